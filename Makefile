@@ -1,0 +1,25 @@
+# The two commands of the README's quick start. Both create the environment when it is missing
+# and reinstall only when pyproject.toml changed since the last install.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+
+.PHONY: run test lint
+
+run: $(INSTALLED)
+	$(BIN)/horizon run examples/cartpole_dqn.toml
+
+test: $(INSTALLED)
+	$(BIN)/python -m pytest
+
+lint: $(INSTALLED)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+$(INSTALLED): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(INSTALLED)

@@ -1,0 +1,294 @@
+"""The built-in ``gym`` data source: log a policy's decisions in a Gymnasium environment.
+
+Horizon's gym tooling generated training data by running a (random or epsilon-greedy) policy in
+an environment and writing the decisions as pre-timeline rows; this source does the same, so a
+pipeline can be tried end to end without logged data. Every row carries the probability with
+which the logging policy chose its action, because counterfactual evaluation and off-policy
+training divide by it: it must be the true propensity, which for epsilon-greedy is
+``1 - epsilon + epsilon / n`` for the greedy action (Horizon logged ``1 - epsilon``, which
+undercounts the chance that the uniform draw also picks the greedy action).
+
+gymnasium and onnxruntime are imported inside the functions that need them, so that importing
+the plugin (``horizon plugins``, config validation) stays fast.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import numpy as np
+from pydantic import Field
+
+from horizon_engine.components import DataSource, SourceBatch, SourceConfig
+from horizon_engine.errors import HorizonError
+from horizon_engine.schema import ActionType, RowFormat, RowLayout, RowShaper
+
+if TYPE_CHECKING:
+    import gymnasium
+
+BATCH_ROWS = 10_000
+"""Rows shaped into one Arrow batch: large enough to amortize Arrow, small enough for memory."""
+
+
+class GymSourceConfig(SourceConfig):
+    """Options of the ``gym`` source (``[source]`` with ``kind = "gym"``)."""
+
+    env: str = "CartPole-v1"
+    """The Gymnasium environment id to run."""
+    episodes: int = Field(200, ge=1)
+    """How many episodes to run and log."""
+    policy: Literal["random", "epsilon_greedy"] = "random"
+    """The logging policy: uniform random, or epsilon-greedy around an ONNX model."""
+    epsilon: float = Field(1.0, ge=0.0, le=1.0)
+    """For epsilon_greedy: the chance of a uniform random action instead of the greedy one."""
+    model: str | None = None
+    """Path to an ONNX model scoring the actions of an observation; its argmax is greedy."""
+    seed: int | None = None
+    """Seed of the environment and the policy; None uses the run seed."""
+    max_steps: int | None = Field(None, ge=1)
+    """Most steps logged per episode; None keeps the environment's own time limit."""
+    ds: str | None = None
+    """The ``ds`` partition date written into every row; None writes today's date (ISO)."""
+
+
+def collect_rows(
+    config: GymSourceConfig,
+    seed: int,
+    greedy: Callable[[np.ndarray], int] | None = None,
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Run the environment and yield ``(location, row)``, one pre-timeline row per step.
+
+    ``location`` is ``"episode {i} step {t}"``. ``state_features`` is the flattened observation
+    the action was chosen from (a Discrete observation becomes one-hot). The last row of an
+    episode is not marked: the Timeline job knows an episode ends where its rows end.
+
+    ``greedy`` maps a flattened observation to the greedy action index; without it,
+    ``config.model`` provides one. For discrete actions, ``action_probability`` is the exact
+    chance the logging policy had of choosing the logged action. For continuous (Box) actions
+    only the random policy is allowed; the action is drawn uniformly within the bounds and
+    logged as a feature map whose ids continue after the state's (Pendulum: state ``"0"`` to
+    ``"2"``, action ``"3"``). Its ``action_probability`` is 1.0, as Horizon logged it: the true
+    uniform density ``1 / prod(high - low)`` can exceed 1, which the row schema forbids.
+
+    The same ``seed`` gives the same rows (and, with ``config.ds`` set, identical ones): it
+    seeds the policy's generator and the environment's first reset, after which the
+    environment continues its own generator.
+    """
+    import gymnasium
+
+    ds = config.ds or datetime.date.today().isoformat()
+    env = _make_env(config.env)
+    try:
+        choose = _policy(config, env, greedy, np.random.default_rng(seed))
+        for episode in range(config.episodes):
+            observation, _ = env.reset(seed=seed if episode == 0 else None)
+            step = 0
+            while True:
+                state = gymnasium.spaces.flatten(env.observation_space, observation)
+                state = np.asarray(state, dtype=np.float64).ravel()
+                action, logged, possible, probability = choose(state)
+                observation, reward, terminated, truncated, _ = env.step(action)
+                row = {
+                    "ds": ds,
+                    "mdp_id": str(episode),
+                    "sequence_number": step,
+                    "state_features": {str(i): float(v) for i, v in enumerate(state)},
+                    "action": logged,
+                    "reward": float(reward),
+                    "action_probability": probability,
+                    **({} if possible is None else {"possible_actions": possible}),
+                    "metrics": {"reward": float(reward)},
+                }
+                yield f"episode {episode} step {step}", row
+                step += 1
+                if terminated or truncated or step == config.max_steps:
+                    break
+    finally:
+        env.close()
+
+
+_Choose = Callable[[np.ndarray], tuple[Any, Any, list[str] | None, float]]
+"""A policy: flattened state -> (action for env.step, logged action, possible actions or None for
+continuous actions, propensity)."""
+
+
+def _policy(
+    config: GymSourceConfig,
+    env: gymnasium.Env,
+    greedy: Callable[[np.ndarray], int] | None,
+    rng: np.random.Generator,
+) -> _Choose:
+    from gymnasium import spaces
+
+    space = env.action_space
+    if isinstance(space, spaces.Box):
+        return _uniform_box(config, env, space, rng)
+    if not isinstance(space, spaces.Discrete):
+        raise HorizonError(
+            f"[source] env = {config.env!r} has a {type(space).__name__} action space; "
+            "the gym source supports Discrete and Box action spaces"
+        )
+    n = int(space.n)
+    names = [str(int(space.start) + i) for i in range(n)]
+    epsilon = config.epsilon if config.policy == "epsilon_greedy" else 1.0
+    if epsilon < 1.0 and greedy is None:
+        if config.model is None:
+            raise HorizonError(
+                f"[source] policy = 'epsilon_greedy' with epsilon < 1 (here {epsilon}) "
+                "needs a model = 'path.onnx' to be greedy about"
+            )
+        greedy = _onnx_greedy(config.model, n)
+
+    def choose(state: np.ndarray) -> tuple[Any, Any, list[str] | None, float]:
+        if epsilon == 1.0:
+            index, probability = int(rng.integers(n)), 1.0 / n
+        else:
+            best = int(greedy(state))
+            if not 0 <= best < n:
+                raise HorizonError(f"greedy action {best} is not in 0..{n - 1}")
+            index = int(rng.integers(n)) if rng.random() < epsilon else best
+            probability = 1.0 - epsilon + epsilon / n if index == best else epsilon / n
+        return int(space.start) + index, names[index], list(names), probability
+
+    return choose
+
+
+def _uniform_box(
+    config: GymSourceConfig,
+    env: gymnasium.Env,
+    space: gymnasium.spaces.Box,
+    rng: np.random.Generator,
+) -> _Choose:
+    """Uniform actions in a bounded Box; the action ids follow the state feature ids."""
+    from gymnasium import spaces
+
+    if config.policy != "random":
+        raise HorizonError(
+            f"[source] env = {config.env!r} has continuous actions; only policy = 'random' "
+            f"is supported for them, not {config.policy!r}"
+        )
+    low, high = space.low.ravel(), space.high.ravel()
+    if not (np.isfinite(low).all() and np.isfinite(high).all()):
+        raise HorizonError(
+            f"[source] env = {config.env!r} has an unbounded action space; "
+            "a uniform random policy needs finite bounds"
+        )
+    first_id = int(spaces.flatdim(env.observation_space))
+
+    def choose(state: np.ndarray) -> tuple[Any, Any, list[str] | None, float]:
+        action = rng.uniform(low, high).astype(space.dtype)
+        logged = {str(first_id + j): float(v) for j, v in enumerate(action)}
+        return action.reshape(space.shape), logged, None, 1.0
+
+    return choose
+
+
+def _onnx_greedy(path: str, n_actions: int) -> Callable[[np.ndarray], int]:
+    """Greedy action of an ONNX model: the argmax of its first output for one observation.
+
+    The observation goes to the first input as float32 ``[1, obs_dim]``. Models exported with a
+    presence mask (a second input of the same shape) get a mask of ones: gym observations are
+    dense, every feature is present.
+    """
+    if not Path(path).is_file():
+        raise HorizonError(f"[source] model = {path!r}: no such file")
+    import onnxruntime
+
+    try:
+        session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own untyped errors for a bad model
+        raise HorizonError(f"[source] model = {path!r}: cannot load the ONNX model: {exc}") from exc
+    names = [model_input.name for model_input in session.get_inputs()]
+
+    def greedy(state: np.ndarray) -> int:
+        observation = state.astype(np.float32).reshape(1, -1)
+        feeds = {names[0]: observation}
+        if len(names) > 1:
+            feeds[names[1]] = np.ones_like(observation)
+        scores = np.asarray(session.run(None, feeds)[0])
+        if scores.size != n_actions:
+            raise HorizonError(
+                f"[source] model = {path!r} scores {scores.size} actions; "
+                f"the environment has {n_actions}"
+            )
+        return int(np.argmax(scores))
+
+    return greedy
+
+
+def _make_env(env_id: str) -> gymnasium.Env:
+    import gymnasium
+
+    try:
+        return gymnasium.make(env_id)
+    except gymnasium.error.Error as exc:
+        raise HorizonError(f"[source] env = {env_id!r}: {exc}") from exc
+
+
+def layout_for_env(env_id: str) -> RowLayout:
+    """The layout of the rows the gym source writes for an environment.
+
+    Rows are always pre-timeline; the actions are continuous for a Box action space and
+    discrete otherwise (``collect_rows`` rejects other action spaces).
+    """
+    from gymnasium import spaces
+
+    env = _make_env(env_id)
+    try:
+        continuous = isinstance(env.action_space, spaces.Box)
+    finally:
+        env.close()
+    action_type = ActionType.CONTINUOUS if continuous else ActionType.DISCRETE
+    return RowLayout(RowFormat.PRE_TIMELINE, action_type)
+
+
+class SeededRun(Protocol):
+    """All the gym source needs of the run context: its seed (a pipeline's RunContext has it)."""
+
+    seed: int
+
+
+class GymSource(DataSource):
+    """Runs a Gymnasium environment and logs its decisions as pre-timeline rows.
+
+    Useful to try a pipeline end to end, or to generate data for a learning test, without
+    logged data: with the same seed it writes the same rows.
+    """
+
+    name = "gym"
+    Config = GymSourceConfig
+
+    def read(self, run: SeededRun) -> Iterator[SourceBatch]:
+        """Run the episodes and yield their rows in batches of ``BATCH_ROWS``."""
+        config: GymSourceConfig = self.config  # type: ignore[assignment]
+        layout = layout_for_env(config.env)
+        _check_declared_layout(config, layout)
+        seed = run.seed if config.seed is None else config.seed
+        shaper = RowShaper(layout)
+        pairs = collect_rows(config, seed)
+        while batch := list(itertools.islice(pairs, BATCH_ROWS)):
+            shaped = shaper.shape(batch)
+            yield SourceBatch(
+                table=shaped.table,
+                layout=layout,
+                locations=shaped.locations,
+                bad_rows=shaped.bad_rows,
+                ignored_fields=shaped.ignored_fields,
+            )
+
+
+def _check_declared_layout(config: GymSourceConfig, layout: RowLayout) -> None:
+    """A ``row_format`` or ``action_type`` the rows cannot have is a config mistake: say so."""
+    for key, declared, actual in (
+        ("row_format", config.row_format, layout.row_format.value),
+        ("action_type", config.action_type, layout.action_type.value),
+    ):
+        if declared not in ("auto", actual):
+            raise HorizonError(
+                f"[source] {key} = {declared!r}, but the gym source writes {actual!r} for "
+                f"env = {config.env!r}; leave {key} = 'auto'"
+            )

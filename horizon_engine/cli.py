@@ -1,0 +1,170 @@
+"""The ``horizon`` command line.
+
+Only click and the core's light modules are imported at start-up; each command imports what
+it needs, so ``horizon --help`` and ``horizon plugins`` stay fast. A ``HorizonError`` (a user's
+mistake) is printed as a message without a traceback and exits with status 1.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any
+
+import click
+
+from horizon_engine import __version__
+from horizon_engine.errors import HorizonError
+
+
+def _user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
+    @wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except HorizonError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+
+    return wrapper
+
+
+_set_option = click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="SECTION.KEY=VALUE",
+    help="Override a key of the pipeline file, e.g. --set trainer.learning_rate=0.01.",
+)
+
+
+@click.group()
+@click.version_option(__version__, prog_name="horizon")
+def main() -> None:
+    """Horizon Engine: from logged decisions to a trained, evaluated, exported policy."""
+
+
+@main.command()
+@click.argument("pipeline", type=click.Path(dir_okay=False, path_type=Path))
+@_set_option
+@click.option(
+    "--stages",
+    metavar="A,B",
+    help="Run only these stages (comma-separated), reading earlier stages' files.",
+)
+@_user_errors
+def run(pipeline: Path, overrides: tuple[str, ...], stages: str | None) -> None:
+    """Run the stages configured in PIPELINE (a pipeline.toml)."""
+    from horizon_engine.pipeline import Engine
+
+    selected = [name.strip() for name in stages.split(",") if name.strip()] if stages else None
+    manifest = Engine().run(pipeline, overrides, selected)
+    output_dir = manifest["config"]["pipeline"]["output_dir"]
+    for name, report in manifest["stages"].items():
+        dropped = sum(report["dropped"].values())
+        click.echo(
+            f"{name}: {report['rows_in']} rows in, {report['rows_out']} out, "
+            f"{dropped} dropped, {report['seconds']:.2f} s"
+        )
+        for warning in report["warnings"]:
+            click.echo(f"  warning: {warning}")
+    click.echo(f"run {manifest['run_id']} {manifest['status']}: {output_dir}/manifest.json")
+
+
+@main.command()
+@click.argument("pipeline", type=click.Path(dir_okay=False, path_type=Path))
+@_set_option
+@_user_errors
+def validate(pipeline: Path, overrides: tuple[str, ...]) -> None:
+    """Check PIPELINE without running it."""
+    from horizon_engine.pipeline import Engine
+
+    spec = Engine().validate(pipeline, overrides)
+    chosen = ", ".join(
+        f"[{name}] {choice.component.label}"
+        for name, choice in [*spec.sections.items(), *((c.section, c) for c in spec.evaluation)]
+    )
+    click.echo(f"{pipeline}: valid ({chosen})")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the listing as JSON.")
+@_user_errors
+def plugins(as_json: bool) -> None:
+    """List plugins, their versions, hooks and components with their options."""
+    from horizon_engine.plugins import get_plugin_host
+
+    host = get_plugin_host()
+    listing = host.describe()
+    failures = [failure.__dict__ for failure in host.failures]
+    if as_json:
+        click.echo(json.dumps({"plugins": listing, "failures": failures}, indent=2, default=str))
+        return
+    for plugin in listing:
+        click.echo(f"{plugin['name']} {plugin['version']}  [{plugin['source']}]")
+        click.echo(f"  hooks: {', '.join(plugin['hooks']) or 'none'}")
+        for component in plugin["components"]:
+            engine = f" (engine {component['engine']})" if "engine" in component else ""
+            click.echo(f"  {component['family']}: {component['name']}{engine}  {component['summary']}")
+            for option in component["options"]:
+                default = "required" if option["required"] else f"default {option['default']!r}"
+                click.echo(f"      {option['name']}: {option['type']} ({default})  {option['help']}")
+    for failure in failures:
+        click.echo(
+            f"FAILED {failure['name']} [{failure['entry_point']}]: {failure['error']}", err=True
+        )
+
+
+@main.group()
+def gym() -> None:
+    """Work with Gymnasium environments."""
+
+
+@gym.command()
+@click.option("--env", "env_id", default="CartPole-v1", show_default=True, help="Environment id.")
+@click.option("--episodes", default=200, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--epsilon",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(0.0, 1.0),
+    help="Chance of a uniform random action; 1.0 is a random policy.",
+)
+@click.option("--model", type=click.Path(dir_okay=False), help="ONNX model to be greedy about.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--ds", help="The ds date written into every row (default: today).")
+@click.option(
+    "-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
+    help="JSONL file to write the pre-timeline rows to.",
+)
+@_user_errors
+def collect(
+    env_id: str,
+    episodes: int,
+    epsilon: float,
+    model: str | None,
+    seed: int,
+    ds: str | None,
+    output: Path,
+) -> None:
+    """Log a random or epsilon-greedy policy's decisions as pre-timeline JSON rows."""
+    from horizon_engine.builtin.gym_source import GymSourceConfig, collect_rows
+    from horizon_engine.files import atomic_output
+
+    config = GymSourceConfig(
+        env=env_id,
+        episodes=episodes,
+        policy="random" if epsilon == 1.0 and model is None else "epsilon_greedy",
+        epsilon=epsilon,
+        model=model,
+        ds=ds,
+    )
+    count = 0
+    with atomic_output(output) as temporary, temporary.open("w", encoding="utf-8") as handle:
+        for _, row in collect_rows(config, seed):
+            handle.write(json.dumps(row) + "\n")
+            count += 1
+    click.echo(f"wrote {count} rows from {episodes} episodes of {env_id} to {output}")

@@ -1,0 +1,134 @@
+"""The base classes a plugin subclasses to register a component in one of the five families.
+
+A component is a class with a ``name`` (what pipeline.toml selects it by), a pydantic ``Config``
+model that validates its section of pipeline.toml, and the methods its family needs. The core
+instantiates it with the validated config. Keeping the config model on the class lets
+``horizon plugins`` list every option without running anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from horizon_engine.pipeline import RunContext
+    from horizon_engine.schema import BadRow, RowLayout
+
+
+FAMILIES: tuple[str, ...] = ("data_sources", "transforms", "trainers", "estimators", "exporters")
+"""The five component families, named as in their ``horizon_register_<family>`` hooks."""
+
+
+class ComponentConfig(BaseModel):
+    """Base of every component's config model: unknown keys are errors, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class Component:
+    """What every registered component has: a name, a family, a config model and a docstring."""
+
+    family: ClassVar[str]
+    name: ClassVar[str]
+    Config: ClassVar[type[ComponentConfig]] = ComponentConfig
+
+    def __init__(self, config: ComponentConfig) -> None:
+        self.config = config
+
+    @classmethod
+    def summary(cls) -> str:
+        """The first line of the class docstring, shown by ``horizon plugins``."""
+        return (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+
+
+@dataclass
+class SourceBatch:
+    """Rows a data source read, already shaped to the row schema, plus the rows it could not use.
+
+    ``locations`` gives, for each row of ``table``, where it came from (``file:line`` for JSONL,
+    ``file:row`` for Parquet, ``episode:step`` for gym), so later value checks can name it.
+    """
+
+    table: pa.Table
+    layout: RowLayout
+    locations: list[str]
+    bad_rows: list[BadRow] = field(default_factory=list)
+    ignored_fields: dict[str, int] = field(default_factory=dict)
+
+
+class SourceConfig(ComponentConfig):
+    """Options every data source accepts besides its own."""
+
+    row_format: Literal["auto", "pre_timeline", "timeline"] = "auto"
+    """Whether rows are logged decisions (pre-timeline) or Horizon's timeline output."""
+    action_type: Literal["auto", "discrete", "parametric", "continuous"] = "auto"
+    """Discrete action names, parametric action feature maps, or continuous action maps."""
+
+
+class DataSource(Component):
+    """Reads logged rows and yields them in batches shaped to the row schema."""
+
+    family = "data_sources"
+    Config: ClassVar[type[ComponentConfig]] = SourceConfig
+
+    def read(self, run: RunContext) -> Iterator[SourceBatch]:
+        """Yield the rows, batch by batch. Structural problems become ``bad_rows``."""
+        raise NotImplementedError
+
+
+class Transform(Component):
+    """A row transform (the timeline) or a feature transform (a normalization type).
+
+    ``engine`` says where it runs; the same ``name`` may be registered once per engine.
+    """
+
+    family = "transforms"
+    engine: ClassVar[str] = "local"
+
+
+class Trainer(Component):
+    """Learns a policy from the timeline table (the training loop is the core's)."""
+
+    family = "trainers"
+
+
+class Estimator(Component):
+    """Estimates, offline, the value of a trained policy from logged data."""
+
+    family = "estimators"
+
+
+class Exporter(Component):
+    """Writes a trained policy in a portable form."""
+
+    family = "exporters"
+
+
+def component_options(cls: type[Component]) -> list[dict[str, Any]]:
+    """The options of a component's config model, as ``horizon plugins`` lists them."""
+    options = []
+    for key, info in cls.Config.model_fields.items():
+        default = None if info.is_required() else info.get_default(call_default_factory=True)
+        options.append(
+            {
+                "name": key,
+                "type": _type_name(info.annotation),
+                "required": info.is_required(),
+                "default": default,
+                "help": info.description or "",
+            }
+        )
+    return options
+
+
+def _type_name(annotation: Any) -> str:
+    if get_origin(annotation) is Literal:
+        return " | ".join(repr(value) for value in get_args(annotation))
+    text = getattr(annotation, "__name__", None) or repr(annotation)
+    return text.replace("typing.", "")

@@ -1,0 +1,337 @@
+"""pipeline.toml -> a typed, validated pipeline specification.
+
+Each section chooses a registered component (by ``kind``, or by ``engine`` for the timeline)
+and that component's own pydantic model validates the rest of the section, so a plugin owns
+its options and the core owns the messages. Every message names the file, the section, the key
+(with its line when it can be found), what was expected and what was found, and suggests the
+nearest valid key for a misspelt one.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
+
+from horizon_engine.components import Component, ComponentConfig
+from horizon_engine.errors import ConfigError, PluginError
+from horizon_engine.plugins import PluginHost, RegisteredComponent
+
+
+class PipelineSection(ComponentConfig):
+    """The ``[pipeline]`` section: options of the run as a whole."""
+
+    output_dir: str = "runs/pipeline"
+    """Folder the run writes its stages' outputs and manifest.json into."""
+    seed: int = 0
+    """Seed for every random choice of the run (collection, splits, training)."""
+    on_bad_rows: Literal["fail", "quarantine"] = "fail"
+    """Stop at invalid rows, or set them aside in quarantine/ with their reasons and go on."""
+    name: str | None = None
+    """A name for the run, recorded in the manifest."""
+    stages: list[str] | None = Field(default=None, min_length=1)
+    """Run only these stages (as ``--stages`` does); None runs every configured stage."""
+
+
+@dataclass(frozen=True)
+class SectionRule:
+    """How a section of pipeline.toml picks its component."""
+
+    family: str
+    selector: str
+    fixed_name: str | None = None
+    default_selector: str | None = None
+    many: bool = False
+
+
+SECTIONS: dict[str, SectionRule] = {
+    "source": SectionRule("data_sources", "kind"),
+    "timeline": SectionRule("transforms", "engine", fixed_name="timeline", default_selector="local"),
+    "normalization": SectionRule(
+        "transforms", "engine", fixed_name="normalization", default_selector="local"
+    ),
+    "trainer": SectionRule("trainers", "kind"),
+    "evaluation": SectionRule("estimators", "kind", many=True),
+    "export": SectionRule("exporters", "kind"),
+}
+"""The component sections, in pipeline order; ``[pipeline]`` is the core's own."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A section's chosen component and its validated config."""
+
+    section: str
+    component: RegisteredComponent
+    config: ComponentConfig
+
+    def create(self) -> Component:
+        return self.component.cls(self.config)
+
+    def resolved(self) -> dict[str, Any]:
+        rule = SECTIONS[self.section.split("[")[0]]
+        selected = self.component.engine if rule.fixed_name else self.component.name
+        return {rule.selector: selected, **self.config.model_dump(mode="json")}
+
+
+@dataclass
+class PipelineSpec:
+    """A validated pipeline.toml: the run options and each section's component."""
+
+    origin: str
+    pipeline: PipelineSection
+    sections: dict[str, Choice] = field(default_factory=dict)
+    evaluation: list[Choice] = field(default_factory=list)
+
+    def resolved(self) -> dict[str, Any]:
+        """The config as resolved, defaults filled in, as the manifest records it."""
+        resolved: dict[str, Any] = {"pipeline": self.pipeline.model_dump(mode="json")}
+        for name, choice in self.sections.items():
+            resolved[name] = choice.resolved()
+        if self.evaluation:
+            resolved["evaluation"] = [choice.resolved() for choice in self.evaluation]
+        return resolved
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``trainer.learning_rate=0.01`` -> (["trainer", "learning_rate"], 0.01).
+
+    The value is read as a TOML value (numbers, booleans, strings in quotes, arrays); a bare
+    word that is not valid TOML is taken as a string, so ``--set source.env=CartPole-v1`` works.
+    """
+    if "=" not in text:
+        raise ConfigError([f"--set {text!r}: expected SECTION.KEY=VALUE"])
+    dotted, raw = text.split("=", 1)
+    path = [part.strip() for part in dotted.split(".")]
+    if len(path) < 2 or not all(path):
+        raise ConfigError([f"--set {text!r}: expected SECTION.KEY=VALUE"])
+    try:
+        value = tomllib.loads(f"value = {raw}")["value"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return path, value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """A copy of ``raw`` with each ``--set`` override applied."""
+    result = _deep_copy(raw)
+    for text in overrides:
+        path, value = parse_override(text)
+        target: Any = result
+        for part in path[:-1]:
+            if isinstance(target, list):
+                if not part.isdigit() or int(part) >= len(target):
+                    raise ConfigError([f"--set {text!r}: no item {part!r} in that list"])
+                target = target[int(part)]
+            else:
+                target = target.setdefault(part, {})
+            if not isinstance(target, dict | list):
+                raise ConfigError([f"--set {text!r}: {part!r} is a value, not a section"])
+        if isinstance(target, list):
+            raise ConfigError([f"--set {text!r}: give the item number, e.g. evaluation.0.kind"])
+        target[path[-1]] = value
+    return result
+
+
+def _deep_copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _deep_copy(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_deep_copy(item) for item in value]
+    return value
+
+
+def load_toml(path: str | Path) -> tuple[dict[str, Any], str]:
+    """Read a pipeline.toml, turning syntax errors into a message naming the file and line."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read the pipeline file ({exc.strerror})"]) from None
+    try:
+        return tomllib.loads(text), text
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"{path}: not valid TOML: {exc}"]) from None
+
+
+class _Locator:
+    """Finds the line of ``key`` in ``[section]`` of the TOML text, for messages."""
+
+    def __init__(self, origin: str, text: str | None) -> None:
+        self.origin = origin
+        self.lines = text.splitlines() if text else []
+
+    def where(self, section: str, key: str | None = None, index: int | None = None) -> str:
+        line = self._find(section, key, index)
+        return f"{self.origin}:{line}" if line else self.origin
+
+    def _find(self, section: str, key: str | None, index: int | None) -> int | None:
+        current, count, header_line = None, -1, None
+        for number, line in enumerate(self.lines, start=1):
+            stripped = line.strip()
+            if stripped.startswith("["):
+                name = stripped.strip("[]").split("#")[0].strip().strip("]").strip()
+                current = name
+                if name == section:
+                    count += 1
+                    if index is None or count == index:
+                        header_line = number
+                continue
+            if current == section and (index is None or count == index) and key:
+                if stripped.split("=")[0].strip().strip('"') == key:
+                    return number
+        return header_line
+
+
+class ConfigBuilder:
+    """Validates a raw config dict against the registered components."""
+
+    def __init__(self, plugins: PluginHost, origin: str, text: str | None = None) -> None:
+        self.plugins = plugins
+        self.origin = origin
+        self.locate = _Locator(origin, text)
+        self.problems: list[str] = []
+
+    def build(self, raw: Mapping[str, Any]) -> PipelineSpec:
+        known = ["pipeline", *SECTIONS]
+        for name in raw:
+            if name not in known:
+                close = difflib.get_close_matches(name, known, n=1)
+                hint = f"; did you mean [{close[0]}]?" if close else ""
+                self.problems.append(
+                    f"{self.locate.where(name)}: unknown section [{name}]{hint} "
+                    f"Valid sections: {', '.join(f'[{s}]' for s in known)}."
+                )
+        pipeline = self._validate("pipeline", PipelineSection, raw.get("pipeline", {}), None)
+        spec = PipelineSpec(self.origin, pipeline or PipelineSection())
+        for name, rule in SECTIONS.items():
+            if name not in raw:
+                continue
+            if rule.many:
+                items = raw[name]
+                if not isinstance(items, list):
+                    self.problems.append(
+                        f"{self.locate.where(name)}: [{name}] must be an array of tables "
+                        f"([[{name}]]), found a {type(items).__name__}"
+                    )
+                    continue
+                for index, item in enumerate(items):
+                    choice = self._choose(name, rule, item, index)
+                    if choice is not None:
+                        spec.evaluation.append(choice)
+            else:
+                choice = self._choose(name, rule, raw[name], None)
+                if choice is not None:
+                    spec.sections[name] = choice
+        if self.problems:
+            raise ConfigError(self.problems)
+        return spec
+
+    def _choose(
+        self, section: str, rule: SectionRule, body: Any, index: int | None
+    ) -> Choice | None:
+        label = f"{section}[{index}]" if index is not None else section
+        where = self.locate.where(section, rule.selector, index)
+        if not isinstance(body, dict):
+            self.problems.append(
+                f"{where}: [{label}] must be a table, found {type(body).__name__} {body!r}"
+            )
+            return None
+        selected = body.get(rule.selector, rule.default_selector)
+        if selected is None:
+            available = [entry.label for entry in self.plugins.components(rule.family)]
+            self.problems.append(
+                f"{where}: [{label}] needs '{rule.selector} = ...' to choose a component; "
+                f"available: {', '.join(available) or 'none'}"
+            )
+            return None
+        try:
+            if rule.fixed_name:
+                component = self.plugins.component(rule.family, rule.fixed_name, str(selected))
+            else:
+                component = self.plugins.component(rule.family, str(selected))
+        except PluginError as exc:
+            self.problems.append(f"{where}: [{label}] {rule.selector} = {selected!r}: {exc}")
+            return None
+        options = {key: value for key, value in body.items() if key != rule.selector}
+        config = self._validate(label, component.cls.Config, options, index, component)
+        return Choice(label, component, config) if config is not None else None
+
+    def _validate(
+        self,
+        label: str,
+        model: type[ComponentConfig],
+        options: Any,
+        index: int | None,
+        component: RegisteredComponent | None = None,
+    ) -> Any:
+        section = label.split("[")[0]
+        if not isinstance(options, dict):
+            self.problems.append(
+                f"{self.locate.where(section)}: [{label}] must be a table, "
+                f"found {type(options).__name__}"
+            )
+            return None
+        try:
+            return model.model_validate(options)
+        except ValidationError as exc:
+            owner = f" of {component.family} component '{component.label}'" if component else ""
+            for error in exc.errors():
+                self.problems.append(
+                    self._describe(label, section, index, model, error, owner, options)
+                )
+            return None
+
+    def _describe(
+        self,
+        label: str,
+        section: str,
+        index: int | None,
+        model: type[ComponentConfig],
+        error: Any,
+        owner: str,
+        options: dict[str, Any],
+    ) -> str:
+        loc = [str(part) for part in error["loc"]]
+        key = ".".join(loc) if loc else "?"
+        where = self.locate.where(section, loc[0] if loc else None, index)
+        valid = list(model.model_fields)
+        if error["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(loc[-1], valid, n=1, cutoff=0.6)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            return (
+                f"{where}: [{label}] unknown key '{key}'{owner}{hint} "
+                f"Valid keys: {', '.join(valid) or 'none'}."
+            )
+        if error["type"] == "missing":
+            annotation = model.model_fields[loc[0]].annotation if loc[0] in valid else None
+            expected = getattr(annotation, "__name__", None) or str(annotation)
+            return f"{where}: [{label}] missing required key '{key}'{owner} (expected {expected})"
+        message = error["msg"]
+        if message.startswith("Input should be "):
+            message = "expected " + message.removeprefix("Input should be ")
+        found = error.get("input")
+        return (
+            f"{where}: [{label}] key '{key}'{owner}: {message}; "
+            f"found {found!r} ({type(found).__name__})"
+        )
+
+
+def build_spec(
+    source: str | Path | Mapping[str, Any],
+    plugins: PluginHost,
+    overrides: Iterable[str] = (),
+) -> PipelineSpec:
+    """Load (from a path or a dict), apply ``--set`` overrides, and validate."""
+    if isinstance(source, Mapping):
+        raw, text, origin = dict(source), None, "<config>"
+    else:
+        raw, text = load_toml(source)
+        origin = str(source)
+    raw = apply_overrides(raw, overrides)
+    return ConfigBuilder(plugins, origin, text).build(raw)

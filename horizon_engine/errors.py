@@ -1,0 +1,35 @@
+"""Errors a user can meet. Each carries a message that names the place and the mistake.
+
+The CLI prints a ``HorizonError`` as one clear message without a traceback; anything else is a
+bug in Horizon Engine or a plugin and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class HorizonError(Exception):
+    """A mistake in the user's input, configuration or installed plugins."""
+
+
+class ConfigError(HorizonError):
+    """pipeline.toml (or a config dict, or a ``--set`` override) is not valid."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+class PluginError(HorizonError):
+    """A plugin cannot be used: duplicate component names, unknown component, bad hook."""
+
+
+class BadRowsError(HorizonError):
+    """Input rows failed validation and ``on_bad_rows = "fail"``."""
+
+    def __init__(self, message: str, bad_rows: list) -> None:
+        self.bad_rows = bad_rows
+        super().__init__(message)
+
+
+class StageInputError(HorizonError):
+    """A stage's input files, written by an earlier stage, are missing or unreadable."""

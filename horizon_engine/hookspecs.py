@@ -1,0 +1,102 @@
+"""Every hook Horizon Engine calls, in one place.
+
+Two kinds of hook live here. The five ``horizon_register_*`` families hand the plugin a
+``register`` callback, so the core owns naming, duplicate detection and config validation
+(the pattern of ``llm`` and ``tox``). The ``horizon_on_*`` lifecycle hooks observe a run;
+they are called per stage, per epoch or per run, never per row.
+
+A plugin implements hooks with ``from horizon_engine import hookimpl``. ``docs/plugins.md``
+documents each hook for plugin authors; a meta-test keeps the two in step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("horizon")
+hookimpl = pluggy.HookimplMarker("horizon")
+
+
+@hookspec
+def horizon_register_data_sources(register: Any) -> None:
+    """Register readers of logged rows (pre-timeline or timeline), such as ``jsonl`` or ``gym``.
+
+    Called once per plugin manager. ``register(component_class)`` takes a subclass of
+    ``horizon_engine.DataSource``; its ``name`` is what ``[source] kind`` selects.
+    """
+
+
+@hookspec
+def horizon_register_transforms(register: Any) -> None:
+    """Register row transforms (the timeline) and feature transforms (normalization types).
+
+    Called once per plugin manager. ``register(component_class)`` takes a subclass of
+    ``horizon_engine.Transform``; ``name`` plus ``engine`` identify it, so a Spark plugin can
+    register ``timeline`` for ``engine = "spark"`` beside the built-in local one.
+    """
+
+
+@hookspec
+def horizon_register_trainers(register: Any) -> None:
+    """Register trainers, such as ``dqn`` or ``sac``.
+
+    Called once per plugin manager. ``register(component_class)`` takes a subclass of
+    ``horizon_engine.Trainer``; its ``name`` is what ``[trainer] kind`` selects.
+    """
+
+
+@hookspec
+def horizon_register_estimators(register: Any) -> None:
+    """Register counterfactual policy estimators, such as ``ips`` or ``magic``.
+
+    Called once per plugin manager. ``register(component_class)`` takes a subclass of
+    ``horizon_engine.Estimator``; its ``name`` is what ``[[evaluation]] kind`` selects.
+    """
+
+
+@hookspec
+def horizon_register_exporters(register: Any) -> None:
+    """Register model exporters, such as ``onnx``.
+
+    Called once per plugin manager. ``register(component_class)`` takes a subclass of
+    ``horizon_engine.Exporter``; its ``name`` is what ``[export] kind`` selects.
+    """
+
+
+@hookspec
+def horizon_on_stage_start(run: Any, stage: str) -> None:
+    """Called before a pipeline stage runs.
+
+    ``run`` is the ``RunContext`` (config, output folder, seed); ``stage`` is the stage name
+    (``source``, ``timeline``, ``normalization``, ``train``, ``evaluation``, ``export``).
+    Returns nothing.
+    """
+
+
+@hookspec
+def horizon_on_stage_end(run: Any, stage: str, report: Any) -> None:
+    """Called after a pipeline stage finished and its outputs were renamed into place.
+
+    ``report`` is the stage's ``StageReport``: rows in and out, rows dropped with reasons,
+    files written, seconds taken. Returns nothing.
+    """
+
+
+@hookspec
+def horizon_on_epoch_end(run: Any, epoch: int, metrics: dict[str, float]) -> None:
+    """Called by the training loop after each epoch, with that epoch's metrics.
+
+    ``metrics`` maps names such as ``Training/td_loss`` to floats (CPE figures included once
+    estimators ran). Reporters such as TensorBoard implement this hook. Returns nothing.
+    """
+
+
+@hookspec
+def horizon_on_run_end(run: Any, manifest: dict[str, Any]) -> None:
+    """Called once after the last stage, with the manifest just written to ``manifest.json``.
+
+    Also called when a stage failed; ``manifest["status"]`` then says ``"failed"`` and
+    ``manifest["error"]`` holds the message. Returns nothing.
+    """

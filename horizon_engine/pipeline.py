@@ -1,0 +1,292 @@
+"""Runs the configured stages in order and writes the run manifest.
+
+Each stage reads the files the previous one wrote under the run's output folder, so a run can
+resume at any stage (``--stages``) and a user can bring their own intermediate files. After
+each stage ``manifest.json`` is rewritten: the config as resolved, plugin versions, per-stage
+row counts with a reason for every row dropped, timings, the seed and the Horizon version.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from horizon_engine.components import DataSource
+from horizon_engine.config import SECTIONS, Choice, PipelineSpec, build_spec
+from horizon_engine.errors import BadRowsError, ConfigError, HorizonError
+from horizon_engine.files import atomic_output, write_json
+from horizon_engine.plugins import PluginHost, get_plugin_host
+
+BAD_ROWS_SHOWN = 20
+"""How many bad rows an error message lists before summarising the rest by kind."""
+
+
+@dataclass
+class StageReport:
+    """What a stage did: rows in and out, rows dropped by reason, files written, time taken."""
+
+    stage: str
+    rows_in: int = 0
+    rows_out: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    outputs: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+@dataclass
+class RunContext:
+    """What a stage gets: the validated config, the run's folder, its seed and the plugins."""
+
+    spec: PipelineSpec
+    output_dir: Path
+    plugins: PluginHost
+    run_id: str
+    show_progress: bool = False
+
+    @property
+    def seed(self) -> int:
+        return self.spec.pipeline.seed
+
+    @contextmanager
+    def progress(self, description: str, total: int | None = None) -> Iterator[Callable[[int], None]]:
+        """A progress bar on a terminal, nothing otherwise; yields ``advance(amount)``."""
+        if not self.show_progress:
+            yield lambda amount: None
+            return
+        from rich.progress import Progress
+
+        with Progress(transient=True) as bar:
+            task = bar.add_task(description, total=total)
+            yield lambda amount: bar.advance(task, amount)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A pipeline stage: the section that configures it, what it reads and how it runs."""
+
+    name: str
+    section: str
+    output: str
+    reads: tuple[str, ...]
+    run: Callable[[RunContext, Choice], StageReport]
+
+
+def run_source_stage(run: RunContext, choice: Choice) -> StageReport:
+    """Read the source, validate every row, and write the good ones to ``source/rows.parquet``.
+
+    Bad rows stop the run (``on_bad_rows = "fail"``, after reading everything so that all of
+    them are reported at once) or go to ``source/quarantine.jsonl`` with their reasons.
+    """
+    import pyarrow.parquet as pq
+
+    from horizon_engine.schema import RowChecker, derive_not_terminal
+
+    source = choice.create()
+    assert isinstance(source, DataSource)
+    quarantine = run.spec.pipeline.on_bad_rows == "quarantine"
+    report = StageReport("source")
+    bad_rows: list = []
+    dropped: Counter[str] = Counter()
+    ignored: Counter[str] = Counter()
+    layout = checker = writer = None
+    with atomic_output(run.output_dir / "source") as folder, run.progress("reading rows") as advance:
+        folder.mkdir()
+        try:
+            for batch in source.read(run):
+                if layout is None:
+                    layout, checker = batch.layout, RowChecker(batch.layout)
+                    writer = pq.ParquetWriter(folder / "rows.parquet", layout.schema)
+                elif batch.layout != layout:
+                    raise HorizonError(
+                        f"[source] {batch.locations[0] if batch.locations else ''}: found "
+                        f"{batch.layout}, but earlier rows were {layout}"
+                    )
+                good, rejected = checker.check(batch.table, batch.locations)
+                batch_bad = [*batch.bad_rows, *rejected]
+                report.rows_in += batch.table.num_rows + len(batch.bad_rows)
+                dropped.update(row.kind for row in batch_bad)
+                ignored.update(batch.ignored_fields)
+                if quarantine or len(bad_rows) < BAD_ROWS_SHOWN:
+                    bad_rows.extend(batch_bad if quarantine else batch_bad[:BAD_ROWS_SHOWN])
+                if not dropped or quarantine:
+                    writer.write_table(derive_not_terminal(good, layout))
+                    report.rows_out += good.num_rows
+                advance(batch.table.num_rows)
+        finally:
+            if writer is not None:
+                writer.close()
+        if layout is None:
+            raise HorizonError(f"[source] {choice.component.name}: the source yielded no rows")
+        if dropped and not quarantine:
+            raise BadRowsError(_bad_rows_message(bad_rows, dropped), bad_rows)
+        if bad_rows:
+            _write_quarantine(folder / "quarantine.jsonl", bad_rows)
+            report.outputs.append("source/quarantine.jsonl")
+    report.outputs.insert(0, "source/rows.parquet")
+    report.dropped = dict(dropped)
+    report.warnings = [
+        f"ignored field '{name}' (not part of {layout}) in {count} rows"
+        for name, count in sorted(ignored.items())
+    ]
+    report.details = {"row_format": layout.row_format.value, "action_type": layout.action_type.value}
+    return report
+
+
+def _bad_rows_message(bad_rows: list, dropped: Counter[str]) -> str:
+    total = sum(dropped.values())
+    lines = [f"{total} bad rows ({', '.join(f'{k}: {n}' for k, n in sorted(dropped.items()))}):"]
+    lines += [f"  {row}" for row in bad_rows[:BAD_ROWS_SHOWN]]
+    if total > BAD_ROWS_SHOWN:
+        lines.append(f"  ... and {total - BAD_ROWS_SHOWN} more")
+    lines.append('Fix them, or set [pipeline] on_bad_rows = "quarantine" to set them aside.')
+    return "\n".join(lines)
+
+
+def _write_quarantine(path: Path, bad_rows: list) -> None:
+    with path.open("w", encoding="utf-8") as handle:
+        for row in bad_rows:
+            record = {"location": row.location, "kind": row.kind, "reason": row.reason, "row": row.row}
+            handle.write(json.dumps(record, default=str) + "\n")
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("source", "source", "source", (), run_source_stage),
+)
+"""The stages this version can run, in pipeline order."""
+
+
+def _horizon_version() -> str:
+    from horizon_engine import __version__
+
+    return __version__
+
+
+class Engine:
+    """The Python API: ``Engine().run("pipeline.toml")`` or ``Engine().run(config_dict)``."""
+
+    def __init__(self, plugins: PluginHost | None = None, show_progress: bool | None = None) -> None:
+        self.plugins = plugins or get_plugin_host()
+        self.show_progress = sys.stdout.isatty() if show_progress is None else show_progress
+
+    def validate(
+        self, config: str | Path | Mapping[str, Any], overrides: Iterable[str] = ()
+    ) -> PipelineSpec:
+        """Load and validate a pipeline without running it."""
+        spec = build_spec(config, self.plugins, overrides)
+        runnable = {stage.section for stage in STAGES}
+        problems = [
+            f"{spec.origin}: [{section}] is configured, but this version of Horizon Engine has "
+            f"no '{section}' stage yet; remove the section or use --stages"
+            for section in [*spec.sections, *(["evaluation"] if spec.evaluation else [])]
+            if section not in runnable and section in SECTIONS
+        ]
+        if problems:
+            raise ConfigError(problems)
+        return spec
+
+    def run(
+        self,
+        config: str | Path | Mapping[str, Any],
+        overrides: Iterable[str] = (),
+        stages: Iterable[str] | None = None,
+    ) -> dict[str, Any]:
+        """Run the pipeline's stages (all configured ones, or ``stages``); return the manifest."""
+        spec = self.validate(config, overrides)
+        selected = self._select(spec, list(stages) if stages else spec.pipeline.stages)
+        output_dir = Path(spec.pipeline.output_dir)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        run = RunContext(spec, output_dir, self.plugins, uuid.uuid4().hex[:12], self.show_progress)
+        manifest = self._start_manifest(run)
+        try:
+            for stage in selected:
+                self._check_inputs(run, stage)
+                self.plugins.on_stage_start(run, stage.name)
+                started = time.perf_counter()
+                report = stage.run(run, spec.sections[stage.section])
+                report.seconds = round(time.perf_counter() - started, 3)
+                manifest["stages"][stage.name] = asdict(report)
+                write_json(output_dir / "manifest.json", manifest)
+                self.plugins.on_stage_end(run, stage.name, report)
+        except BaseException as exc:
+            manifest["status"] = "failed"
+            manifest["error"] = str(exc) or type(exc).__name__
+            self._finish(run, manifest)
+            raise
+        manifest["status"] = "succeeded"
+        self._finish(run, manifest)
+        return manifest
+
+    def _select(self, spec: PipelineSpec, names: list[str] | None) -> list[Stage]:
+        configured = [stage for stage in STAGES if stage.section in spec.sections]
+        if not names:
+            return configured
+        by_name = {stage.name: stage for stage in STAGES}
+        problems = []
+        for name in names:
+            if name not in by_name:
+                problems.append(
+                    f"--stages: unknown stage '{name}'; stages: {', '.join(by_name)}"
+                )
+            elif by_name[name] not in configured:
+                problems.append(
+                    f"--stages: stage '{name}' has no [{by_name[name].section}] section in "
+                    f"{spec.origin}"
+                )
+        if problems:
+            raise ConfigError(problems)
+        return [stage for stage in configured if stage.name in names]
+
+    def _check_inputs(self, run: RunContext, stage: Stage) -> None:
+        for needed in stage.reads:
+            if not (run.output_dir / needed).exists():
+                producer = next(s.name for s in STAGES if needed.startswith(s.output))
+                raise HorizonError(
+                    f"stage '{stage.name}' reads {run.output_dir / needed}, which stage "
+                    f"'{producer}' writes; run that stage first (or include it in --stages)"
+                )
+
+    def _start_manifest(self, run: RunContext) -> dict[str, Any]:
+        earlier_stages: dict[str, Any] = {}
+        previous = run.output_dir / "manifest.json"
+        if previous.exists():
+            try:
+                earlier_stages = json.loads(previous.read_text(encoding="utf-8")).get("stages", {})
+            except (json.JSONDecodeError, OSError):
+                earlier_stages = {}
+        return {
+            "horizon_version": _horizon_version(),
+            "run_id": run.run_id,
+            "name": run.spec.pipeline.name,
+            "status": "running",
+            "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "seed": run.seed,
+            "config_file": run.spec.origin,
+            "config": run.spec.resolved(),
+            "plugins": self.plugins.versions(),
+            "stages": earlier_stages,
+        }
+
+    def _finish(self, run: RunContext, manifest: dict[str, Any]) -> None:
+        manifest["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        write_json(run.output_dir / "manifest.json", manifest)
+        self.plugins.on_run_end(run, manifest)
+
+
+def run_pipeline(
+    config: str | Path | Mapping[str, Any],
+    overrides: Iterable[str] = (),
+    stages: Iterable[str] | None = None,
+) -> dict[str, Any]:
+    """Shorthand for ``Engine().run(...)``."""
+    return Engine().run(config, overrides, stages)

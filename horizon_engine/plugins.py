@@ -1,0 +1,270 @@
+"""The plugin manager: built-in plugins and entry points on one pluggy manager.
+
+Built-in features are plugins registered exactly like third-party ones (pytest's ``_pytest``
+idea): ``DEFAULT_PLUGINS`` lists the core's own modules, and every other plugin, the in-repo
+``horizon_plugins_*`` packages included, is found through the ``horizon`` entry-point group.
+
+Environment:
+- ``HORIZON_DISABLE_PLUGINS=a,b`` blocks plugins by name (built-in ones too).
+- ``HORIZON_LOAD_PLUGINS=a,b`` loads only these entry-point plugins (built-ins still load).
+
+A plugin that fails to import, or implements a hook that does not exist, is reported by name
+and entry point and left out; the others still load. Two components with one name in one family
+is an error naming both plugins, since either choice would be a silent guess.
+
+Core code never calls ``pm.hook`` directly: it goes through ``PluginHost``'s typed methods.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.metadata
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from types import ModuleType
+from typing import Any
+
+import pluggy
+
+from horizon_engine import hookspecs
+from horizon_engine.components import FAMILIES, Component, component_options
+from horizon_engine.errors import PluginError
+
+ENTRY_POINT_GROUP = "horizon"
+
+DEFAULT_PLUGINS: tuple[str, ...] = (
+    "horizon_engine.builtin.sources",
+)
+"""Modules of the core's own plugins, registered under their last dotted name."""
+
+
+@dataclass(frozen=True)
+class PluginFailure:
+    """A plugin that could not be loaded, and why."""
+
+    name: str
+    entry_point: str
+    error: str
+
+
+@dataclass(frozen=True)
+class RegisteredComponent:
+    """A component class together with the plugin that registered it."""
+
+    cls: type[Component]
+    plugin: str
+
+    @property
+    def family(self) -> str:
+        return self.cls.family
+
+    @property
+    def name(self) -> str:
+        return self.cls.name
+
+    @property
+    def engine(self) -> str | None:
+        return getattr(self.cls, "engine", None) if self.family == "transforms" else None
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} (engine {self.engine})" if self.engine else self.name
+
+
+@dataclass
+class PluginInfo:
+    """One loaded plugin as ``horizon plugins`` shows it."""
+
+    name: str
+    version: str
+    source: str
+    hooks: list[str] = field(default_factory=list)
+    components: list[RegisteredComponent] = field(default_factory=list)
+
+
+def _split_names(value: str | None) -> set[str] | None:
+    if value is None:
+        return None
+    return {name.strip() for name in value.split(",") if name.strip()}
+
+
+def _horizon_version() -> str:
+    from horizon_engine import __version__
+
+    return __version__
+
+
+class PluginHost:
+    """Loads plugins into one pluggy manager and gives the core typed access to them."""
+
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        env = os.environ if env is None else env
+        self.blocked = _split_names(env.get("HORIZON_DISABLE_PLUGINS")) or set()
+        self.allowed = _split_names(env.get("HORIZON_LOAD_PLUGINS"))
+        self.pm = pluggy.PluginManager("horizon")
+        self.pm.add_hookspecs(hookspecs)
+        self.plugins: dict[str, PluginInfo] = {}
+        self.failures: list[PluginFailure] = []
+        self._components: dict[tuple[str, str, str | None], RegisteredComponent] = {}
+        self._load()
+
+    def _load(self) -> None:
+        for module_name in DEFAULT_PLUGINS:
+            name = module_name.rsplit(".", 1)[-1]
+            if name in self.blocked:
+                continue
+            self._register(name, importlib.import_module(module_name), _horizon_version(), "builtin")
+        for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            name = entry_point.name
+            if name in self.blocked or (self.allowed is not None and name not in self.allowed):
+                continue
+            if name in self.plugins:
+                self.failures.append(
+                    PluginFailure(name, entry_point.value, "another plugin already uses this name")
+                )
+                continue
+            try:
+                module = entry_point.load()
+            except Exception as exc:
+                self.failures.append(
+                    PluginFailure(name, entry_point.value, f"import failed: {type(exc).__name__}: {exc}")
+                )
+                continue
+            dist = entry_point.dist
+            version = dist.version if dist is not None else "unknown"
+            source = f"{dist.name if dist is not None else '?'} ({entry_point.value})"
+            self._register(name, module, version, source, entry_point.value)
+        for family in FAMILIES:
+            self._collect_components(family)
+
+    def _register(
+        self, name: str, module: ModuleType, version: str, source: str, entry_point: str = ""
+    ) -> None:
+        try:
+            self.pm.register(module, name=name)
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            if self.pm.is_registered(module):
+                self.pm.unregister(module)
+            self.failures.append(
+                PluginFailure(name, entry_point or module.__name__, _explain_bad_hook(exc))
+            )
+            return
+        hooks = sorted(caller.name for caller in self.pm.get_hookcallers(module) or [])
+        self.plugins[name] = PluginInfo(name, version, source, hooks)
+
+    def _collect_components(self, family: str) -> None:
+        hook = getattr(self.pm.hook, f"horizon_register_{family}")
+        for impl in reversed(hook.get_hookimpls()):
+            impl.function(register=partial(self._add_component, family, impl.plugin_name))
+
+    def _add_component(self, family: str, plugin: str, cls: type[Component]) -> None:
+        if not (isinstance(cls, type) and issubclass(cls, Component)):
+            raise PluginError(
+                f"plugin '{plugin}' registered {cls!r} in horizon_register_{family}; "
+                "expected a subclass of horizon_engine.Component"
+            )
+        if cls.family != family:
+            raise PluginError(
+                f"plugin '{plugin}' registered {cls.__name__} (a {cls.family} component) "
+                f"in horizon_register_{family}"
+            )
+        entry = RegisteredComponent(cls, plugin)
+        key = (family, entry.name, entry.engine)
+        earlier = self._components.get(key)
+        if earlier is not None:
+            raise PluginError(
+                f"two plugins register the {family} component '{entry.label}': "
+                f"'{earlier.plugin}' ({earlier.cls.__module__}.{earlier.cls.__qualname__}) and "
+                f"'{plugin}' ({cls.__module__}.{cls.__qualname__}); block one with "
+                f"HORIZON_DISABLE_PLUGINS={plugin}"
+            )
+        self._components[key] = entry
+        self.plugins[plugin].components.append(entry)
+
+    def components(self, family: str) -> list[RegisteredComponent]:
+        """Every component registered in ``family``, in registration order."""
+        return [entry for (fam, _, _), entry in self._components.items() if fam == family]
+
+    def component(self, family: str, name: str, engine: str | None = None) -> RegisteredComponent:
+        """The component ``name`` of ``family``, or an error listing what is available."""
+        found = self._components.get((family, name, engine))
+        if found is not None:
+            return found
+        available = [entry.label for entry in self.components(family)]
+        wanted = f"{name} (engine {engine})" if engine else name
+        message = f"no {family} component '{wanted}' is registered"
+        close = difflib.get_close_matches(wanted, available, n=1)
+        if close:
+            message += f"; did you mean '{close[0]}'?"
+        message += f" Available: {', '.join(available) or 'none'}."
+        if self.failures:
+            failed = ", ".join(failure.name for failure in self.failures)
+            message += f" Plugins that failed to load: {failed} (see `horizon plugins`)."
+        raise PluginError(message)
+
+    def describe(self) -> list[dict[str, Any]]:
+        """The listing behind ``horizon plugins``: plugins, hooks, components and their options."""
+        listing = []
+        for info in self.plugins.values():
+            listing.append(
+                {
+                    "name": info.name,
+                    "version": info.version,
+                    "source": info.source,
+                    "hooks": info.hooks,
+                    "components": [
+                        {
+                            "family": entry.family,
+                            "name": entry.name,
+                            **({"engine": entry.engine} if entry.engine else {}),
+                            "summary": entry.cls.summary(),
+                            "options": component_options(entry.cls),
+                        }
+                        for entry in info.components
+                    ],
+                }
+            )
+        return listing
+
+    def versions(self) -> dict[str, str]:
+        """Plugin name -> version, as the run manifest records them."""
+        return {info.name: info.version for info in self.plugins.values()}
+
+    def on_stage_start(self, run: Any, stage: str) -> None:
+        self.pm.hook.horizon_on_stage_start(run=run, stage=stage)
+
+    def on_stage_end(self, run: Any, stage: str, report: Any) -> None:
+        self.pm.hook.horizon_on_stage_end(run=run, stage=stage, report=report)
+
+    def on_epoch_end(self, run: Any, epoch: int, metrics: dict[str, float]) -> None:
+        self.pm.hook.horizon_on_epoch_end(run=run, epoch=epoch, metrics=metrics)
+
+    def on_run_end(self, run: Any, manifest: dict[str, Any]) -> None:
+        self.pm.hook.horizon_on_run_end(run=run, manifest=manifest)
+
+
+def _explain_bad_hook(exc: pluggy.PluginValidationError) -> str:
+    """Turn pluggy's message into one that suggests the hook the author probably meant."""
+    message = str(exc)
+    known = [name for name in dir(hookspecs) if name.startswith("horizon_")]
+    for word in message.replace("'", " ").replace('"', " ").split():
+        if word.startswith("horizon_") and word not in known:
+            close = difflib.get_close_matches(word, known, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            return f"unknown hook '{word}'{hint}"
+    return f"invalid hook implementation: {message}"
+
+
+_default_host: PluginHost | None = None
+
+
+def get_plugin_host() -> PluginHost:
+    """The process-wide plugin host, loaded on first use from the current environment."""
+    global _default_host
+    if _default_host is None:
+        _default_host = PluginHost()
+    return _default_host

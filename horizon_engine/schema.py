@@ -1,0 +1,483 @@
+"""The row formats, as Arrow schemas, and their validation.
+
+Two formats, each for three kinds of action:
+
+- pre-timeline rows: logged decisions in the RLDataset format of the seed walkthrough
+  (``ds``, ``mdp_id``, ``sequence_number``, ``state_features``, ``action``, ``reward``,
+  ``action_probability``, ``possible_actions``, ``metrics``);
+- timeline rows: what the Timeline job writes (adds ``next_state_features``, ``next_action``,
+  ``possible_next_actions``, ``time_diff``, ``sequence_number_ordinal``, ``time_since_first``,
+  ``not_terminal``). Horizon called ``action_probability`` ``propensity``; both are read.
+
+Discrete actions are names (``"0"``, ``"left"``) before the timeline and indices into the
+``actions`` list after it, with ``possible_actions`` a 0/1 mask. Parametric actions are feature
+maps, with ``possible_actions`` a list of feature maps. Continuous actions are feature maps with
+no ``possible_actions``.
+
+Validation runs in two steps. ``RowShaper`` turns parsed rows (dicts, from JSONL or gym) into an
+Arrow table, rejecting rows whose structure is wrong (missing field, wrong type). ``RowChecker``
+then checks values on whole Arrow batches, whatever the source: NaN or inf features, a
+probability outside (0, 1], an action not among the possible actions, a duplicate
+(mdp_id, sequence_number). Every rejected row keeps its location and reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from horizon_engine.errors import HorizonError
+
+FEATURES = pa.map_(pa.string(), pa.float64())
+"""A sparse feature map: feature id -> value. Ids are strings, as in Horizon's JSON."""
+
+
+class RowFormat(StrEnum):
+    PRE_TIMELINE = "pre_timeline"
+    TIMELINE = "timeline"
+
+
+class ActionType(StrEnum):
+    DISCRETE = "discrete"
+    PARAMETRIC = "parametric"
+    CONTINUOUS = "continuous"
+
+
+@dataclass(frozen=True)
+class BadRow:
+    """A row that was rejected: where it came from, why, and its content for the quarantine."""
+
+    location: str
+    reason: str
+    kind: str
+    row: Any = None
+
+    def __str__(self) -> str:
+        return f"{self.location}: {self.reason}"
+
+
+class _Reject(Exception):
+    """Raised by a coercer; the message is the reason recorded for the row."""
+
+    def __init__(self, reason: str, kind: str = "wrong_type") -> None:
+        super().__init__(reason)
+        self.kind = kind
+
+
+def _type_of(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _to_id(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise _Reject(f"expected a string, found {value!r} ({_type_of(value)})")
+
+
+def _to_int(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise _Reject(f"expected an integer, found {value!r} ({_type_of(value)})")
+
+
+def _to_float(value: Any) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    raise _Reject(f"expected a number, found {value!r} ({_type_of(value)})")
+
+
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise _Reject(f"expected true or false, found {value!r} ({_type_of(value)})")
+
+
+def _to_features(value: Any) -> dict[str, float]:
+    if not isinstance(value, Mapping):
+        raise _Reject(f"expected a map of feature id -> number, found {_type_of(value)}")
+    try:
+        return {_to_id(key): _to_float(item) for key, item in value.items()}
+    except _Reject as exc:
+        raise _Reject(f"expected a map of feature id -> number: {exc}") from None
+
+
+def _list_of(coerce: Callable[[Any], Any], what: str) -> Callable[[Any], list]:
+    def to_list(value: Any) -> list:
+        if not isinstance(value, list):
+            raise _Reject(f"expected a list of {what}, found {_type_of(value)}")
+        try:
+            return [coerce(item) for item in value]
+        except _Reject as exc:
+            raise _Reject(f"expected a list of {what}: {exc}") from None
+
+    return to_list
+
+
+def _to_mask_bit(value: Any) -> int:
+    bit = _to_int(value)
+    if bit not in (0, 1):
+        raise _Reject(f"expected 0 or 1, found {bit}", "bad_value")
+    return bit
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a row schema: its Arrow type, whether rows must have it, how to coerce."""
+
+    name: str
+    type: pa.DataType
+    required: bool
+    coerce: Callable[[Any], Any]
+    aliases: tuple[str, ...] = ()
+
+
+def _columns(row_format: RowFormat, action_type: ActionType) -> list[Column]:
+    discrete = action_type is ActionType.DISCRETE
+    pre = row_format is RowFormat.PRE_TIMELINE
+    if discrete and pre:
+        action = Column("action", pa.string(), True, _to_id)
+    elif discrete:
+        action = Column("action", pa.int64(), True, _to_int)
+    else:
+        action = Column("action", FEATURES, True, _to_features)
+    if discrete and pre:
+        possible = pa.list_(pa.string()), _list_of(_to_id, "action names")
+    elif discrete:
+        possible = pa.list_(pa.int8()), _list_of(_to_mask_bit, "0/1 flags")
+    else:
+        possible = pa.list_(FEATURES), _list_of(_to_features, "feature maps")
+    columns = [
+        Column("ds", pa.string(), False, _to_id),
+        Column("mdp_id", pa.string(), True, _to_id),
+        Column("sequence_number", pa.int64(), True, _to_int),
+        Column("state_features", FEATURES, True, _to_features),
+        action,
+        Column("action_probability", pa.float64(), True, _to_float, aliases=("propensity",)),
+        Column("reward", pa.float64(), not pre, _to_float),
+        Column("metrics", FEATURES, False, _to_features),
+    ]
+    if action_type is not ActionType.CONTINUOUS:
+        columns.append(Column("possible_actions", possible[0], False, possible[1]))
+    if pre:
+        return columns
+    next_action = Column("next_action", action.type, False, action.coerce)
+    columns += [
+        Column("sequence_number_ordinal", pa.int64(), False, _to_int),
+        Column("time_since_first", pa.int64(), False, _to_int),
+        Column("next_state_features", FEATURES, True, _to_features),
+        next_action,
+        Column("time_diff", pa.int64(), True, _to_int),
+        Column("not_terminal", pa.bool_(), False, _to_bool),
+    ]
+    if action_type is not ActionType.CONTINUOUS:
+        columns.append(Column("possible_next_actions", possible[0], False, possible[1]))
+    return columns
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Which row format and action type a table holds; it decides the Arrow schema."""
+
+    row_format: RowFormat
+    action_type: ActionType
+
+    @property
+    def columns(self) -> list[Column]:
+        return _columns(self.row_format, self.action_type)
+
+    @property
+    def schema(self) -> pa.Schema:
+        fields = [pa.field(col.name, col.type, nullable=True) for col in self.columns]
+        return pa.schema(fields, metadata=self.metadata)
+
+    @property
+    def metadata(self) -> dict[bytes, bytes]:
+        return {
+            b"horizon.row_format": self.row_format.value.encode(),
+            b"horizon.action_type": self.action_type.value.encode(),
+        }
+
+    @classmethod
+    def from_schema(cls, schema: pa.Schema, where: str) -> RowLayout:
+        """The layout recorded in a Parquet file that Horizon Engine wrote."""
+        metadata = schema.metadata or {}
+        try:
+            return cls(
+                RowFormat(metadata[b"horizon.row_format"].decode()),
+                ActionType(metadata[b"horizon.action_type"].decode()),
+            )
+        except (KeyError, ValueError):
+            raise HorizonError(
+                f"{where}: no Horizon row layout in the Parquet metadata; "
+                "set [source] row_format and action_type"
+            ) from None
+
+    def __str__(self) -> str:
+        return f"{self.row_format.value} rows with {self.action_type.value} actions"
+
+
+def detect_layout(row: Mapping[str, Any], row_format: str, action_type: str) -> RowLayout:
+    """Decide the layout from the first row where the config says ``auto``.
+
+    A row with ``next_state_features`` is a timeline row. A map action with a
+    ``possible_actions`` key is parametric, a map action without one is continuous, and any
+    other action is discrete.
+    """
+    if row_format == "auto":
+        is_timeline = "next_state_features" in row
+        row_format = RowFormat.TIMELINE if is_timeline else RowFormat.PRE_TIMELINE
+    if action_type == "auto":
+        if not isinstance(row.get("action"), Mapping):
+            action_type = ActionType.DISCRETE
+        elif "possible_actions" in row:
+            action_type = ActionType.PARAMETRIC
+        else:
+            action_type = ActionType.CONTINUOUS
+    return RowLayout(RowFormat(row_format), ActionType(action_type))
+
+
+@dataclass
+class ShapedRows:
+    """The result of shaping parsed rows: a table, where each row came from, and rejects."""
+
+    table: pa.Table
+    locations: list[str]
+    bad_rows: list[BadRow] = field(default_factory=list)
+    ignored_fields: dict[str, int] = field(default_factory=dict)
+
+
+class RowShaper:
+    """Turns parsed rows (dicts) into an Arrow table of one layout, rejecting malformed rows."""
+
+    def __init__(self, layout: RowLayout) -> None:
+        self.layout = layout
+        self._columns = layout.columns
+        self._known = {name for col in self._columns for name in (col.name, *col.aliases)}
+
+    def shape(self, rows: Iterable[tuple[str, Any]]) -> ShapedRows:
+        """Shape ``(location, row)`` pairs. A row that is not a JSON object is rejected too."""
+        values: dict[str, list] = {col.name: [] for col in self._columns}
+        locations: list[str] = []
+        bad_rows: list[BadRow] = []
+        ignored: dict[str, int] = {}
+        for location, row in rows:
+            try:
+                shaped = self._shape_one(row)
+            except _Reject as exc:
+                bad_rows.append(BadRow(location, str(exc), exc.kind, row))
+                continue
+            for name, value in shaped.items():
+                values[name].append(value)
+            locations.append(location)
+            for key in row.keys() - self._known:
+                ignored[key] = ignored.get(key, 0) + 1
+        table = pa.Table.from_pydict(values, schema=self.layout.schema)
+        return ShapedRows(table, locations, bad_rows, ignored)
+
+    def _shape_one(self, row: Any) -> dict[str, Any]:
+        if not isinstance(row, Mapping):
+            raise _Reject(f"expected a JSON object, found {_type_of(row)}", "not_an_object")
+        shaped = {}
+        for col in self._columns:
+            value = row.get(col.name)
+            for alias in col.aliases:
+                if value is None:
+                    value = row.get(alias)
+            if value is None:
+                if col.required:
+                    raise _Reject(f"missing field '{col.name}'", "missing_field")
+                shaped[col.name] = None
+                continue
+            try:
+                shaped[col.name] = col.coerce(value)
+            except _Reject as exc:
+                raise _Reject(f"field '{col.name}': {exc}", exc.kind) from None
+        if self.layout.row_format is RowFormat.PRE_TIMELINE:
+            if shaped["reward"] is None and shaped["metrics"] is None:
+                raise _Reject(
+                    "missing field 'reward' (or a 'metrics' map to compute it from)",
+                    "missing_field",
+                )
+        return shaped
+
+
+def _map_parents(array: pa.Array) -> tuple[np.ndarray, pa.Array]:
+    """For a map or list array: the row index of every entry, and the entries' values."""
+    offsets = array.offsets.to_numpy(zero_copy_only=False)
+    counts = np.diff(offsets)
+    parents = np.repeat(np.arange(len(array)), counts)
+    if isinstance(array, pa.MapArray):
+        items = array.items.slice(offsets[0], offsets[-1] - offsets[0])
+    else:
+        items = array.values.slice(offsets[0], offsets[-1] - offsets[0])
+    return parents, items
+
+
+def _non_finite_map_rows(array: pa.Array) -> np.ndarray:
+    """Rows of a feature-map array holding a NaN or infinite value."""
+    parents, items = _map_parents(array)
+    finite = pc.is_finite(items).to_numpy(zero_copy_only=False)
+    return np.unique(parents[~finite])
+
+
+class RowChecker:
+    """Checks values on whole Arrow tables of one layout; remembers keys to find duplicates."""
+
+    def __init__(self, layout: RowLayout) -> None:
+        self.layout = layout
+        self._seen: set[tuple[str, int]] = set()
+
+    def check(self, table: pa.Table, locations: list[str]) -> tuple[pa.Table, list[BadRow]]:
+        """Return the good rows and the bad ones, each bad row with its first reason."""
+        table = table.combine_chunks()
+        reasons: dict[int, tuple[str, str]] = {}
+
+        def reject(rows: Iterable[int], kind: str, reason: Callable[[int], str] | str) -> None:
+            for row in rows:
+                row = int(row)
+                if row not in reasons:
+                    reasons[row] = (kind, reason(row) if callable(reason) else reason)
+
+        for col in self.layout.columns:
+            if col.required:
+                missing = np.flatnonzero(table[col.name].is_null().to_numpy(zero_copy_only=False))
+                reject(missing, "missing_field", f"missing field '{col.name}'")
+        for name in ("state_features", "next_state_features", "metrics", "action", "next_action"):
+            if name in table.column_names and pa.types.is_map(table.schema.field(name).type):
+                column = table[name].chunk(0) if table.num_rows else None
+                if column is not None:
+                    reject(
+                        _non_finite_map_rows(column),
+                        "non_finite",
+                        f"'{name}' holds NaN or infinity",
+                    )
+        reward = table["reward"]
+        finite = pc.fill_null(pc.is_finite(reward), True).to_numpy(zero_copy_only=False)
+        reject(np.flatnonzero(~finite), "non_finite", "'reward' is NaN or infinity")
+        self._check_probability(table, reject)
+        self._check_action_possible(table, reject)
+        self._check_duplicates(table, reasons, reject)
+        bad_index = sorted(reasons)
+        if not bad_index:
+            return table, []
+        bad_rows = [
+            BadRow(locations[row], reasons[row][1], reasons[row][0], table.slice(row, 1).to_pylist()[0])
+            for row in bad_index
+        ]
+        keep = np.ones(table.num_rows, dtype=bool)
+        keep[bad_index] = False
+        return table.filter(pa.array(keep)), bad_rows
+
+    def _check_probability(self, table: pa.Table, reject: Callable) -> None:
+        probability = table["action_probability"].to_numpy(zero_copy_only=False).astype(np.float64)
+        present = ~table["action_probability"].is_null().to_numpy(zero_copy_only=False)
+        outside = present & ~((probability > 0) & (probability <= 1))
+        reject(
+            np.flatnonzero(outside),
+            "bad_probability",
+            lambda row: f"'action_probability' must be in (0, 1], found {probability[row]!r}",
+        )
+
+    def _check_action_possible(self, table: pa.Table, reject: Callable) -> None:
+        if "possible_actions" not in table.column_names or table.num_rows == 0:
+            return
+        possible = table["possible_actions"].chunk(0)
+        has_list = ~possible.is_null().to_numpy(zero_copy_only=False)
+        action = table["action"].chunk(0)
+        if self.layout.action_type is ActionType.PARAMETRIC:
+            actions = action.to_pylist()
+            choices = possible.to_pylist()
+            bad = [
+                row
+                for row in np.flatnonzero(has_list)
+                if choices[row] and actions[row] is not None
+                and dict(actions[row]) not in [dict(choice) for choice in choices[row]]
+            ]
+        else:
+            parents, items = _map_parents(possible)
+            if self.layout.row_format is RowFormat.PRE_TIMELINE:
+                matches = pc.equal(items, action.take(pa.array(parents))).to_numpy(
+                    zero_copy_only=False
+                )
+                found = np.bincount(parents[matches], minlength=len(possible)) > 0
+            else:
+                index = action.to_numpy(zero_copy_only=False)
+                offsets = possible.offsets.to_numpy(zero_copy_only=False)
+                lengths = np.diff(offsets)
+                in_range = (index >= 0) & (index < lengths)
+                flags = items.to_numpy(zero_copy_only=False)
+                position = offsets[:-1] - offsets[0] + np.where(in_range, index, 0)
+                found = in_range & (flags[np.minimum(position, len(flags) - 1)] == 1)
+            bad = np.flatnonzero(has_list & ~found)
+        reject(
+            bad,
+            "impossible_action",
+            lambda row: (
+                f"action {action[row].as_py()!r} is not in possible_actions "
+                f"{possible[row].as_py()!r}"
+            ),
+        )
+
+    def _check_duplicates(
+        self, table: pa.Table, reasons: dict[int, tuple[str, str]], reject: Callable
+    ) -> None:
+        mdp_ids = table["mdp_id"].to_pylist()
+        sequence_numbers = table["sequence_number"].to_pylist()
+        duplicates = []
+        for row, key in enumerate(zip(mdp_ids, sequence_numbers, strict=True)):
+            if row in reasons or None in key:
+                continue
+            if key in self._seen:
+                duplicates.append(row)
+            else:
+                self._seen.add(key)
+        reject(
+            duplicates,
+            "duplicate",
+            lambda row: (
+                f"duplicate (mdp_id, sequence_number) = "
+                f"({mdp_ids[row]!r}, {sequence_numbers[row]})"
+            ),
+        )
+
+
+def derive_not_terminal(table: pa.Table, layout: RowLayout) -> pa.Table:
+    """Fill ``not_terminal`` where a timeline row does not carry it.
+
+    Horizon marked a terminal row by its possible next actions: an all-zero mask (discrete) or
+    an empty list (parametric). Continuous rows have no such list; an empty next state marks
+    the end of an episode there.
+    """
+    if layout.row_format is not RowFormat.TIMELINE or table.num_rows == 0:
+        return table
+    given = table["not_terminal"]
+    if given.null_count == 0:
+        return table
+    if layout.action_type is ActionType.DISCRETE:
+        possible = table["possible_next_actions"]
+        derived = pc.greater(pc.fill_null(_list_sums(possible), 1), 0)
+    elif layout.action_type is ActionType.PARAMETRIC:
+        possible = table["possible_next_actions"]
+        derived = pc.greater(pc.fill_null(pc.list_value_length(possible), 1), 0)
+    else:
+        derived = pc.greater(pc.fill_null(pc.list_value_length(table["next_state_features"]), 0), 0)
+    index = table.schema.get_field_index("not_terminal")
+    return table.set_column(index, "not_terminal", pc.coalesce(given, derived))
+
+
+def _list_sums(possible: pa.ChunkedArray) -> pa.Array:
+    array = possible.combine_chunks()
+    parents, items = _map_parents(array)
+    sums = np.bincount(parents, weights=items.to_numpy(zero_copy_only=False), minlength=len(array))
+    nulls = array.is_null().to_numpy(zero_copy_only=False)
+    return pa.array(sums, mask=nulls)
