@@ -470,7 +470,8 @@ def derive_not_terminal(table: pa.Table, layout: RowLayout) -> pa.Table:
         possible = table["possible_next_actions"]
         derived = pc.greater(pc.fill_null(pc.list_value_length(possible), 1), 0)
     else:
-        derived = pc.greater(pc.fill_null(pc.list_value_length(table["next_state_features"]), 0), 0)
+        next_state = table["next_state_features"].combine_chunks()
+        derived = pa.array(np.diff(next_state.offsets.to_numpy(zero_copy_only=False)) > 0)
     index = table.schema.get_field_index("not_terminal")
     return table.set_column(index, "not_terminal", pc.coalesce(given, derived))
 
