@@ -108,10 +108,14 @@ def plugins(as_json: bool) -> None:
         click.echo(f"  hooks: {', '.join(plugin['hooks']) or 'none'}")
         for component in plugin["components"]:
             engine = f" (engine {component['engine']})" if "engine" in component else ""
-            click.echo(f"  {component['family']}: {component['name']}{engine}  {component['summary']}")
+            click.echo(
+                f"  {component['family']}: {component['name']}{engine}  {component['summary']}"
+            )
             for option in component["options"]:
                 default = "required" if option["required"] else f"default {option['default']!r}"
-                click.echo(f"      {option['name']}: {option['type']} ({default})  {option['help']}")
+                click.echo(
+                    f"      {option['name']}: {option['type']} ({default})  {option['help']}"
+                )
     for failure in failures:
         click.echo(
             f"FAILED {failure['name']} [{failure['entry_point']}]: {failure['error']}", err=True
@@ -137,7 +141,10 @@ def gym() -> None:
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--ds", help="The ds date written into every row (default: today).")
 @click.option(
-    "-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
     help="JSONL file to write the pre-timeline rows to.",
 )
 @_user_errors

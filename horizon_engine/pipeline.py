@@ -59,7 +59,9 @@ class RunContext:
         return self.spec.pipeline.seed
 
     @contextmanager
-    def progress(self, description: str, total: int | None = None) -> Iterator[Callable[[int], None]]:
+    def progress(
+        self, description: str, total: int | None = None
+    ) -> Iterator[Callable[[int], None]]:
         """A progress bar on a terminal, nothing otherwise; yields ``advance(amount)``."""
         if not self.show_progress:
             yield lambda amount: None
@@ -100,7 +102,10 @@ def run_source_stage(run: RunContext, choice: Choice) -> StageReport:
     dropped: Counter[str] = Counter()
     ignored: Counter[str] = Counter()
     layout = checker = writer = None
-    with atomic_output(run.output_dir / "source") as folder, run.progress("reading rows") as advance:
+    with (
+        atomic_output(run.output_dir / "source") as folder,
+        run.progress("reading rows") as advance,
+    ):
         folder.mkdir()
         try:
             for batch in source.read(run):
@@ -139,7 +144,10 @@ def run_source_stage(run: RunContext, choice: Choice) -> StageReport:
         f"ignored field '{name}' (not part of {layout}) in {count} rows"
         for name, count in sorted(ignored.items())
     ]
-    report.details = {"row_format": layout.row_format.value, "action_type": layout.action_type.value}
+    report.details = {
+        "row_format": layout.row_format.value,
+        "action_type": layout.action_type.value,
+    }
     return report
 
 
@@ -156,13 +164,16 @@ def _bad_rows_message(bad_rows: list, dropped: Counter[str]) -> str:
 def _write_quarantine(path: Path, bad_rows: list) -> None:
     with path.open("w", encoding="utf-8") as handle:
         for row in bad_rows:
-            record = {"location": row.location, "kind": row.kind, "reason": row.reason, "row": row.row}
+            record = {
+                "location": row.location,
+                "kind": row.kind,
+                "reason": row.reason,
+                "row": row.row,
+            }
             handle.write(json.dumps(record, default=str) + "\n")
 
 
-STAGES: tuple[Stage, ...] = (
-    Stage("source", "source", "source", (), run_source_stage),
-)
+STAGES: tuple[Stage, ...] = (Stage("source", "source", "source", (), run_source_stage),)
 """The stages this version can run, in pipeline order."""
 
 
@@ -175,7 +186,9 @@ def _horizon_version() -> str:
 class Engine:
     """The Python API: ``Engine().run("pipeline.toml")`` or ``Engine().run(config_dict)``."""
 
-    def __init__(self, plugins: PluginHost | None = None, show_progress: bool | None = None) -> None:
+    def __init__(
+        self, plugins: PluginHost | None = None, show_progress: bool | None = None
+    ) -> None:
         self.plugins = plugins or get_plugin_host()
         self.show_progress = sys.stdout.isatty() if show_progress is None else show_progress
 
@@ -235,9 +248,7 @@ class Engine:
         problems = []
         for name in names:
             if name not in by_name:
-                problems.append(
-                    f"--stages: unknown stage '{name}'; stages: {', '.join(by_name)}"
-                )
+                problems.append(f"--stages: unknown stage '{name}'; stages: {', '.join(by_name)}")
             elif by_name[name] not in configured:
                 problems.append(
                     f"--stages: stage '{name}' has no [{by_name[name].section}] section in "
