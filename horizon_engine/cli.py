@@ -160,6 +160,7 @@ def collect(
     """Log a random or epsilon-greedy policy's decisions as pre-timeline JSON rows."""
     from horizon_engine.builtin.gym_source import GymSourceConfig, collect_rows
     from horizon_engine.files import atomic_output
+    from horizon_engine.progress import progress_bar
 
     config = GymSourceConfig(
         env=env_id,
@@ -170,8 +171,13 @@ def collect(
         ds=ds,
     )
     count = 0
-    with atomic_output(output) as temporary, temporary.open("w", encoding="utf-8") as handle:
+    with (
+        atomic_output(output) as temporary,
+        temporary.open("w", encoding="utf-8") as handle,
+        progress_bar(f"{env_id} episodes", episodes, sys.stdout.isatty()) as advance,
+    ):
         for _, row in collect_rows(config, seed):
             handle.write(json.dumps(row) + "\n")
             count += 1
+            advance(int(row["sequence_number"] == 0))
     click.echo(f"wrote {count} rows from {episodes} episodes of {env_id} to {output}")

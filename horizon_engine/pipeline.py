@@ -14,17 +14,20 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
 
-from horizon_engine.components import DataSource
 from horizon_engine.config import SECTIONS, Choice, PipelineSpec, build_spec
 from horizon_engine.errors import BadRowsError, ConfigError, HorizonError
 from horizon_engine.files import atomic_output, write_json
 from horizon_engine.plugins import PluginHost, get_plugin_host
+from horizon_engine.progress import progress_bar
+
+if TYPE_CHECKING:
+    from horizon_engine.schema import BadRow
 
 BAD_ROWS_SHOWN = 20
 """How many bad rows an error message lists before summarising the rest by kind."""
@@ -58,19 +61,11 @@ class RunContext:
     def seed(self) -> int:
         return self.spec.pipeline.seed
 
-    @contextmanager
     def progress(
         self, description: str, total: int | None = None
-    ) -> Iterator[Callable[[int], None]]:
+    ) -> AbstractContextManager[Callable[[int], None]]:
         """A progress bar on a terminal, nothing otherwise; yields ``advance(amount)``."""
-        if not self.show_progress:
-            yield lambda amount: None
-            return
-        from rich.progress import Progress
-
-        with Progress(transient=True) as bar:
-            task = bar.add_task(description, total=total)
-            yield lambda amount: bar.advance(task, amount)
+        return progress_bar(description, total, self.show_progress)
 
 
 @dataclass(frozen=True)
@@ -84,6 +79,50 @@ class Stage:
     run: Callable[[RunContext, Choice], StageReport]
 
 
+class BadRowSink:
+    """Where a stage's bad rows go: counted by kind, and either quarantined or reported.
+
+    With ``quarantine`` each bad row is written at once to a JSONL file (location, kind, reason,
+    row), so a large number of them never piles up in memory. Otherwise the first
+    ``BAD_ROWS_SHOWN`` are kept for the error message that stops the run.
+    """
+
+    def __init__(self, quarantine_path: Path | None) -> None:
+        self.quarantine_path = quarantine_path
+        self.counts: Counter[str] = Counter()
+        self.shown: list[BadRow] = []
+        self._handle: TextIO | None = None
+
+    def add(self, bad_rows: list[BadRow]) -> None:
+        self.counts.update(row.kind for row in bad_rows)
+        if self.quarantine_path is None:
+            self.shown.extend(bad_rows[: BAD_ROWS_SHOWN - len(self.shown)])
+            return
+        if bad_rows and self._handle is None:
+            self._handle = self.quarantine_path.open("w", encoding="utf-8")
+        for row in bad_rows:
+            record = {"location": row.location, "kind": row.kind, "reason": row.reason}
+            self._handle.write(json.dumps({**record, "row": row.row}, default=str) + "\n")
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+
+    @property
+    def failing(self) -> bool:
+        """True once a bad row was seen and the run is to stop for it."""
+        return self.quarantine_path is None and bool(self.counts)
+
+    def error(self) -> BadRowsError:
+        total = sum(self.counts.values())
+        kinds = ", ".join(f"{kind}: {count}" for kind, count in sorted(self.counts.items()))
+        lines = [f"{total} bad rows ({kinds}):", *(f"  {row}" for row in self.shown)]
+        if total > len(self.shown):
+            lines.append(f"  ... and {total - len(self.shown)} more")
+        lines.append('Fix them, or set [pipeline] on_bad_rows = "quarantine" to set them aside.')
+        return BadRowsError("\n".join(lines), self.shown)
+
+
 def run_source_stage(run: RunContext, choice: Choice) -> StageReport:
     """Read the source, validate every row, and write the good ones to ``source/rows.parquet``.
 
@@ -95,11 +134,8 @@ def run_source_stage(run: RunContext, choice: Choice) -> StageReport:
     from horizon_engine.schema import RowChecker, derive_not_terminal
 
     source = choice.create()
-    assert isinstance(source, DataSource)
     quarantine = run.spec.pipeline.on_bad_rows == "quarantine"
-    report = StageReport("source")
-    bad_rows: list = []
-    dropped: Counter[str] = Counter()
+    report = StageReport("source", outputs=["source/rows.parquet"])
     ignored: Counter[str] = Counter()
     layout = checker = writer = None
     with (
@@ -107,6 +143,7 @@ def run_source_stage(run: RunContext, choice: Choice) -> StageReport:
         run.progress("reading rows") as advance,
     ):
         folder.mkdir()
+        sink = BadRowSink(folder / "quarantine.jsonl" if quarantine else None)
         try:
             for batch in source.read(run):
                 if layout is None:
@@ -118,28 +155,24 @@ def run_source_stage(run: RunContext, choice: Choice) -> StageReport:
                         f"{batch.layout}, but earlier rows were {layout}"
                     )
                 good, rejected = checker.check(batch.table, batch.locations)
-                batch_bad = [*batch.bad_rows, *rejected]
                 report.rows_in += batch.table.num_rows + len(batch.bad_rows)
-                dropped.update(row.kind for row in batch_bad)
+                sink.add([*batch.bad_rows, *rejected])
                 ignored.update(batch.ignored_fields)
-                if quarantine or len(bad_rows) < BAD_ROWS_SHOWN:
-                    bad_rows.extend(batch_bad if quarantine else batch_bad[:BAD_ROWS_SHOWN])
-                if not dropped or quarantine:
+                if not sink.failing:
                     writer.write_table(derive_not_terminal(good, layout))
                     report.rows_out += good.num_rows
                 advance(batch.table.num_rows)
         finally:
+            sink.close()
             if writer is not None:
                 writer.close()
         if layout is None:
             raise HorizonError(f"[source] {choice.component.name}: the source yielded no rows")
-        if dropped and not quarantine:
-            raise BadRowsError(_bad_rows_message(bad_rows, dropped), bad_rows)
-        if bad_rows:
-            _write_quarantine(folder / "quarantine.jsonl", bad_rows)
-            report.outputs.append("source/quarantine.jsonl")
-    report.outputs.insert(0, "source/rows.parquet")
-    report.dropped = dict(dropped)
+        if sink.failing:
+            raise sink.error()
+    if sink.counts:
+        report.outputs.append("source/quarantine.jsonl")
+    report.dropped = dict(sink.counts)
     report.warnings = [
         f"ignored field '{name}' (not part of {layout}) in {count} rows"
         for name, count in sorted(ignored.items())
@@ -149,28 +182,6 @@ def run_source_stage(run: RunContext, choice: Choice) -> StageReport:
         "action_type": layout.action_type.value,
     }
     return report
-
-
-def _bad_rows_message(bad_rows: list, dropped: Counter[str]) -> str:
-    total = sum(dropped.values())
-    lines = [f"{total} bad rows ({', '.join(f'{k}: {n}' for k, n in sorted(dropped.items()))}):"]
-    lines += [f"  {row}" for row in bad_rows[:BAD_ROWS_SHOWN]]
-    if total > BAD_ROWS_SHOWN:
-        lines.append(f"  ... and {total - BAD_ROWS_SHOWN} more")
-    lines.append('Fix them, or set [pipeline] on_bad_rows = "quarantine" to set them aside.')
-    return "\n".join(lines)
-
-
-def _write_quarantine(path: Path, bad_rows: list) -> None:
-    with path.open("w", encoding="utf-8") as handle:
-        for row in bad_rows:
-            record = {
-                "location": row.location,
-                "kind": row.kind,
-                "reason": row.reason,
-                "row": row.row,
-            }
-            handle.write(json.dumps(record, default=str) + "\n")
 
 
 STAGES: tuple[Stage, ...] = (Stage("source", "source", "source", (), run_source_stage),)
