@@ -21,10 +21,6 @@ if TYPE_CHECKING:
     from horizon_engine.schema import BadRow, RowLayout
 
 
-FAMILIES: tuple[str, ...] = ("data_sources", "transforms", "trainers", "estimators", "exporters")
-"""The five component families, named as in their ``horizon_register_<family>`` hooks."""
-
-
 class ComponentConfig(BaseModel):
     """Base of every component's config model: unknown keys are errors, not silently ignored."""
 
@@ -44,7 +40,8 @@ class Component:
     @classmethod
     def summary(cls) -> str:
         """The first line of the class docstring, shown by ``horizon plugins``."""
-        return (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        lines = (cls.__doc__ or "").strip().splitlines()
+        return lines[0] if lines else ""
 
 
 @dataclass
@@ -108,6 +105,15 @@ class Exporter(Component):
     """Writes a trained policy in a portable form."""
 
     family = "exporters"
+
+
+FAMILY_BASES: dict[str, type[Component]] = {
+    base.family: base for base in (DataSource, Transform, Trainer, Estimator, Exporter)
+}
+"""The base class of each family's components, by family name."""
+
+FAMILIES: tuple[str, ...] = tuple(FAMILY_BASES)
+"""The five component families, named as in their ``horizon_register_<family>`` hooks."""
 
 
 def component_options(cls: type[Component]) -> list[dict[str, Any]]:

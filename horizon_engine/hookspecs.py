@@ -11,62 +11,75 @@ documents each hook for plugin authors; a meta-test keeps the two in step.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import pluggy
+
+if TYPE_CHECKING:
+    from horizon_engine.components import Component
+    from horizon_engine.pipeline import RunContext, StageReport
+
+Register = Callable[[type["Component"]], None]
+"""The callback a ``horizon_register_*`` hook receives: call it once per component class."""
 
 hookspec = pluggy.HookspecMarker("horizon")
 hookimpl = pluggy.HookimplMarker("horizon")
 
 
 @hookspec
-def horizon_register_data_sources(register: Any) -> None:
+def horizon_register_data_sources(register: Register) -> None:
     """Register readers of logged rows (pre-timeline or timeline), such as ``jsonl`` or ``gym``.
 
-    Called once per plugin manager. ``register(component_class)`` takes a subclass of
+    Called once, when the plugins are loaded. ``register(cls)`` takes a subclass of
     ``horizon_engine.DataSource``; its ``name`` is what ``[source] kind`` selects.
+    Returns nothing.
     """
 
 
 @hookspec
-def horizon_register_transforms(register: Any) -> None:
+def horizon_register_transforms(register: Register) -> None:
     """Register row transforms (the timeline) and feature transforms (normalization types).
 
-    Called once per plugin manager. ``register(component_class)`` takes a subclass of
+    Called once, when the plugins are loaded. ``register(cls)`` takes a subclass of
     ``horizon_engine.Transform``; ``name`` plus ``engine`` identify it, so a Spark plugin can
     register ``timeline`` for ``engine = "spark"`` beside the built-in local one.
+    Returns nothing.
     """
 
 
 @hookspec
-def horizon_register_trainers(register: Any) -> None:
+def horizon_register_trainers(register: Register) -> None:
     """Register trainers, such as ``dqn`` or ``sac``.
 
-    Called once per plugin manager. ``register(component_class)`` takes a subclass of
+    Called once, when the plugins are loaded. ``register(cls)`` takes a subclass of
     ``horizon_engine.Trainer``; its ``name`` is what ``[trainer] kind`` selects.
+    Returns nothing.
     """
 
 
 @hookspec
-def horizon_register_estimators(register: Any) -> None:
+def horizon_register_estimators(register: Register) -> None:
     """Register counterfactual policy estimators, such as ``ips`` or ``magic``.
 
-    Called once per plugin manager. ``register(component_class)`` takes a subclass of
+    Called once, when the plugins are loaded. ``register(cls)`` takes a subclass of
     ``horizon_engine.Estimator``; its ``name`` is what ``[[evaluation]] kind`` selects.
+    Returns nothing.
     """
 
 
 @hookspec
-def horizon_register_exporters(register: Any) -> None:
+def horizon_register_exporters(register: Register) -> None:
     """Register model exporters, such as ``onnx``.
 
-    Called once per plugin manager. ``register(component_class)`` takes a subclass of
+    Called once, when the plugins are loaded. ``register(cls)`` takes a subclass of
     ``horizon_engine.Exporter``; its ``name`` is what ``[export] kind`` selects.
+    Returns nothing.
     """
 
 
 @hookspec
-def horizon_on_stage_start(run: Any, stage: str) -> None:
+def horizon_on_stage_start(run: RunContext, stage: str) -> None:
     """Called before a pipeline stage runs.
 
     ``run`` is the ``RunContext`` (config, output folder, seed); ``stage`` is the stage name
@@ -76,8 +89,8 @@ def horizon_on_stage_start(run: Any, stage: str) -> None:
 
 
 @hookspec
-def horizon_on_stage_end(run: Any, stage: str, report: Any) -> None:
-    """Called after a pipeline stage finished and its outputs were renamed into place.
+def horizon_on_stage_end(run: RunContext, stage: str, report: StageReport) -> None:
+    """Called after a stage finished, its outputs were renamed into place and the manifest saved.
 
     ``report`` is the stage's ``StageReport``: rows in and out, rows dropped with reasons,
     files written, seconds taken. Returns nothing.
@@ -85,7 +98,7 @@ def horizon_on_stage_end(run: Any, stage: str, report: Any) -> None:
 
 
 @hookspec
-def horizon_on_epoch_end(run: Any, epoch: int, metrics: dict[str, float]) -> None:
+def horizon_on_epoch_end(run: RunContext, epoch: int, metrics: dict[str, float]) -> None:
     """Called by the training loop after each epoch, with that epoch's metrics.
 
     ``metrics`` maps names such as ``Training/td_loss`` to floats (CPE figures included once
@@ -94,7 +107,7 @@ def horizon_on_epoch_end(run: Any, epoch: int, metrics: dict[str, float]) -> Non
 
 
 @hookspec
-def horizon_on_run_end(run: Any, manifest: dict[str, Any]) -> None:
+def horizon_on_run_end(run: RunContext, manifest: dict[str, Any]) -> None:
     """Called once after the last stage, with the manifest just written to ``manifest.json``.
 
     Also called when a stage failed; ``manifest["status"]`` then says ``"failed"`` and

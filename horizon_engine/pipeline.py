@@ -245,7 +245,10 @@ class Engine:
         except BaseException as exc:
             manifest["status"] = "failed"
             manifest["error"] = str(exc) or type(exc).__name__
-            self._finish(run, manifest)
+            try:
+                self._finish(run, manifest)
+            except Exception as hook_error:
+                exc.add_note(f"horizon_on_run_end also failed: {hook_error!r}")
             raise
         manifest["status"] = "succeeded"
         self._finish(run, manifest)
@@ -300,6 +303,8 @@ class Engine:
         }
 
     def _finish(self, run: RunContext, manifest: dict[str, Any]) -> None:
+        """Write the final manifest, then tell the plugins; a failing observer is not hidden,
+        but on a failed run it must not mask the stage's own error (see ``run``)."""
         manifest["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         write_json(run.output_dir / "manifest.json", manifest)
         self.plugins.on_run_end(run, manifest)

@@ -8,9 +8,10 @@ Environment:
 - ``HORIZON_DISABLE_PLUGINS=a,b`` blocks plugins by name (built-in ones too).
 - ``HORIZON_LOAD_PLUGINS=a,b`` loads only these entry-point plugins (built-ins still load).
 
-A plugin that fails to import, or implements a hook that does not exist, is reported by name
-and entry point and left out; the others still load. Two components with one name in one family
-is an error naming both plugins, since either choice would be a silent guess.
+A plugin that fails to import, implements a hook that does not exist, or declares an argument
+its hook does not pass is reported by name and entry point and left out; the others still load.
+Two components with one name in one family is an error naming both plugins, since either choice
+would be a silent guess.
 
 Core code never calls ``pm.hook`` directly: it goes through ``PluginHost``'s typed methods.
 """
@@ -25,20 +26,32 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 from horizon_engine import hookspecs
-from horizon_engine.components import FAMILIES, Component, component_options
+from horizon_engine.components import (
+    FAMILIES,
+    FAMILY_BASES,
+    Component,
+    ComponentConfig,
+    component_options,
+)
 from horizon_engine.errors import PluginError
+
+if TYPE_CHECKING:
+    from horizon_engine.pipeline import RunContext, StageReport
 
 ENTRY_POINT_GROUP = "horizon"
 
-DEFAULT_PLUGINS: tuple[str, ...] = (
-    "horizon_engine.builtin.sources",
-)
+DEFAULT_PLUGINS: tuple[str, ...] = ("horizon_engine.builtin.sources",)
 """Modules of the core's own plugins, registered under their last dotted name."""
+
+HOOK_NAMES: tuple[str, ...] = tuple(
+    sorted(name for name in vars(hookspecs) if name.startswith("horizon_"))
+)
+"""Every hook a plugin may implement, for suggesting the nearest one to a misspelt name."""
 
 
 @dataclass(frozen=True)
@@ -116,61 +129,105 @@ class PluginHost:
             name = module_name.rsplit(".", 1)[-1]
             if name in self.blocked:
                 continue
-            self._register(name, importlib.import_module(module_name), _horizon_version(), "builtin")
+            self._register(
+                name, importlib.import_module(module_name), _horizon_version(), "builtin"
+            )
         for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
             name = entry_point.name
             if name in self.blocked or (self.allowed is not None and name not in self.allowed):
                 continue
             if name in self.plugins:
+                taken = self.plugins[name].source
                 self.failures.append(
-                    PluginFailure(name, entry_point.value, "another plugin already uses this name")
+                    PluginFailure(
+                        name,
+                        entry_point.value,
+                        f"another plugin is already called {name!r} ({taken})",
+                    )
                 )
                 continue
             try:
                 module = entry_point.load()
             except Exception as exc:
                 self.failures.append(
-                    PluginFailure(name, entry_point.value, f"import failed: {type(exc).__name__}: {exc}")
+                    PluginFailure(
+                        name, entry_point.value, f"import failed: {type(exc).__name__}: {exc}"
+                    )
                 )
                 continue
             dist = entry_point.dist
             version = dist.version if dist is not None else "unknown"
             source = f"{dist.name if dist is not None else '?'} ({entry_point.value})"
             self._register(name, module, version, source, entry_point.value)
+        # Every plugin's hooks were checked against the specs as it was registered; pluggy's
+        # own check confirms that nothing unknown slipped through.
+        self.pm.check_pending()
         for family in FAMILIES:
             self._collect_components(family)
 
     def _register(
         self, name: str, module: ModuleType, version: str, source: str, entry_point: str = ""
     ) -> None:
-        try:
-            self.pm.register(module, name=name)
-            self.pm.check_pending()
-        except pluggy.PluginValidationError as exc:
-            if self.pm.is_registered(module):
-                self.pm.unregister(module)
-            self.failures.append(
-                PluginFailure(name, entry_point or module.__name__, _explain_bad_hook(exc))
-            )
+        loaded_as = self.pm.get_name(module)
+        if loaded_as is not None:
+            problem: str | None = f"its module is already loaded as plugin '{loaded_as}'"
+        else:
+            problem = self._hook_problem(module, name)
+        if problem is None:
+            try:
+                self.pm.register(module, name=name)
+            except pluggy.PluginValidationError as exc:
+                # Older pluggy versions leave a half-registered plugin behind.
+                if self.pm.is_registered(module):
+                    self.pm.unregister(module)
+                problem = f"cannot be registered: {exc}".replace("\n", "; ")
+        if problem is not None:
+            self.failures.append(PluginFailure(name, entry_point or module.__name__, problem))
             return
         hooks = sorted(caller.name for caller in self.pm.get_hookcallers(module) or [])
         self.plugins[name] = PluginInfo(name, version, source, hooks)
 
+    def _hook_problem(self, module: ModuleType, name: str) -> str | None:
+        """Why the module's hook implementations cannot be used, or None if they can.
+
+        pluggy accepts an implementation of a hook it has no spec for (a later plugin might add
+        the spec) and only ``check_pending()`` finds it, with a message naming neither the
+        nearest hook nor the arguments. Horizon's hooks are all known up front, so a misspelt
+        hook or argument is reported here, before the plugin is registered, instead of the
+        implementation silently never being called.
+        """
+        for attribute in dir(module):
+            options = self.pm.parse_hookimpl_opts(module, attribute)
+            if options is None or options.get("optionalhook"):
+                continue
+            hook_name = options.get("specname") or attribute
+            caller = getattr(self.pm.hook, hook_name, None)
+            if caller is None or caller.spec is None:
+                close = difflib.get_close_matches(hook_name, HOOK_NAMES, n=1)
+                hint = f"; did you mean '{close[0]}'?" if close else ""
+                return f"implements unknown hook '{hook_name}'{hint}"
+            impl = pluggy.HookImpl(module, name, getattr(module, attribute), options)
+            unexpected = [arg for arg in impl.argnames if arg not in caller.spec.argnames]
+            if unexpected:
+                return (
+                    f"hook '{hook_name}' declares unknown argument(s) {', '.join(unexpected)}; "
+                    f"the hook passes {', '.join(caller.spec.argnames)}"
+                )
+        return None
+
     def _collect_components(self, family: str) -> None:
+        # Registration order (built-ins first), not pluggy's last-registered-first call order,
+        # so that a duplicate name is blamed on the plugin that came later.
         hook = getattr(self.pm.hook, f"horizon_register_{family}")
-        for impl in reversed(hook.get_hookimpls()):
+        for impl in hook.get_hookimpls():
             impl.function(register=partial(self._add_component, family, impl.plugin_name))
 
     def _add_component(self, family: str, plugin: str, cls: type[Component]) -> None:
-        if not (isinstance(cls, type) and issubclass(cls, Component)):
+        problem = _component_problem(family, cls)
+        if problem is not None:
+            what = f"{cls.__module__}.{cls.__qualname__}" if isinstance(cls, type) else repr(cls)
             raise PluginError(
-                f"plugin '{plugin}' registered {cls!r} in horizon_register_{family}; "
-                "expected a subclass of horizon_engine.Component"
-            )
-        if cls.family != family:
-            raise PluginError(
-                f"plugin '{plugin}' registered {cls.__name__} (a {cls.family} component) "
-                f"in horizon_register_{family}"
+                f"plugin '{plugin}' registered {what} in horizon_register_{family}: {problem}"
             )
         entry = RegisteredComponent(cls, plugin)
         key = (family, entry.name, entry.engine)
@@ -234,29 +291,46 @@ class PluginHost:
         """Plugin name -> version, as the run manifest records them."""
         return {info.name: info.version for info in self.plugins.values()}
 
-    def on_stage_start(self, run: Any, stage: str) -> None:
+    # The typed façade over the lifecycle hooks: core code calls these, never ``pm.hook``.
+
+    def on_stage_start(self, run: RunContext, stage: str) -> None:
+        """Tell plugins a stage is about to run."""
         self.pm.hook.horizon_on_stage_start(run=run, stage=stage)
 
-    def on_stage_end(self, run: Any, stage: str, report: Any) -> None:
+    def on_stage_end(self, run: RunContext, stage: str, report: StageReport) -> None:
+        """Tell plugins a stage finished, with its report."""
         self.pm.hook.horizon_on_stage_end(run=run, stage=stage, report=report)
 
-    def on_epoch_end(self, run: Any, epoch: int, metrics: dict[str, float]) -> None:
+    def on_epoch_end(self, run: RunContext, epoch: int, metrics: dict[str, float]) -> None:
+        """Tell plugins (reporters such as TensorBoard) a training epoch ended, with its metrics."""
         self.pm.hook.horizon_on_epoch_end(run=run, epoch=epoch, metrics=metrics)
 
-    def on_run_end(self, run: Any, manifest: dict[str, Any]) -> None:
+    def on_run_end(self, run: RunContext, manifest: dict[str, Any]) -> None:
+        """Tell plugins the run ended, successfully or not, with its manifest."""
         self.pm.hook.horizon_on_run_end(run=run, manifest=manifest)
 
 
-def _explain_bad_hook(exc: pluggy.PluginValidationError) -> str:
-    """Turn pluggy's message into one that suggests the hook the author probably meant."""
-    message = str(exc)
-    known = [name for name in dir(hookspecs) if name.startswith("horizon_")]
-    for word in message.replace("'", " ").replace('"', " ").split():
-        if word.startswith("horizon_") and word not in known:
-            close = difflib.get_close_matches(word, known, n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
-            return f"unknown hook '{word}'{hint}"
-    return f"invalid hook implementation: {message}"
+def _component_problem(family: str, cls: object) -> str | None:
+    """What is wrong with a class registered in ``family``, or None if it can be used.
+
+    Checked at registration so that a plugin's mistake is reported by plugin name when Horizon
+    starts, not as an AttributeError deep inside a run.
+    """
+    base = FAMILY_BASES[family]
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        expected = f"expected a subclass of horizon_engine.{base.__name__}"
+        for other, other_base in FAMILY_BASES.items():
+            if isinstance(cls, type) and issubclass(cls, other_base):
+                return f"it is a {other} component; {expected} (register it in the right hook)"
+        return expected
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name:
+        return "it has no name; set the class attribute name = '...' that pipeline.toml selects"
+    if not (isinstance(cls.Config, type) and issubclass(cls.Config, ComponentConfig)):
+        return (
+            f"its Config is {cls.Config!r}; expected a subclass of horizon_engine.ComponentConfig"
+        )
+    return None
 
 
 _default_host: PluginHost | None = None

@@ -1,0 +1,78 @@
+"""Fixtures shared by the test suite.
+
+``plugin_site`` installs plugins the way pip does, without pip or a network: a package folder
+plus a ``<name>-<version>.dist-info`` folder (METADATA and entry_points.txt) in a fresh folder
+put on ``sys.path``. ``importlib.metadata`` then finds their entry points exactly as it finds an
+installed distribution's, so Horizon Engine discovers them through its ``horizon`` group.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import shutil
+import sys
+import textwrap
+import tomllib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+
+class PluginSite:
+    """A site-packages folder on ``sys.path`` that tests install plugin distributions into."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def install(
+        self,
+        distribution: str,
+        version: str,
+        entry_points: Mapping[str, str],
+        modules: Mapping[str, str] | None = None,
+    ) -> None:
+        """Install ``modules`` (file name -> source text) and a dist-info declaring the entry
+        points (plugin name -> ``module`` or ``module:attribute``) in the ``horizon`` group."""
+        for filename, source in (modules or {}).items():
+            target = self.path / filename
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(textwrap.dedent(source), encoding="utf-8")
+        folder = re.sub(r"[-_.]+", "_", distribution).lower()
+        dist_info = self.path / f"{folder}-{version}.dist-info"
+        dist_info.mkdir()
+        (dist_info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {version}\n", encoding="utf-8"
+        )
+        lines = [f"{name} = {value}" for name, value in entry_points.items()]
+        (dist_info / "entry_points.txt").write_text(
+            "[horizon]\n" + "\n".join(lines) + "\n", encoding="utf-8"
+        )
+        importlib.invalidate_caches()
+
+    def install_project(self, project: Path) -> None:
+        """Install a plugin project from its pyproject.toml: its packages and entry points."""
+        metadata = tomllib.loads((project / "pyproject.toml").read_text(encoding="utf-8"))
+        for package in metadata["tool"]["setuptools"]["packages"]:
+            shutil.copytree(project / package, self.path / package)
+        meta = metadata["project"]
+        self.install(meta["name"], meta["version"], meta["entry-points"]["horizon"])
+
+
+@pytest.fixture
+def plugin_site(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[PluginSite]:
+    """An empty site folder on ``sys.path``; what is imported from it is forgotten afterwards.
+
+    Forgetting the modules matters: a later test installing a plugin of the same name must
+    import its own copy, not find this test's module (and its state) in ``sys.modules``.
+    """
+    site = PluginSite(tmp_path_factory.mktemp("site"))
+    monkeypatch.syspath_prepend(str(site.path))
+    yield site
+    for name, module in list(sys.modules.items()):
+        if site.path in Path(getattr(module, "__file__", None) or "/").parents:
+            del sys.modules[name]
+    importlib.invalidate_caches()

@@ -1,0 +1,685 @@
+"""Plugins: a third party's plugin is discovered, listed and used by name; a broken plugin is
+reported by its name; allow and block lists; the register hooks of every family; lifecycle hooks.
+
+Plugins are installed as pip would install them (see ``plugin_site`` in conftest.py) and loaded
+by a fresh ``PluginHost``, never by registering modules on the manager behind Horizon's back.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+import horizon_engine
+from horizon_engine import Engine, HorizonError
+from horizon_engine.errors import ConfigError, PluginError
+from horizon_engine.plugins import PluginFailure, PluginHost
+
+THIRD_PARTY = Path(__file__).parent / "third_party_plugin"
+"""A plugin project as its author publishes it: pyproject.toml and the package."""
+
+HORIZON = Path(sys.executable).with_name("horizon")
+"""The console script of the environment running the tests."""
+
+CONSTANT_HOOKS = [
+    "horizon_on_epoch_end",
+    "horizon_on_run_end",
+    "horizon_on_stage_end",
+    "horizon_on_stage_start",
+    "horizon_register_data_sources",
+]
+
+
+@pytest.fixture
+def site(plugin_site: Any) -> Any:
+    """A site folder with the third-party ``constant`` plugin installed."""
+    plugin_site.install_project(THIRD_PARTY)
+    return plugin_site
+
+
+def install_module(site: Any, plugin: str, source: str, version: str = "1.0") -> str:
+    """Install a one-module plugin ``plugin`` whose module is ``horizon_plugin_<plugin>``."""
+    module = f"horizon_plugin_{plugin}"
+    site.install(f"horizon-plugin-{plugin}", version, {plugin: module}, {f"{module}.py": source})
+    return module
+
+
+def only(*plugins: str, **env: str) -> PluginHost:
+    """A host loading only the named entry-point plugins (and the built-ins)."""
+    return PluginHost(env={"HORIZON_LOAD_PLUGINS": ",".join(plugins), **env})
+
+
+def failure_of(host: PluginHost, name: str) -> PluginFailure:
+    [failure] = [failure for failure in host.failures if failure.name == name]
+    return failure
+
+
+def recorded_calls() -> list[tuple[str, dict[str, Any]]]:
+    """The lifecycle hook calls the ``constant`` plugin saw (it is imported by then)."""
+    return sys.modules["horizon_plugin_constant"].CALLS
+
+
+def run_constant(host: PluginHost, output_dir: Path, **options: Any) -> dict[str, Any]:
+    config = {
+        "pipeline": {"output_dir": str(output_dir)},
+        "source": {"kind": "constant_rows", **options},
+    }
+    return Engine(plugins=host, show_progress=False).run(config)
+
+
+def horizon(site: Any, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run the ``horizon`` command with ``site`` on PYTHONPATH and only the given HORIZON_* vars."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("HORIZON_")}
+    environment.update(PYTHONPATH=str(site.path), **env)
+    return subprocess.run(
+        [str(HORIZON), *args], capture_output=True, text=True, env=environment, timeout=120
+    )
+
+
+# A third party's plugin, installed as pip would install it.
+
+
+def test_third_party_plugin_is_discovered_through_its_entry_point(site):
+    host = PluginHost(env={})
+
+    info = host.plugins["constant"]
+    assert info.version == "0.3.1"
+    assert info.source == "horizon-plugin-constant (horizon_plugin_constant)"
+    assert info.hooks == CONSTANT_HOOKS
+    assert [(entry.family, entry.name) for entry in info.components] == [
+        ("data_sources", "constant_rows")
+    ]
+    assert host.component("data_sources", "constant_rows").plugin == "constant"
+    assert "sources" in host.plugins
+    assert host.versions()["constant"] == "0.3.1"
+    assert "constant" not in [failure.name for failure in host.failures]
+
+
+def test_third_party_plugin_imports_only_the_public_api():
+    tree = ast.parse((THIRD_PARTY / "horizon_plugin_constant" / "__init__.py").read_text())
+    imported = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("horizon_engine"):
+            imported += [(node.module, alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            assert not [alias for alias in node.names if alias.name.startswith("horizon_engine")]
+    assert imported
+    for module, name in imported:
+        assert module in ("horizon_engine", "horizon_engine.schema"), (module, name)
+        if module == "horizon_engine":
+            assert name in horizon_engine.__all__, name
+
+
+def test_horizon_plugins_lists_the_third_party_plugin(site):
+    result = horizon(site, "plugins")
+
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    start = lines.index("constant 0.3.1  [horizon-plugin-constant (horizon_plugin_constant)]")
+    assert lines[start + 1 : start + 6] == [
+        f"  hooks: {', '.join(CONSTANT_HOOKS)}",
+        "  data_sources: constant_rows  Writes one discrete pre-timeline row, the same each step, "
+        "for every step of every episode.",
+        "      episodes: int (default 2)  How many episodes to write; with 0 the source yields "
+        "nothing.",
+        "      steps: int (default 3)  How many rows (decisions) each episode has.",
+        "      reward: float (default 1.0)  The reward of every row.",
+    ]
+    assert "constant" not in result.stderr
+
+
+def test_horizon_plugins_json_lists_the_third_party_plugin(site):
+    result = horizon(site, "plugins", "--json")
+
+    assert result.returncode == 0, result.stderr
+    listing = json.loads(result.stdout)
+    [plugin] = [plugin for plugin in listing["plugins"] if plugin["name"] == "constant"]
+    assert plugin["version"] == "0.3.1"
+    assert plugin["source"] == "horizon-plugin-constant (horizon_plugin_constant)"
+    assert plugin["hooks"] == CONSTANT_HOOKS
+    [component] = plugin["components"]
+    assert (component["family"], component["name"]) == ("data_sources", "constant_rows")
+    assert component["summary"].startswith("Writes one discrete pre-timeline row")
+    options = {
+        option["name"]: (option["type"], option["required"], option["default"])
+        for option in component["options"]
+    }
+    assert options == {
+        "episodes": ("int", False, 2),
+        "steps": ("int", False, 3),
+        "reward": ("float", False, 1.0),
+    }
+    assert all(option["help"] for option in component["options"])
+    assert "constant" not in [failure["name"] for failure in listing["failures"]]
+
+
+def test_horizon_plugins_honours_the_allow_and_block_lists(site):
+    allowed = horizon(site, "plugins", "--json", HORIZON_LOAD_PLUGINS="constant")
+    blocked = horizon(site, "plugins", "--json", HORIZON_DISABLE_PLUGINS="constant,sources")
+
+    assert [p["name"] for p in json.loads(allowed.stdout)["plugins"]] == ["sources", "constant"]
+    names = [p["name"] for p in json.loads(blocked.stdout)["plugins"]]
+    assert "constant" not in names
+    assert "sources" not in names
+
+
+def test_third_party_source_runs_by_name_in_a_pipeline(site, tmp_path):
+    host = only("constant")
+
+    manifest = run_constant(host, tmp_path / "run", episodes=4, steps=5)
+
+    rows = pq.read_table(tmp_path / "run" / "source" / "rows.parquet")
+    assert rows.num_rows == 20
+    assert sorted(set(rows["mdp_id"].to_pylist())) == [f"episode-{i}" for i in range(4)]
+    assert rows["action"].to_pylist() == ["stay"] * 20
+    assert manifest["status"] == "succeeded"
+    assert manifest["plugins"]["constant"] == "0.3.1"
+    assert manifest["config"]["source"] == {
+        "kind": "constant_rows",
+        "episodes": 4,
+        "steps": 5,
+        "reward": 1.0,
+    }
+    assert manifest["stages"]["source"]["rows_out"] == 20
+    ends = [args for hook, args in recorded_calls() if hook == "horizon_on_stage_end"]
+    assert [(args["stage"], args["report"].rows_out) for args in ends] == [("source", 20)]
+
+
+def test_third_party_source_options_are_validated_by_its_config_model(site, tmp_path):
+    with pytest.raises(ConfigError) as error:
+        run_constant(only("constant"), tmp_path / "run", episode=4)
+
+    assert (
+        "[source] unknown key 'episode' of data_sources component 'constant_rows'; "
+        "did you mean 'episodes'?"
+    ) in str(error.value)
+
+
+# A broken plugin is reported by its name.
+
+
+def test_plugin_that_fails_to_import_is_reported_and_the_others_still_load(site):
+    install_module(site, "broken", "raise RuntimeError('needs a GPU driver')")
+
+    host = only("broken", "constant")
+
+    failure = failure_of(host, "broken")
+    assert failure.entry_point == "horizon_plugin_broken"
+    assert failure.error == "import failed: RuntimeError: needs a GPU driver"
+    assert "broken" not in host.plugins
+    assert list(host.plugins) == ["sources", "constant"]
+    with pytest.raises(PluginError, match=r"Plugins that failed to load: broken \(see"):
+        host.component("data_sources", "gpu_rows")
+
+
+def test_horizon_plugins_reports_a_plugin_that_fails_to_import(site):
+    install_module(site, "broken", "raise RuntimeError('needs a GPU driver')")
+
+    result = horizon(site, "plugins", HORIZON_LOAD_PLUGINS="broken,constant")
+
+    assert result.returncode == 0
+    assert (
+        "FAILED broken [horizon_plugin_broken]: import failed: RuntimeError: needs a GPU driver"
+    ) in result.stderr.splitlines()
+    assert "constant 0.3.1  [horizon-plugin-constant (horizon_plugin_constant)]" in result.stdout
+
+
+def test_registering_a_built_in_component_name_is_an_error_naming_both_plugins(site):
+    install_module(
+        site,
+        "impostor",
+        """
+        from horizon_engine import DataSource, hookimpl
+
+        class Jsonl(DataSource):
+            '''Another JSONL reader.'''
+            name = "jsonl"
+
+        @hookimpl
+        def horizon_register_data_sources(register):
+            register(Jsonl)
+        """,
+    )
+
+    with pytest.raises(PluginError) as error:
+        only("impostor")
+
+    assert str(error.value) == (
+        "two plugins register the data_sources component 'jsonl': 'sources' "
+        "(horizon_engine.builtin.sources.JsonlSource) and 'impostor' "
+        "(horizon_plugin_impostor.Jsonl); block one with HORIZON_DISABLE_PLUGINS=impostor"
+    )
+    # Blocking the built-ins instead lets the plugin provide `jsonl`.
+    host = only("impostor", HORIZON_DISABLE_PLUGINS="sources")
+    assert host.component("data_sources", "jsonl").plugin == "impostor"
+
+
+def test_two_third_party_plugins_registering_one_name_is_an_error_naming_both(site):
+    install_module(
+        site,
+        "copycat",
+        """
+        from horizon_engine import DataSource, hookimpl
+
+        class Rows(DataSource):
+            '''Constant rows, again.'''
+            name = "constant_rows"
+
+        @hookimpl
+        def horizon_register_data_sources(register):
+            register(Rows)
+        """,
+    )
+
+    with pytest.raises(PluginError) as error:
+        only("constant", "copycat")
+
+    message = str(error.value)
+    assert message.startswith("two plugins register the data_sources component 'constant_rows'")
+    assert "'constant' (horizon_plugin_constant.ConstantRows)" in message
+    assert "'copycat' (horizon_plugin_copycat.Rows)" in message
+
+
+def test_an_entry_point_name_already_taken_is_reported(site):
+    install_module(site, "sources", "")
+
+    host = only("sources", "constant")
+
+    failure = failure_of(host, "sources")
+    assert failure.entry_point == "horizon_plugin_sources"
+    assert failure.error == "another plugin is already called 'sources' (builtin)"
+    assert host.plugins["sources"].source == "builtin"
+
+
+def test_one_module_under_two_plugin_names_is_reported(plugin_site):
+    module = "horizon_plugin_twice"
+    entry_points = {"first": module, "second": module}
+    plugin_site.install("horizon-plugin-twice", "1.0", entry_points, {f"{module}.py": ""})
+
+    host = only("first", "second")
+
+    assert list(host.plugins) == ["sources", "first"]
+    assert host.failures == [
+        PluginFailure("second", module, "its module is already loaded as plugin 'first'")
+    ]
+
+
+def test_disabled_plugin_is_not_loaded(site):
+    host = PluginHost(env={"HORIZON_DISABLE_PLUGINS": "constant"})
+
+    assert "constant" not in host.plugins
+    assert "constant" not in [failure.name for failure in host.failures]
+    with pytest.raises(PluginError, match="no data_sources component 'constant_rows'"):
+        host.component("data_sources", "constant_rows")
+
+
+def test_built_in_plugin_can_be_disabled(site, tmp_path):
+    host = only("constant", HORIZON_DISABLE_PLUGINS="sources")
+
+    assert list(host.plugins) == ["constant"]
+    assert [entry.name for entry in host.components("data_sources")] == ["constant_rows"]
+    config = {"pipeline": {"output_dir": str(tmp_path)}, "source": {"kind": "jsonl", "path": "x"}}
+    with pytest.raises(ConfigError, match="no data_sources component 'jsonl' is registered"):
+        Engine(plugins=host, show_progress=False).run(config)
+
+
+def test_load_plugins_allow_list_loads_only_the_named_entry_points(site):
+    install_module(site, "other", "")
+
+    assert list(only("constant").plugins) == ["sources", "constant"]
+    assert list(only("other").plugins) == ["sources", "other"]
+    assert list(only("other", HORIZON_DISABLE_PLUGINS="other").plugins) == ["sources"]
+    assert {"constant", "other"} <= set(PluginHost(env={}).plugins)
+
+
+def test_misspelt_hook_is_reported_with_the_nearest_hook_name(site):
+    install_module(
+        site,
+        "typo",
+        """
+        from horizon_engine import hookimpl
+
+        @hookimpl
+        def horizon_register_data_source(register):
+            raise AssertionError("a plugin with a misspelt hook must be left out")
+
+        @hookimpl
+        def horizon_on_run_end(run, manifest):
+            raise AssertionError("a plugin with a misspelt hook must be left out")
+        """,
+    )
+
+    host = only("typo", "constant")
+
+    failure = failure_of(host, "typo")
+    assert failure.entry_point == "horizon_plugin_typo"
+    assert failure.error == (
+        "implements unknown hook 'horizon_register_data_source'; "
+        "did you mean 'horizon_register_data_sources'?"
+    )
+    assert "typo" not in host.plugins
+    assert host.pm.get_plugin("typo") is None
+    host.on_run_end(run=None, manifest={"status": "succeeded"})
+
+
+def test_hook_with_a_wrong_argument_name_is_reported(site):
+    install_module(
+        site,
+        "wrongargs",
+        """
+        from horizon_engine import hookimpl
+
+        @hookimpl
+        def horizon_on_stage_end(run, stage, result):
+            pass
+        """,
+    )
+
+    host = only("wrongargs", "constant")
+
+    assert failure_of(host, "wrongargs").error == (
+        "hook 'horizon_on_stage_end' declares unknown argument(s) result; "
+        "the hook passes run, stage, report"
+    )
+    assert "wrongargs" not in host.plugins
+    assert "constant" in host.plugins
+
+
+def test_hook_implementation_pluggy_rejects_is_reported(plugin_site):
+    install_module(
+        plugin_site,
+        "wrapper",
+        """
+        from horizon_engine import hookimpl
+
+        @hookimpl(wrapper=True)
+        def horizon_on_stage_end(stage):
+            return None
+        """,
+    )
+
+    host = only("wrapper")
+
+    error = failure_of(host, "wrapper").error
+    assert error.startswith(
+        "cannot be registered: Plugin 'wrapper' for hook 'horizon_on_stage_end'"
+    )
+    assert "not a generator function" in error
+    assert "wrapper" not in host.plugins
+
+
+BAD_REGISTRATIONS = {
+    "not_a_class": (
+        "register(lambda: None)",
+        "<lambda> at 0x",
+        "expected a subclass of horizon_engine.DataSource",
+    ),
+    "wrong_family": (
+        """
+        class Learner(Trainer):
+            '''A trainer.'''
+            name = "learner"
+
+        register(Learner)
+        """,
+        "Learner in horizon_register_data_sources: ",
+        "it is a trainers component; expected a subclass of horizon_engine.DataSource",
+    ),
+    "no_name": (
+        """
+        class Nameless(DataSource):
+            '''No name.'''
+
+        register(Nameless)
+        """,
+        "Nameless in horizon_register_data_sources: ",
+        "it has no name; set the class attribute name = '...'",
+    ),
+    "plain_pydantic_config": (
+        """
+        from pydantic import BaseModel
+
+        class Loose(DataSource):
+            '''Its config would accept any key.'''
+            name = "loose"
+            class Config(BaseModel):
+                path: str
+
+        register(Loose)
+        """,
+        "Loose in horizon_register_data_sources: ",
+        "expected a subclass of horizon_engine.ComponentConfig",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD_REGISTRATIONS)
+def test_registering_something_other_than_a_component_is_an_error(plugin_site, case):
+    body, what, problem = BAD_REGISTRATIONS[case]
+    source = (
+        "from horizon_engine import DataSource, Trainer, hookimpl\n\n"
+        "@hookimpl\n"
+        "def horizon_register_data_sources(register):\n"
+        + textwrap.indent(textwrap.dedent(body).strip(), "    ")
+    )
+    install_module(plugin_site, "bad", source)
+
+    with pytest.raises(PluginError) as error:
+        only("bad")
+
+    message = str(error.value)
+    assert message.startswith("plugin 'bad' registered ")
+    assert what in message
+    assert problem in message
+
+
+def test_unknown_component_kind_in_a_pipeline_suggests_the_nearest_name(site, tmp_path):
+    with pytest.raises(ConfigError) as error:
+        run_constant(only("constant"), tmp_path / "run", kind="constant_row")
+
+    message = str(error.value)
+    assert message.startswith(
+        "<config>: [source] kind = 'constant_row': no data_sources component 'constant_row' is "
+        "registered; did you mean 'constant_rows'? Available: jsonl, parquet, gym, constant_rows."
+    )
+    assert not (tmp_path / "run").exists()
+
+
+# The register hooks of every family.
+
+
+def test_every_family_registers_through_its_own_hook(plugin_site):
+    install_module(
+        plugin_site,
+        "families",
+        """
+        from horizon_engine import Estimator, Exporter, Trainer, Transform, hookimpl
+
+        class LocalTimeline(Transform):
+            '''The timeline, on this machine.'''
+            name = "timeline"
+
+        class SparkTimeline(Transform):
+            '''The timeline, on a SparkSession.'''
+            name = "timeline"
+            engine = "spark"
+
+        class Dqn(Trainer):
+            '''Deep Q-learning.'''
+            name = "toy_dqn"
+
+        class Ips(Estimator):
+            '''Inverse propensity scoring.'''
+            name = "toy_ips"
+
+        class Onnx(Exporter):
+            '''ONNX.'''
+            name = "toy_onnx"
+
+        @hookimpl
+        def horizon_register_transforms(register):
+            register(LocalTimeline)
+            register(SparkTimeline)
+
+        @hookimpl
+        def horizon_register_trainers(register):
+            register(Dqn)
+
+        @hookimpl
+        def horizon_register_estimators(register):
+            register(Ips)
+
+        @hookimpl
+        def horizon_register_exporters(register):
+            register(Onnx)
+        """,
+    )
+
+    host = only("families")
+
+    labels = {
+        family: [entry.label for entry in host.components(family)]
+        for family in ("transforms", "trainers", "estimators", "exporters")
+    }
+    assert labels == {
+        "transforms": ["timeline (engine local)", "timeline (engine spark)"],
+        "trainers": ["toy_dqn"],
+        "estimators": ["toy_ips"],
+        "exporters": ["toy_onnx"],
+    }
+    assert host.component("transforms", "timeline", "spark").cls.__name__ == "SparkTimeline"
+    [listing] = [plugin for plugin in host.describe() if plugin["name"] == "families"]
+    assert [(c["family"], c["name"], c.get("engine")) for c in listing["components"]] == [
+        ("transforms", "timeline", "local"),
+        ("transforms", "timeline", "spark"),
+        ("trainers", "toy_dqn", None),
+        ("estimators", "toy_ips", None),
+        ("exporters", "toy_onnx", None),
+    ]
+
+
+def test_one_transform_name_twice_on_one_engine_is_an_error(plugin_site):
+    for plugin in ("spark_one", "spark_two"):
+        install_module(
+            plugin_site,
+            plugin,
+            """
+            from horizon_engine import Transform, hookimpl
+
+            class SparkTimeline(Transform):
+                '''The timeline, on a SparkSession.'''
+                name = "timeline"
+                engine = "spark"
+
+            @hookimpl
+            def horizon_register_transforms(register):
+                register(SparkTimeline)
+            """,
+        )
+
+    with pytest.raises(PluginError) as error:
+        only("spark_one", "spark_two")
+
+    message = str(error.value)
+    assert "the transforms component 'timeline (engine spark)'" in message
+    assert "'spark_one' (horizon_plugin_spark_one.SparkTimeline)" in message
+    assert "'spark_two' (horizon_plugin_spark_two.SparkTimeline)" in message
+
+
+# Lifecycle hooks.
+
+
+def test_stage_and_run_hooks_observe_a_run_in_order(site, tmp_path):
+    output_dir = tmp_path / "run"
+
+    manifest = run_constant(only("constant"), output_dir, episodes=2, steps=3)
+
+    calls = recorded_calls()
+    assert [hook for hook, _ in calls] == [
+        "horizon_on_stage_start",
+        "horizon_on_stage_end",
+        "horizon_on_run_end",
+    ]
+    started, ended, finished = (args for _, args in calls)
+    assert started["stage"] == "source"
+    assert started["run"].output_dir == output_dir
+    assert started["run"] is ended["run"] is finished["run"]
+    assert ended["stage"] == "source"
+    assert (ended["report"].rows_in, ended["report"].rows_out) == (6, 6)
+    assert ended["report"].outputs == ["source/rows.parquet"]
+    assert finished["manifest"] is manifest
+    assert finished["manifest"]["status"] == "succeeded"
+    on_disk = json.loads((output_dir / "manifest.json").read_text())
+    assert on_disk["status"] == "succeeded"
+    assert on_disk["stages"]["source"]["rows_out"] == 6
+
+
+def test_run_end_hook_is_called_when_a_stage_fails(site, tmp_path):
+    with pytest.raises(HorizonError, match="the source yielded no rows"):
+        run_constant(only("constant"), tmp_path / "run", episodes=0)
+
+    calls = recorded_calls()
+    assert [hook for hook, _ in calls] == ["horizon_on_stage_start", "horizon_on_run_end"]
+    manifest = calls[-1][1]["manifest"]
+    assert manifest["status"] == "failed"
+    assert manifest["error"] == "[source] constant_rows: the source yielded no rows"
+    assert json.loads((tmp_path / "run" / "manifest.json").read_text())["status"] == "failed"
+
+
+def test_epoch_end_hook_receives_the_epochs_metrics(site):
+    host = only("constant")
+    run = object()
+
+    host.on_epoch_end(run, 1, {"Training/td_loss": 0.5})
+    host.on_epoch_end(run, 2, {"Training/td_loss": 0.25, "CPE/DR": 1.5})
+
+    assert recorded_calls() == [
+        ("horizon_on_epoch_end", {"run": run, "epoch": 1, "metrics": {"Training/td_loss": 0.5}}),
+        (
+            "horizon_on_epoch_end",
+            {"run": run, "epoch": 2, "metrics": {"Training/td_loss": 0.25, "CPE/DR": 1.5}},
+        ),
+    ]
+
+
+# The plugins in docs/plugins.md work as printed.
+
+
+def _documented_modules() -> dict[str, str]:
+    """The ```python blocks of docs/plugins.md that start with a ``# <module>.py`` line."""
+    text = (Path(__file__).parents[1] / "docs" / "plugins.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n# (\w+\.py)\n(.*?)```", text, flags=re.S)
+    return dict(blocks)
+
+
+def test_documented_example_plugins_work(plugin_site, tmp_path, capsys):
+    modules = _documented_modules()
+    assert sorted(modules) == ["horizon_coin_flips.py", "horizon_stage_timer.py"]
+    for plugin in ("stage_timer", "coin_flips"):
+        module = f"horizon_{plugin}"
+        distribution = module.replace("_", "-")
+        source = {f"{module}.py": modules[f"{module}.py"]}
+        plugin_site.install(distribution, "0.1.0", {plugin: module}, source)
+    host = only("stage_timer", "coin_flips")
+    assert host.failures == []
+    config = {
+        "pipeline": {"output_dir": str(tmp_path / "coins")},
+        "source": {"kind": "coin_flips", "flips": 50},
+    }
+
+    manifest = Engine(plugins=host, show_progress=False).run(config)
+
+    assert manifest["stages"]["source"]["rows_out"] == 50
+    assert re.fullmatch(r"source: 50 rows out in \d+\.\d\d s\n", capsys.readouterr().out)
+    rewards = pq.read_table(tmp_path / "coins" / "source" / "rows.parquet")["reward"]
+    assert set(rewards.to_pylist()) == {0.0, 1.0}
