@@ -10,11 +10,13 @@ nearest valid key for a misspelt one.
 from __future__ import annotations
 
 import difflib
+import re
 import tomllib
+import types
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import Field, ValidationError
 
@@ -51,7 +53,9 @@ class SectionRule:
 
 SECTIONS: dict[str, SectionRule] = {
     "source": SectionRule("data_sources", "kind"),
-    "timeline": SectionRule("transforms", "engine", fixed_name="timeline", default_selector="local"),
+    "timeline": SectionRule(
+        "transforms", "engine", fixed_name="timeline", default_selector="local"
+    ),
     "normalization": SectionRule(
         "transforms", "engine", fixed_name="normalization", default_selector="local"
     ),
@@ -153,25 +157,38 @@ def load_toml(path: str | Path) -> tuple[dict[str, Any], str]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read the pipeline file ({exc.strerror})"]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"{path}: not a text file in UTF-8 ({exc.reason})"]) from None
     try:
         return tomllib.loads(text), text
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError([f"{path}: not valid TOML: {exc}"]) from None
+        # tomllib gives the line only inside its message: "... (at line 3, column 12)".
+        line = re.search(r"at line (\d+)", str(exc))
+        where = f"{path}:{line.group(1)}" if line else str(path)
+        raise ConfigError([f"{where}: not valid TOML: {exc}"]) from None
 
 
 class _Locator:
-    """Finds the line of ``key`` in ``[section]`` of the TOML text, for messages."""
+    """Finds the line of ``key`` in ``[section]`` of the TOML text, for messages.
 
-    def __init__(self, origin: str, text: str | None) -> None:
+    ``section`` "" is the top level, before any header. A key set by a ``--set`` override is
+    named as that override instead, since its line in the file holds another value.
+    """
+
+    def __init__(self, origin: str, text: str | None, overridden: Iterable[str] = ()) -> None:
         self.origin = origin
         self.lines = text.splitlines() if text else []
+        self.overridden = set(overridden)
 
     def where(self, section: str, key: str | None = None, index: int | None = None) -> str:
+        dotted = ".".join(str(part) for part in (section, index, key) if part is not None)
+        if key is not None and dotted in self.overridden:
+            return f"{self.origin} (--set {dotted})"
         line = self._find(section, key, index)
         return f"{self.origin}:{line}" if line else self.origin
 
     def _find(self, section: str, key: str | None, index: int | None) -> int | None:
-        current, count, header_line = None, -1, None
+        current, count, header_line = "", -1, None
         for number, line in enumerate(self.lines, start=1):
             stripped = line.strip()
             if stripped.startswith("["):
@@ -182,31 +199,47 @@ class _Locator:
                     if index is None or count == index:
                         header_line = number
                 continue
-            if current == section and (index is None or count == index) and key:
-                if stripped.split("=")[0].strip().strip('"') == key:
-                    return number
+            in_section = current == section and (index is None or count == index)
+            if in_section and key and stripped.split("=")[0].strip().strip("\"'") == key:
+                return number
         return header_line
 
 
 class ConfigBuilder:
     """Validates a raw config dict against the registered components."""
 
-    def __init__(self, plugins: PluginHost, origin: str, text: str | None = None) -> None:
+    def __init__(
+        self,
+        plugins: PluginHost,
+        origin: str,
+        text: str | None = None,
+        overridden: Iterable[str] = (),
+    ) -> None:
         self.plugins = plugins
         self.origin = origin
-        self.locate = _Locator(origin, text)
+        self.locate = _Locator(origin, text, overridden)
         self.problems: list[str] = []
 
     def build(self, raw: Mapping[str, Any]) -> PipelineSpec:
         known = ["pipeline", *SECTIONS]
-        for name in raw:
-            if name not in known:
-                close = difflib.get_close_matches(name, known, n=1)
-                hint = f"; did you mean [{close[0]}]?" if close else ""
+        headers = [f"[[{s}]]" if s in SECTIONS and SECTIONS[s].many else f"[{s}]" for s in known]
+        for name, value in raw.items():
+            if name in known:
+                continue
+            if not isinstance(value, dict | list):
+                # A key above every header, such as `seed = 0` meant for [pipeline].
+                home = "[pipeline]" if name in PipelineSection.model_fields else "its section"
                 self.problems.append(
-                    f"{self.locate.where(name)}: unknown section [{name}]{hint} "
-                    f"Valid sections: {', '.join(f'[{s}]' for s in known)}."
+                    f"{self.locate.where('', name)}: key '{name}' is outside any section; "
+                    f"move it under {home}. Sections: {', '.join(headers)}."
                 )
+                continue
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean [{close[0]}]?" if close else "."
+            self.problems.append(
+                f"{self.locate.where(name)}: unknown section [{name}]{hint} "
+                f"Valid sections: {', '.join(headers)}."
+            )
         pipeline = self._validate("pipeline", PipelineSection, raw.get("pipeline", {}), None)
         spec = PipelineSpec(self.origin, pipeline or PipelineSection())
         for name, rule in SECTIONS.items():
@@ -215,9 +248,10 @@ class ConfigBuilder:
             if rule.many:
                 items = raw[name]
                 if not isinstance(items, list):
+                    found = f"a single table [{name}]" if isinstance(items, dict) else repr(items)
                     self.problems.append(
-                        f"{self.locate.where(name)}: [{name}] must be an array of tables "
-                        f"([[{name}]]), found a {type(items).__name__}"
+                        f"{self.locate.where(name)}: [{name}] must be an array of tables, one "
+                        f"[[{name}]] header per item; found {found}"
                     )
                     continue
                 for index, item in enumerate(items):
@@ -281,10 +315,8 @@ class ConfigBuilder:
             return model.model_validate(options)
         except ValidationError as exc:
             owner = f" of {component.family} component '{component.label}'" if component else ""
-            for error in exc.errors():
-                self.problems.append(
-                    self._describe(label, section, index, model, error, owner, options)
-                )
+            for error in _merge_union_errors(model, exc.errors(), options):
+                self.problems.append(self._describe(label, section, index, model, error, owner))
             return None
 
     def _describe(
@@ -295,7 +327,6 @@ class ConfigBuilder:
         model: type[ComponentConfig],
         error: Any,
         owner: str,
-        options: dict[str, Any],
     ) -> str:
         loc = [str(part) for part in error["loc"]]
         key = ".".join(loc) if loc else "?"
@@ -303,14 +334,14 @@ class ConfigBuilder:
         valid = list(model.model_fields)
         if error["type"] == "extra_forbidden":
             close = difflib.get_close_matches(loc[-1], valid, n=1, cutoff=0.6)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
+            hint = f"; did you mean '{close[0]}'?" if close else "."
             return (
                 f"{where}: [{label}] unknown key '{key}'{owner}{hint} "
                 f"Valid keys: {', '.join(valid) or 'none'}."
             )
         if error["type"] == "missing":
             annotation = model.model_fields[loc[0]].annotation if loc[0] in valid else None
-            expected = getattr(annotation, "__name__", None) or str(annotation)
+            expected = _type_text(annotation)
             return f"{where}: [{label}] missing required key '{key}'{owner} (expected {expected})"
         message = error["msg"]
         if message.startswith("Input should be "):
@@ -320,6 +351,44 @@ class ConfigBuilder:
             f"{where}: [{label}] key '{key}'{owner}: {message}; "
             f"found {found!r} ({type(found).__name__})"
         )
+
+
+def _type_text(annotation: Any) -> str:
+    """``int``, ``list[str]``, ``str | list[str]``: a type as the user would write it."""
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation).replace("typing.", "")
+
+
+def _merge_union_errors(
+    model: type[ComponentConfig], errors: list[Any], options: dict[str, Any]
+) -> list[Any]:
+    """One error per key of a union type such as ``str | list[str]``.
+
+    pydantic reports a value that fits no member once per member, with the member in the
+    location (``path.str``, ``path.list[str].1``); the user wants one message about ``path``.
+    """
+    merged, done = [], set()
+    for error in errors:
+        loc = error["loc"]
+        field = model.model_fields.get(loc[0]) if loc and isinstance(loc[0], str) else None
+        members = (
+            [arg for arg in get_args(field.annotation) if arg is not type(None)] if field else []
+        )
+        is_union = field is not None and get_origin(field.annotation) in (Union, types.UnionType)
+        if not (is_union and len(members) > 1 and len(loc) > 1):
+            merged.append(error)
+        elif loc[0] not in done:
+            done.add(loc[0])
+            merged.append(
+                {
+                    "type": "union",
+                    "loc": loc[:1],
+                    "msg": f"expected {_type_text(field.annotation)}",
+                    "input": options[loc[0]],
+                }
+            )
+    return merged
 
 
 def build_spec(
@@ -333,5 +402,7 @@ def build_spec(
     else:
         raw, text = load_toml(source)
         origin = str(source)
+    overrides = list(overrides)
     raw = apply_overrides(raw, overrides)
-    return ConfigBuilder(plugins, origin, text).build(raw)
+    overridden = [".".join(parse_override(override)[0]) for override in overrides]
+    return ConfigBuilder(plugins, origin, text, overridden).build(raw)

@@ -82,17 +82,29 @@ def _to_id(value: Any) -> str:
     raise _Reject(f"expected a string, found {value!r} ({_type_of(value)})")
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
 def _to_int(value: Any) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
     if isinstance(value, float) and value.is_integer():
-        return int(value)
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        # Python ints are unbounded; Arrow's int64 is not, and one huge value would otherwise
+        # fail the whole batch instead of this row.
+        if not INT64_MIN <= value <= INT64_MAX:
+            raise _Reject(f"expected a 64-bit integer, found {value}", "bad_value")
+        return value
     raise _Reject(f"expected an integer, found {value!r} ({_type_of(value)})")
 
 
 def _to_float(value: Any) -> float:
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:
+            raise _Reject(
+                "expected a number, found an integer too large for a float", "bad_value"
+            ) from None
     raise _Reject(f"expected a number, found {value!r} ({_type_of(value)})")
 
 
@@ -105,20 +117,26 @@ def _to_bool(value: Any) -> bool:
 def _to_features(value: Any) -> dict[str, float]:
     if not isinstance(value, Mapping):
         raise _Reject(f"expected a map of feature id -> number, found {_type_of(value)}")
-    try:
-        return {_to_id(key): _to_float(item) for key, item in value.items()}
-    except _Reject as exc:
-        raise _Reject(f"expected a map of feature id -> number: {exc}") from None
+    features = {}
+    for key, item in value.items():
+        try:
+            features[_to_id(key)] = _to_float(item)
+        except _Reject as exc:
+            raise _Reject(f"feature {key!r}: {exc}", exc.kind) from None
+    return features
 
 
 def _list_of(coerce: Callable[[Any], Any], what: str) -> Callable[[Any], list]:
     def to_list(value: Any) -> list:
         if not isinstance(value, list):
             raise _Reject(f"expected a list of {what}, found {_type_of(value)}")
-        try:
-            return [coerce(item) for item in value]
-        except _Reject as exc:
-            raise _Reject(f"expected a list of {what}: {exc}") from None
+        items = []
+        for index, item in enumerate(value):
+            try:
+                items.append(coerce(item))
+            except _Reject as exc:
+                raise _Reject(f"item {index}: {exc}", exc.kind) from None
+        return items
 
     return to_list
 
@@ -302,12 +320,11 @@ class RowShaper:
                 shaped[col.name] = col.coerce(value)
             except _Reject as exc:
                 raise _Reject(f"field '{col.name}': {exc}", exc.kind) from None
-        if self.layout.row_format is RowFormat.PRE_TIMELINE:
-            if shaped["reward"] is None and shaped["metrics"] is None:
-                raise _Reject(
-                    "missing field 'reward' (or a 'metrics' map to compute it from)",
-                    "missing_field",
-                )
+        pre = self.layout.row_format is RowFormat.PRE_TIMELINE
+        if pre and shaped["reward"] is None and shaped["metrics"] is None:
+            raise _Reject(
+                "missing field 'reward' (or a 'metrics' map to compute it from)", "missing_field"
+            )
         return shaped
 
 
@@ -323,11 +340,19 @@ def _map_parents(array: pa.Array) -> tuple[np.ndarray, pa.Array]:
     return parents, items
 
 
-def _non_finite_map_rows(array: pa.Array) -> np.ndarray:
-    """Rows of a feature-map array holding a NaN or infinite value."""
-    parents, items = _map_parents(array)
-    finite = pc.is_finite(items).to_numpy(zero_copy_only=False)
-    return np.unique(parents[~finite])
+def _non_finite_features(array: pa.MapArray) -> dict[int, tuple[str, float]]:
+    """Rows of a feature-map array holding a NaN or infinite value, with the first such feature.
+
+    The feature is named in the reason, so that a user can find it among hundreds.
+    """
+    parents, values = _map_parents(array)
+    offsets = array.offsets.to_numpy(zero_copy_only=False)
+    keys = array.keys.slice(offsets[0], offsets[-1] - offsets[0])
+    finite = pc.fill_null(pc.is_finite(values), True).to_numpy(zero_copy_only=False)
+    found: dict[int, tuple[str, float]] = {}
+    for entry in np.flatnonzero(~finite):
+        found.setdefault(int(parents[entry]), (keys[entry].as_py(), values[entry].as_py()))
+    return found
 
 
 class RowChecker:
@@ -353,25 +378,38 @@ class RowChecker:
                 missing = np.flatnonzero(table[col.name].is_null().to_numpy(zero_copy_only=False))
                 reject(missing, "missing_field", f"missing field '{col.name}'")
         for name in ("state_features", "next_state_features", "metrics", "action", "next_action"):
-            if name in table.column_names and pa.types.is_map(table.schema.field(name).type):
-                column = table[name].chunk(0) if table.num_rows else None
-                if column is not None:
-                    reject(
-                        _non_finite_map_rows(column),
-                        "non_finite",
-                        f"'{name}' holds NaN or infinity",
-                    )
+            if name not in table.column_names or not table.num_rows:
+                continue
+            if pa.types.is_map(table.schema.field(name).type):
+                found = _non_finite_features(table[name].chunk(0))
+                reject(
+                    found,
+                    "non_finite",
+                    lambda row, name=name, found=found: (
+                        f"'{name}' feature {found[row][0]!r} is {found[row][1]!r}"
+                    ),
+                )
         reward = table["reward"]
         finite = pc.fill_null(pc.is_finite(reward), True).to_numpy(zero_copy_only=False)
-        reject(np.flatnonzero(~finite), "non_finite", "'reward' is NaN or infinity")
+        reject(
+            np.flatnonzero(~finite),
+            "non_finite",
+            lambda row: f"'reward' is {reward[row].as_py()!r}",
+        )
         self._check_probability(table, reject)
         self._check_action_possible(table, reject)
         self._check_duplicates(table, reasons, reject)
         bad_index = sorted(reasons)
         if not bad_index:
             return table, []
+        # Maps as dicts, so that a quarantined row reads like the JSON row it came from.
         bad_rows = [
-            BadRow(locations[row], reasons[row][1], reasons[row][0], table.slice(row, 1).to_pylist()[0])
+            BadRow(
+                locations[row],
+                reasons[row][1],
+                reasons[row][0],
+                table.slice(row, 1).to_pylist(maps_as_pydicts="lossy")[0],
+            )
             for row in bad_index
         ]
         keep = np.ones(table.num_rows, dtype=bool)
@@ -385,48 +423,61 @@ class RowChecker:
         reject(
             np.flatnonzero(outside),
             "bad_probability",
-            lambda row: f"'action_probability' must be in (0, 1], found {probability[row]!r}",
+            lambda row: (
+                f"'action_probability' must be in (0, 1], found {float(probability[row])!r}"
+            ),
         )
 
     def _check_action_possible(self, table: pa.Table, reject: Callable) -> None:
+        """Reject rows whose action is not among their possible actions.
+
+        An empty or missing ``possible_actions`` list means the possible actions were not
+        recorded, and is not checked: Horizon wrote an empty list on the last row of every
+        parametric episode. A discrete mask of zeros, by contrast, says no action was possible.
+        """
         if "possible_actions" not in table.column_names or table.num_rows == 0:
             return
         possible = table["possible_actions"].chunk(0)
-        has_list = ~possible.is_null().to_numpy(zero_copy_only=False)
         action = table["action"].chunk(0)
-        if self.layout.action_type is ActionType.PARAMETRIC:
-            actions = action.to_pylist()
-            choices = possible.to_pylist()
-            bad = [
-                row
-                for row in np.flatnonzero(has_list)
-                if choices[row] and actions[row] is not None
-                and dict(actions[row]) not in [dict(choice) for choice in choices[row]]
-            ]
-        else:
-            parents, items = _map_parents(possible)
-            if self.layout.row_format is RowFormat.PRE_TIMELINE:
-                matches = pc.equal(items, action.take(pa.array(parents))).to_numpy(
-                    zero_copy_only=False
-                )
-                found = np.bincount(parents[matches], minlength=len(possible)) > 0
-            else:
-                index = action.to_numpy(zero_copy_only=False)
-                offsets = possible.offsets.to_numpy(zero_copy_only=False)
-                lengths = np.diff(offsets)
-                in_range = (index >= 0) & (index < lengths)
-                flags = items.to_numpy(zero_copy_only=False)
-                position = offsets[:-1] - offsets[0] + np.where(in_range, index, 0)
-                found = in_range & (flags[np.minimum(position, len(flags) - 1)] == 1)
-            bad = np.flatnonzero(has_list & ~found)
-        reject(
-            bad,
-            "impossible_action",
-            lambda row: (
-                f"action {action[row].as_py()!r} is not in possible_actions "
-                f"{possible[row].as_py()!r}"
-            ),
+        lengths = pc.fill_null(pc.list_value_length(possible), 0).to_numpy(zero_copy_only=False)
+        checked = (lengths > 0) & ~action.is_null().to_numpy(zero_copy_only=False)
+        is_mask = (
+            self.layout.action_type is ActionType.DISCRETE
+            and self.layout.row_format is RowFormat.TIMELINE
         )
+        if self.layout.action_type is ActionType.PARAMETRIC:
+            actions = action.to_pylist(maps_as_pydicts="lossy")
+            choices = possible.to_pylist(maps_as_pydicts="lossy")
+            found = np.array(
+                [bool(c) and a in c for a, c in zip(actions, choices, strict=True)], dtype=bool
+            )
+        elif is_mask:
+            index = pc.fill_null(action, -1).to_numpy(zero_copy_only=False)
+            in_range = (index >= 0) & (index < lengths)
+            _, flags = _map_parents(possible)
+            flags = pc.fill_null(flags, 0).to_numpy(zero_copy_only=False)
+            offsets = possible.offsets.to_numpy(zero_copy_only=False)
+            position = offsets[:-1] - offsets[0] + index
+            found = np.zeros(len(possible), dtype=bool)
+            found[in_range] = flags[position[in_range]] == 1
+        else:
+            parents, names = _map_parents(possible)
+            matches = pc.fill_null(pc.equal(names, action.take(pa.array(parents))), False)
+            matched_rows = parents[matches.to_numpy(zero_copy_only=False)]
+            found = np.bincount(matched_rows, minlength=len(possible)) > 0
+
+        def reason(row: int) -> str:
+            taken = action[row].as_py(maps_as_pydicts="lossy")
+            allowed = possible[row].as_py(maps_as_pydicts="lossy")
+            if is_mask:
+                entry = "a 0" if 0 <= taken < len(allowed) else "no entry"
+                return (
+                    f"action {taken} is not possible: "
+                    f"possible_actions {allowed} has {entry} at index {taken}"
+                )
+            return f"action {taken!r} is not in possible_actions {allowed!r}"
+
+        reject(np.flatnonzero(checked & ~found), "impossible_action", reason)
 
     def _check_duplicates(
         self, table: pa.Table, reasons: dict[int, tuple[str, str]], reject: Callable
@@ -445,8 +496,7 @@ class RowChecker:
             duplicates,
             "duplicate",
             lambda row: (
-                f"duplicate (mdp_id, sequence_number) = "
-                f"({mdp_ids[row]!r}, {sequence_numbers[row]})"
+                f"duplicate (mdp_id, sequence_number) = ({mdp_ids[row]!r}, {sequence_numbers[row]})"
             ),
         )
 
@@ -456,28 +506,31 @@ def derive_not_terminal(table: pa.Table, layout: RowLayout) -> pa.Table:
 
     Horizon marked a terminal row by its possible next actions: an all-zero mask (discrete) or
     an empty list (parametric). Continuous rows have no such list; an empty next state marks
-    the end of an episode there.
+    the end of an episode there, and it does too for a row whose possible next actions were not
+    recorded, rather than every such row silently counting as not terminal.
     """
     if layout.row_format is not RowFormat.TIMELINE or table.num_rows == 0:
         return table
-    given = table["not_terminal"]
+    given = table["not_terminal"].combine_chunks()
     if given.null_count == 0:
         return table
-    if layout.action_type is ActionType.DISCRETE:
-        possible = table["possible_next_actions"]
-        derived = pc.greater(pc.fill_null(_list_sums(possible), 1), 0)
-    elif layout.action_type is ActionType.PARAMETRIC:
-        possible = table["possible_next_actions"]
-        derived = pc.greater(pc.fill_null(pc.list_value_length(possible), 1), 0)
+    next_state = table["next_state_features"].combine_chunks()
+    has_next_state = pa.array(np.diff(next_state.offsets.to_numpy(zero_copy_only=False)) > 0)
+    if layout.action_type is ActionType.CONTINUOUS:
+        derived = pc.coalesce(given, has_next_state)
     else:
-        next_state = table["next_state_features"].combine_chunks()
-        derived = pa.array(np.diff(next_state.offsets.to_numpy(zero_copy_only=False)) > 0)
+        possible = table["possible_next_actions"].combine_chunks()
+        if layout.action_type is ActionType.DISCRETE:
+            any_possible = pc.greater(_list_sums(possible), 0)
+        else:
+            any_possible = pc.greater(pc.list_value_length(possible), 0)
+        derived = pc.coalesce(given, any_possible, has_next_state)
     index = table.schema.get_field_index("not_terminal")
-    return table.set_column(index, "not_terminal", pc.coalesce(given, derived))
+    return table.set_column(index, "not_terminal", derived)
 
 
-def _list_sums(possible: pa.ChunkedArray) -> pa.Array:
-    array = possible.combine_chunks()
+def _list_sums(array: pa.ListArray) -> pa.Array:
+    """Each list's sum (null for a null list): how many next actions a discrete mask allows."""
     parents, items = _map_parents(array)
     sums = np.bincount(parents, weights=items.to_numpy(zero_copy_only=False), minlength=len(array))
     nulls = array.is_null().to_numpy(zero_copy_only=False)

@@ -30,18 +30,37 @@ if TYPE_CHECKING:
 BATCH_ROWS = 10_000
 
 
-def expand_paths(patterns: str | list[str], what: str) -> list[Path]:
-    """Files matching the configured paths or glob patterns, in a stable order."""
+JSONL_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl.bz2", ".json.bz2")
+"""The files a folder given as a JSONL path contributes."""
+
+
+def expand_paths(patterns: str | list[str], suffixes: tuple[str, ...]) -> list[Path]:
+    """Files matching the configured paths or glob patterns, in a stable order, each once.
+
+    A folder stands for the files under it whose names end in one of ``suffixes``. A path that
+    exists is taken as it is, even where its name holds glob characters such as ``[``.
+    """
     patterns = [patterns] if isinstance(patterns, str) else patterns
-    files: list[Path] = []
+    files: dict[Path, None] = {}
     for pattern in patterns:
-        matches = sorted(glob.glob(pattern, recursive=True))
-        if not matches:
-            raise HorizonError(f"[source] path {pattern!r}: no {what} file matches")
-        for match in matches:
-            path = Path(match)
-            files.extend(sorted(path.rglob(f"*.{what}")) if path.is_dir() else [path])
-    return files
+        exists = Path(pattern).exists()
+        matches = [pattern] if exists else sorted(glob.glob(pattern, recursive=True))
+        found: list[Path] = []
+        for match in map(Path, matches):
+            if match.is_dir():
+                found += sorted(
+                    path
+                    for path in match.rglob("*")
+                    if path.name.endswith(suffixes) and path.is_file()
+                )
+            else:
+                found.append(match)
+        if not found:
+            kinds = ", ".join(f"*{suffix}" for suffix in suffixes)
+            what = f"no {kinds} file under it" if exists else "no file or folder matches"
+            raise HorizonError(f"[source] path {pattern!r}: {what}")
+        files.update(dict.fromkeys(found))
+    return list(files)
 
 
 def open_text(path: Path) -> IO[str]:
@@ -51,6 +70,20 @@ def open_text(path: Path) -> IO[str]:
     if path.suffix == ".gz":
         return gzip.open(path, "rt", encoding="utf-8")
     return path.open("r", encoding="utf-8")
+
+
+def read_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """Each line of a text file with its number; an unreadable file is a user's error.
+
+    Text is decoded in blocks, so a decoding error can only be placed after the last good line.
+    """
+    number = 0
+    try:
+        with open_text(path) as handle:
+            for number, line in enumerate(handle, start=1):
+                yield number, line
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise HorizonError(f"{path}: cannot read the file (after {number} lines): {exc}") from None
 
 
 class JsonlSourceConfig(SourceConfig):
@@ -69,30 +102,35 @@ class JsonlSource(DataSource):
         from horizon_engine.schema import BadRow, RowShaper, detect_layout
 
         shaper: RowShaper | None = None
-        for path in expand_paths(self.config.path, "json*"):
-            with open_text(path) as handle:
-                pending: list[tuple[str, Any]] = []
-                invalid: list[BadRow] = []
-                for number, line in enumerate(handle, start=1):
-                    if not line.strip():
-                        continue
-                    location = f"{path}:{number}"
-                    try:
-                        row = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        invalid.append(BadRow(location, f"invalid JSON: {exc}", "invalid_json", line))
-                        continue
-                    if shaper is None and isinstance(row, dict):
-                        layout = detect_layout(row, self.config.row_format, self.config.action_type)
-                        shaper = RowShaper(layout)
-                    pending.append((location, row))
-                    if len(pending) >= BATCH_ROWS and shaper is not None:
-                        yield _shaped_batch(shaper, pending, invalid)
-                        pending, invalid = [], []
-                if shaper is None and (pending or invalid):
-                    raise HorizonError(f"{path}: no line holds a JSON object")
-                if shaper is not None and (pending or invalid):
+        for path in expand_paths(self.config.path, JSONL_SUFFIXES):
+            pending: list[tuple[str, Any]] = []
+            invalid: list[BadRow] = []
+            for number, line in read_lines(path):
+                if not line.strip():
+                    continue
+                location = f"{path}:{number}"
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    # exc's own text counts lines within the one line given; say the column only.
+                    reason = f"invalid JSON at column {exc.colno}: {exc.msg}"
+                    invalid.append(BadRow(location, reason, "invalid_json", line))
+                    continue
+                if shaper is None and isinstance(row, dict):
+                    layout = detect_layout(row, self.config.row_format, self.config.action_type)
+                    shaper = RowShaper(layout)
+                pending.append((location, row))
+                if len(pending) >= BATCH_ROWS and shaper is not None:
                     yield _shaped_batch(shaper, pending, invalid)
+                    pending, invalid = [], []
+            if shaper is None and (pending or invalid):
+                example = f" ({invalid[0]})" if invalid else ""
+                raise HorizonError(
+                    f"{path}: no line holds a JSON object; expected one JSON object per line "
+                    f"(JSON Lines){example}"
+                )
+            if shaper is not None and (pending or invalid):
+                yield _shaped_batch(shaper, pending, invalid)
 
 
 def _shaped_batch(shaper: Any, pending: list[tuple[str, Any]], invalid: list) -> SourceBatch:
@@ -136,13 +174,18 @@ class ParquetSource(DataSource):
     config: ParquetSourceConfig
 
     def read(self, run: RunContext) -> Iterator[SourceBatch]:
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        layout: RowLayout | None = None
-        for path in expand_paths(self.config.path, "parquet"):
-            parquet = pq.ParquetFile(path)
-            if layout is None:
-                layout = self._layout(parquet, path)
+        for path in expand_paths(self.config.path, (".parquet",)):
+            try:
+                parquet = pq.ParquetFile(path)
+            except (OSError, pa.ArrowException) as exc:
+                raise HorizonError(f"{path}: not a readable Parquet file ({exc})") from None
+            if parquet.metadata.num_rows == 0:
+                continue
+            # Each file's own layout: the stage reports a file that differs from the first.
+            layout = self._layout(parquet, path)
             conform = _conformer(parquet.schema_arrow, layout, str(path))
             first = 0
             for batch in parquet.iter_batches(batch_size=BATCH_ROWS * 10):
@@ -153,15 +196,15 @@ class ParquetSource(DataSource):
                 first += table.num_rows
 
     def _layout(self, parquet: Any, path: Path) -> RowLayout:
+        """The layout Horizon Engine recorded in the file, or else the one its first row shows."""
         from horizon_engine.schema import RowLayout, detect_layout
 
         schema = parquet.schema_arrow
         if schema.metadata and b"horizon.row_format" in schema.metadata:
             return RowLayout.from_schema(schema, str(path))
-        first = parquet.read_row_group(0).slice(0, 1).to_pylist() if parquet.num_row_groups else []
-        if not first:
-            raise HorizonError(f"{path}: the file holds no rows")
-        return detect_layout(first[0], self.config.row_format, self.config.action_type)
+        # Maps as dicts, as JSON gives them: detection tells a map action from a discrete one.
+        first = next(parquet.iter_batches(batch_size=1)).to_pylist(maps_as_pydicts="lossy")[0]
+        return detect_layout(first, self.config.row_format, self.config.action_type)
 
 
 def _conformer(
@@ -175,9 +218,10 @@ def _conformer(
     for column in layout.columns:
         found = next((n for n in (column.name, *column.aliases) if n in schema.names), None)
         if found is None and column.required:
+            also = "".join(f" or '{alias}'" for alias in column.aliases)
             raise HorizonError(
-                f"{where}: missing column '{column.name}' (expected {column.type}); "
-                f"the file has {', '.join(schema.names)}"
+                f"{where}: missing column '{column.name}'{also} (expected {column.type}) "
+                f"for {layout}; the file has {', '.join(schema.names)}"
             )
         sources[column.name] = found
     used = {name for name in sources.values() if name}
@@ -192,7 +236,7 @@ def _conformer(
                 continue
             try:
                 arrays.append(batch.column(name).cast(field.type))
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
                 raise HorizonError(
                     f"{where}: column '{name}' has type {batch.schema.field(name).type}, "
                     f"expected {field.type} ({exc})"
