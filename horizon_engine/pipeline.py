@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import sys
 import time
 import uuid
@@ -94,6 +95,8 @@ class BadRowSink:
         self._handle: TextIO | None = None
 
     def add(self, bad_rows: list[BadRow]) -> None:
+        """Take one batch's bad rows, from every check, in the order of their locations."""
+        bad_rows = sorted(bad_rows, key=lambda row: _natural_order(row.location))
         self.counts.update(row.kind for row in bad_rows)
         if self.quarantine_path is None:
             self.shown.extend(bad_rows[: BAD_ROWS_SHOWN - len(self.shown)])
@@ -121,6 +124,13 @@ class BadRowSink:
             lines.append(f"  ... and {total - len(self.shown)} more")
         lines.append('Fix them, or set [pipeline] on_bad_rows = "quarantine" to set them aside.')
         return BadRowsError("\n".join(lines), self.shown)
+
+
+def _natural_order(location: str) -> list[tuple[int, int | str]]:
+    """Sort key putting ``rows.jsonl:9`` before ``rows.jsonl:10``."""
+    return [
+        (0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", location)
+    ]
 
 
 def run_source_stage(run: RunContext, choice: Choice) -> StageReport:
@@ -215,6 +225,11 @@ class Engine:
             for section in [*spec.sections, *(["evaluation"] if spec.evaluation else [])]
             if section not in runnable and section in SECTIONS
         ]
+        if not spec.sections and not problems:
+            problems.append(
+                f"{spec.origin}: no stage is configured; a pipeline needs at least a [source] "
+                "section"
+            )
         if problems:
             raise ConfigError(problems)
         return spec

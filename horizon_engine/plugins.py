@@ -257,6 +257,8 @@ class PluginHost:
         close = difflib.get_close_matches(wanted, available, n=1)
         if close:
             message += f"; did you mean '{close[0]}'?"
+        else:
+            message += "."
         message += f" Available: {', '.join(available) or 'none'}."
         if self.failures:
             failed = ", ".join(failure.name for failure in self.failures)

@@ -125,3 +125,30 @@ def test_atomic_output_replaces_a_folder_only_when_complete(tmp_path):
 def test_run_pipeline_is_the_same_as_engine_run(tmp_path):
     manifest = horizon_engine.run_pipeline(gym_config(tmp_path / "run", episodes=1))
     assert manifest["status"] == "succeeded"
+
+
+def test_bad_rows_are_reported_in_line_order_whatever_check_found_them(engine, tmp_path):
+    row = {
+        "mdp_id": "0",
+        "state_features": {"0": 1.0},
+        "action": "0",
+        "reward": 1.0,
+        "action_probability": 0.5,
+    }
+    lines = [
+        json.dumps({**row, "sequence_number": 0}),
+        json.dumps({**row, "sequence_number": 1, "action_probability": 2.0}),
+        *(json.dumps({**row, "sequence_number": step}) for step in range(2, 9)),
+        "not json",
+        json.dumps({**row, "sequence_number": "eleven"}),
+    ]
+    (tmp_path / "rows.jsonl").write_text("\n".join(lines) + "\n")
+    config = {
+        "pipeline": {"output_dir": str(tmp_path / "run")},
+        "source": {"kind": "jsonl", "path": str(tmp_path / "rows.jsonl")},
+    }
+    with pytest.raises(HorizonError) as caught:
+        engine.run(config)
+    located = [line.split(": ")[0].strip() for line in str(caught.value).splitlines()[1:4]]
+    rows_file = tmp_path / "rows.jsonl"
+    assert located == [f"{rows_file}:2", f"{rows_file}:10", f"{rows_file}:11"]

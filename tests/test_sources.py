@@ -253,6 +253,27 @@ def test_users_own_parquet_without_horizon_metadata(tmp_path):
     assert [row["not_terminal"] for row in rows] == [True, False]
 
 
+def test_parquet_written_from_python_dicts_stores_features_as_structs(tmp_path):
+    """pa.Table.from_pylist (and pandas) store dict columns as structs; they read as maps."""
+    rows = [
+        transition("7", 0, next_state_features={"0": 0.1, "1": 2.0}),
+        transition("7", 1, possible_next_actions=[]),
+    ]
+    table = pa.Table.from_pylist(rows)
+    assert pa.types.is_struct(table.schema.field("state_features").type)
+    assert pa.types.is_struct(table.schema.field("possible_actions").type.value_type)
+    pq.write_table(table, tmp_path / "dicts.parquet")
+    manifest = run_source(tmp_path / "run", "parquet", tmp_path / "dicts.parquet")
+    assert manifest["stages"]["source"]["details"]["action_type"] == "parametric"
+    first, second = read_rows(tmp_path / "run")
+    assert first["next_state_features"] == {"0": 0.1, "1": 2.0}
+    # The struct of the second row has a null "1": a feature missing from that row's map.
+    assert second["next_state_features"] == {"0": 0.2}
+    assert first["possible_actions"] == [{"4": 1.0}, {"5": 1.0}]
+    assert second["possible_next_actions"] == []
+    assert [row["not_terminal"] for row in (first, second)] == [True, False]
+
+
 def test_parquet_missing_a_required_column(tmp_path):
     path = tmp_path / "logged.parquet"
     pq.write_table(
@@ -331,10 +352,10 @@ def test_bad_rows_fail_the_run_listing_each_and_writing_nothing(tmp_path):
     message = str(caught.value)
     assert message.splitlines() == [
         "4 bad rows (duplicate: 1, invalid_json: 1, non_finite: 1, wrong_type: 1):",
-        f"  {path}:6: invalid JSON at column 2: Expecting property name enclosed in double quotes",
         f"  {path}:2: field 'sequence_number': expected an integer, found 'one' (str)",
         f"  {path}:3: 'state_features' feature '0' is nan",
         f"  {path}:5: duplicate (mdp_id, sequence_number) = ('0', 0)",
+        f"  {path}:6: invalid JSON at column 2: Expecting property name enclosed in double quotes",
         'Fix them, or set [pipeline] on_bad_rows = "quarantine" to set them aside.',
     ]
     # No source/ folder, no half-written rows.parquet, no temporary leftovers.
@@ -366,16 +387,16 @@ def test_bad_rows_quarantined_with_their_reasons(tmp_path):
         for line in (output / "source" / "quarantine.jsonl").read_text().splitlines()
     ]
     assert [(q["location"], q["kind"]) for q in quarantined] == [
-        (f"{path}:6", "invalid_json"),
         (f"{path}:2", "wrong_type"),
         (f"{path}:3", "non_finite"),
         (f"{path}:5", "duplicate"),
+        (f"{path}:6", "invalid_json"),
     ]
     assert (
-        quarantined[1]["reason"]
+        quarantined[0]["reason"]
         == "field 'sequence_number': expected an integer, found 'one' (str)"
     )
-    assert quarantined[1]["row"] == decision("0", 1, sequence_number="one")
-    assert quarantined[3]["row"]["state_features"] == {"0": 0.0, "1": -0.5}
+    assert quarantined[0]["row"] == decision("0", 1, sequence_number="one")
+    assert quarantined[2]["row"]["state_features"] == {"0": 0.0, "1": -0.5}
     on_disk = json.loads((output / "manifest.json").read_text())
     assert on_disk["stages"]["source"]["dropped"] == source["dropped"]

@@ -235,7 +235,7 @@ def _conformer(
                 arrays.append(pa.nulls(batch.num_rows, field.type))
                 continue
             try:
-                arrays.append(batch.column(name).cast(field.type))
+                arrays.append(_structs_as_maps(batch.column(name), field.type).cast(field.type))
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
                 raise HorizonError(
                     f"{where}: column '{name}' has type {batch.schema.field(name).type}, "
@@ -245,6 +245,50 @@ def _conformer(
         return pa.Table.from_arrays(arrays, schema=target), ignored
 
     return conform
+
+
+def _structs_as_maps(column: pa.Array, target: pa.DataType) -> pa.Array:
+    """Feature columns stored as structs, as maps.
+
+    Parquet written from Python dicts (``pa.Table.from_pylist``, pandas) stores a feature map as
+    a struct with one field per feature id; Arrow cannot cast that to a map, so it is rebuilt
+    here: one entry per non-null field, in field order. Other columns pass through unchanged.
+    """
+    import pyarrow as pa
+
+    if pa.types.is_map(target) and pa.types.is_struct(column.type):
+        return _struct_to_map(column)
+    if (
+        pa.types.is_list(target)
+        and pa.types.is_map(target.value_type)
+        and pa.types.is_list(column.type)
+        and pa.types.is_struct(column.type.value_type)
+    ):
+        offsets = column.offsets.to_numpy(zero_copy_only=False)
+        values = column.values.slice(offsets[0], offsets[-1] - offsets[0])
+        return pa.ListArray.from_arrays(
+            pa.array(offsets - offsets[0], pa.int32()),
+            _struct_to_map(values),
+            mask=column.is_null(),
+        )
+    return column
+
+
+def _struct_to_map(column: pa.StructArray) -> pa.MapArray:
+    import numpy as np
+    import pyarrow as pa
+
+    names = np.array([column.type.field(i).name for i in range(column.type.num_fields)], object)
+    children = column.flatten()
+    present = np.ones((len(column), len(names)), dtype=bool)
+    values = np.zeros((len(column), len(names)), dtype=np.float64)
+    for index, child in enumerate(children):
+        present[:, index] = child.is_valid().to_numpy(zero_copy_only=False)
+        values[:, index] = child.cast(pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False)
+    offsets = np.concatenate([[0], np.cumsum(present.sum(axis=1))]).astype(np.int32)
+    keys = pa.array(np.tile(names, len(column))[present.ravel()], pa.string())
+    items = pa.array(values.ravel()[present.ravel()], pa.float64())
+    return pa.MapArray.from_arrays(offsets, keys, items, mask=column.is_null())
 
 
 @hookimpl
