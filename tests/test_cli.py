@@ -38,18 +38,9 @@ def test_gym_collect_writes_rows_that_validate_with_exact_propensities(tmp_path)
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in output.read_text().splitlines()]
     assert f"wrote {len(rows)} rows from 4 episodes" in result.output
-    assert set(rows[0]) == {
-        "ds",
-        "mdp_id",
-        "sequence_number",
-        "state_features",
-        "action",
-        "reward",
-        "action_probability",
-        "possible_actions",
-        "metrics",
-    }
     layout = RowLayout(RowFormat.PRE_TIMELINE, ActionType.DISCRETE)
+    # Every column of the pre-timeline schema, and nothing else.
+    assert set(rows[0]) == {column.name for column in layout.columns}
     shaped = RowShaper(layout).shape((f"{output}:{i + 1}", row) for i, row in enumerate(rows))
     good, bad = RowChecker(layout).check(shaped.table, shaped.locations)
     assert shaped.bad_rows == [] and bad == []
