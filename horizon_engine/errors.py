@@ -23,6 +23,10 @@ class PluginError(HorizonError):
     """A plugin cannot be used: duplicate component names, unknown component, bad hook."""
 
 
+BAD_ROWS_SHOWN = 20
+"""How many bad rows an error message lists before summarising the rest by kind."""
+
+
 class BadRowsError(HorizonError):
     """Input rows failed validation and ``on_bad_rows = "fail"``."""
 

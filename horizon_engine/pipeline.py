@@ -22,16 +22,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from horizon_engine.config import SECTIONS, Choice, PipelineSpec, build_spec
-from horizon_engine.errors import BadRowsError, ConfigError, HorizonError
+from horizon_engine.errors import (
+    BAD_ROWS_SHOWN,
+    BadRowsError,
+    ConfigError,
+    HorizonError,
+    PluginError,
+)
 from horizon_engine.files import atomic_output, write_json
 from horizon_engine.plugins import PluginHost, get_plugin_host
 from horizon_engine.progress import progress_bar
 
 if TYPE_CHECKING:
     from horizon_engine.schema import BadRow
-
-BAD_ROWS_SHOWN = 20
-"""How many bad rows an error message lists before summarising the rest by kind."""
 
 
 @dataclass
@@ -117,13 +120,18 @@ class BadRowSink:
         return self.quarantine_path is None and bool(self.counts)
 
     def error(self) -> BadRowsError:
-        total = sum(self.counts.values())
-        kinds = ", ".join(f"{kind}: {count}" for kind, count in sorted(self.counts.items()))
-        lines = [f"{total} bad rows ({kinds}):", *(f"  {row}" for row in self.shown)]
-        if total > len(self.shown):
-            lines.append(f"  ... and {total - len(self.shown)} more")
-        lines.append('Fix them, or set [pipeline] on_bad_rows = "quarantine" to set them aside.')
-        return BadRowsError("\n".join(lines), self.shown)
+        return bad_rows_error(self.counts, self.shown)
+
+
+def bad_rows_error(counts: Mapping[str, int], shown: list[BadRow]) -> BadRowsError:
+    """The error that stops a run for bad rows: counts by kind, then the first rows."""
+    total = sum(counts.values())
+    kinds = ", ".join(f"{kind}: {count}" for kind, count in sorted(counts.items()))
+    lines = [f"{total} bad rows ({kinds}):", *(f"  {row}" for row in shown)]
+    if total > len(shown):
+        lines.append(f"  ... and {total - len(shown)} more")
+    lines.append('Fix them, or set [pipeline] on_bad_rows = "quarantine" to set them aside.')
+    return BadRowsError("\n".join(lines), shown)
 
 
 def _natural_order(location: str) -> list[tuple[int, int | str]]:
@@ -194,7 +202,78 @@ def run_source_stage(run: RunContext, choice: Choice) -> StageReport:
     return report
 
 
-STAGES: tuple[Stage, ...] = (Stage("source", "source", "source", (), run_source_stage),)
+def run_timeline_stage(run: RunContext, choice: Choice) -> StageReport:
+    """Build ``timeline/train`` and ``timeline/eval`` from ``source/rows.parquet``.
+
+    Rows that already are timeline rows (Horizon's own output) skip the transform: they are
+    only split into train and eval, and reweighted when ``reward`` weights are configured.
+    """
+    import pyarrow.parquet as pq
+
+    from horizon_engine.schema import ActionType, RowFormat, RowLayout
+    from horizon_engine.timeline import TimelineInfo, TimelineTransform, split_timeline_rows
+
+    rows = run.output_dir / "source" / "rows.parquet"
+    layout = RowLayout.from_schema(pq.read_schema(rows), str(rows))
+    config = choice.config
+    quarantine = run.spec.pipeline.on_bad_rows == "quarantine"
+    if layout.row_format is RowFormat.TIMELINE:
+        engine = "none: the source rows are timeline rows already"
+    elif layout.action_type is ActionType.DISCRETE and config.actions is None:
+        raise ConfigError(
+            [
+                f"{run.spec.origin}: [timeline] needs actions = [...], the discrete action names in "
+                "the order that numbers them, to build a timeline of discrete actions"
+            ]
+        )
+    else:
+        engine = choice.component.engine
+    with atomic_output(run.output_dir / "timeline") as folder:
+        folder.mkdir()
+        if layout.row_format is RowFormat.TIMELINE:
+            result = split_timeline_rows(rows, folder, config, run.seed)
+        else:
+            transform = choice.create()
+            if not isinstance(transform, TimelineTransform):
+                raise PluginError(
+                    f"plugin '{choice.component.plugin}' registered the timeline transform "
+                    f"{type(transform).__qualname__}, which is not a TimelineTransform"
+                )
+            result = transform.build(run, rows, folder, layout.action_type, quarantine)
+        if result.rejected and not quarantine:
+            raise bad_rows_error(result.rejected, result.examples)
+        info = TimelineInfo(
+            layout.action_type.value,
+            config.actions,
+            config.n_step,
+            engine,
+            result.train_rows,
+            result.eval_rows,
+        )
+        info.write(folder)
+    report = StageReport(
+        "timeline",
+        rows_in=result.rows_in,
+        rows_out=result.train_rows + result.eval_rows,
+        dropped={**result.dropped, **result.rejected},
+        outputs=["timeline/train", "timeline/eval", "timeline/timeline.json"],
+        details={
+            "engine": engine,
+            "train_rows": result.train_rows,
+            "eval_rows": result.eval_rows,
+            "train_episodes": result.train_episodes,
+            "eval_episodes": result.eval_episodes,
+        },
+    )
+    if result.rejected:
+        report.outputs.append("timeline/quarantine")
+    return report
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("source", "source", "source", (), run_source_stage),
+    Stage("timeline", "timeline", "timeline", ("source/rows.parquet",), run_timeline_stage),
+)
 """The stages this version can run, in pipeline order."""
 
 

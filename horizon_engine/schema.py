@@ -328,7 +328,7 @@ class RowShaper:
         return shaped
 
 
-def _map_parents(array: pa.Array) -> tuple[np.ndarray, pa.Array]:
+def list_entries(array: pa.Array) -> tuple[np.ndarray, pa.Array]:
     """For a map or list array: the row index of every entry, and the entries' values."""
     offsets = array.offsets.to_numpy(zero_copy_only=False)
     counts = np.diff(offsets)
@@ -340,14 +340,19 @@ def _map_parents(array: pa.Array) -> tuple[np.ndarray, pa.Array]:
     return parents, items
 
 
+def map_entries(array: pa.MapArray) -> tuple[np.ndarray, pa.Array, pa.Array]:
+    """For a map array: the row index, key and value of every entry."""
+    parents, values = list_entries(array)
+    offsets = array.offsets.to_numpy(zero_copy_only=False)
+    return parents, array.keys.slice(offsets[0], offsets[-1] - offsets[0]), values
+
+
 def _non_finite_features(array: pa.MapArray) -> dict[int, tuple[str, float]]:
     """Rows of a feature-map array holding a NaN or infinite value, with the first such feature.
 
     The feature is named in the reason, so that a user can find it among hundreds.
     """
-    parents, values = _map_parents(array)
-    offsets = array.offsets.to_numpy(zero_copy_only=False)
-    keys = array.keys.slice(offsets[0], offsets[-1] - offsets[0])
+    parents, keys, values = map_entries(array)
     finite = pc.fill_null(pc.is_finite(values), True).to_numpy(zero_copy_only=False)
     found: dict[int, tuple[str, float]] = {}
     for entry in np.flatnonzero(~finite):
@@ -454,14 +459,14 @@ class RowChecker:
         elif is_mask:
             index = pc.fill_null(action, -1).to_numpy(zero_copy_only=False)
             in_range = (index >= 0) & (index < lengths)
-            _, flags = _map_parents(possible)
+            _, flags = list_entries(possible)
             flags = pc.fill_null(flags, 0).to_numpy(zero_copy_only=False)
             offsets = possible.offsets.to_numpy(zero_copy_only=False)
             position = offsets[:-1] - offsets[0] + index
             found = np.zeros(len(possible), dtype=bool)
             found[in_range] = flags[position[in_range]] == 1
         else:
-            parents, names = _map_parents(possible)
+            parents, names = list_entries(possible)
             matches = pc.fill_null(pc.equal(names, action.take(pa.array(parents))), False)
             matched_rows = parents[matches.to_numpy(zero_copy_only=False)]
             found = np.bincount(matched_rows, minlength=len(possible)) > 0
@@ -531,7 +536,7 @@ def derive_not_terminal(table: pa.Table, layout: RowLayout) -> pa.Table:
 
 def _list_sums(array: pa.ListArray) -> pa.Array:
     """Each list's sum (null for a null list): how many next actions a discrete mask allows."""
-    parents, items = _map_parents(array)
+    parents, items = list_entries(array)
     sums = np.bincount(parents, weights=items.to_numpy(zero_copy_only=False), minlength=len(array))
     nulls = array.is_null().to_numpy(zero_copy_only=False)
     return pa.array(sums, mask=nulls)

@@ -1,0 +1,279 @@
+"""The Timeline transform's contract, shared by every engine that builds it.
+
+Horizon's Timeline job turns logged decisions into the rows RL training needs. Engines (the
+built-in local one, the Spark plugin's) subclass ``TimelineTransform`` and must build the same
+table; this module holds what makes that possible: the one config model, the output schema,
+and the train/eval split, defined by a hash any engine can compute.
+
+Semantics, per episode (``mdp_id``) ordered by ``sequence_number``:
+
+- ``next_state_features``, ``next_action``, ``possible_next_actions``: the next row's values;
+- ``sequence_number_ordinal``: 1-based rank; ``time_diff``: next sequence_number - this one;
+  ``time_since_first``: sequence_number - the episode's first;
+- the last row of an episode is terminal: with ``add_terminal_state_row`` it is kept with an
+  empty next state, a null ``next_action``, ``possible_next_actions`` all zero (discrete) or
+  empty (parametric), ``time_diff`` 0 and ``not_terminal`` false; otherwise it is dropped;
+- ``reward`` is ``dot(metrics, weights)`` when ``reward`` weights are configured (a metric a
+  row lacks counts as 0), else the logged reward; ``metrics`` is kept;
+- discrete actions become indices into ``actions``; ``possible_actions`` become 0/1 masks over
+  ``actions`` (a row without ``possible_actions`` may take any action);
+- ``outlier_episode_length_percentile`` drops episodes longer than that percentile (linear
+  interpolation, as numpy's and Spark's exact ``percentile``) of episode length;
+  ``time_window_limit`` drops rows with ``time_since_first`` above it. Both are applied after
+  the next-row columns are computed, so a kept row keeps its real next state;
+- ``n_step = k > 1`` adds, for j = 0..k-1 while the episode lasts, the values of row t+j:
+  ``next_n_rewards``, ``next_n_time_diffs``, ``next_n_state_features``, ``next_n_not_terminal``
+  and (discrete, parametric) ``next_n_possible_next_actions``, so n-step returns can be
+  computed for any gamma at training time;
+- the train/eval split is by episode: ``eval_split_value(seed, mdp_id) < eval_fraction``.
+
+Rows are written sorted by (mdp_id, sequence_number) to ``timeline/train`` and
+``timeline/eval`` (any number of Parquet files each), with ``timeline/timeline.json`` describing
+them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+from pydantic import Field
+
+from horizon_engine.components import ComponentConfig, Transform
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    import numpy as np
+    import pyarrow as pa
+
+    from horizon_engine.pipeline import RunContext
+    from horizon_engine.schema import ActionType, BadRow
+
+N_STEP_COLUMNS = (
+    "next_n_rewards",
+    "next_n_time_diffs",
+    "next_n_state_features",
+    "next_n_not_terminal",
+    "next_n_possible_next_actions",
+)
+"""The n-step array columns, in schema order; the last one only for discrete and parametric."""
+
+TIMELINE_INFO = "timeline.json"
+"""The file beside ``train/`` and ``eval/`` saying what the Parquet files hold."""
+
+
+class TimelineConfig(ComponentConfig):
+    """The ``[timeline]`` section, the same for every engine."""
+
+    actions: list[str] | None = Field(default=None, min_length=1)
+    """Discrete action names; the index of a name is the action's number in the timeline."""
+    reward: dict[str, float] | None = None
+    """Metric weights: reward = dot(metrics, weights). None keeps the logged reward."""
+    add_terminal_state_row: bool = True
+    """Keep each episode's last row as a terminal transition (else drop it)."""
+    outlier_episode_length_percentile: float | None = Field(default=None, gt=0, le=100)
+    """Drop episodes longer than this percentile of episode length."""
+    time_window_limit: int | None = Field(default=None, ge=0)
+    """Keep only rows whose time_since_first is at most this."""
+    n_step: int = Field(default=1, ge=1)
+    """Add arrays of the next n rows' rewards, next states and time_diffs (1 = none)."""
+    eval_fraction: float = Field(default=0.1, ge=0, lt=1)
+    """Share of episodes held out for evaluation, chosen by a hash of mdp_id and the seed."""
+
+
+@dataclass
+class TimelineResult:
+    """What an engine reports after writing the timeline."""
+
+    rows_in: int
+    train_rows: int
+    eval_rows: int
+    train_episodes: int
+    eval_episodes: int
+    dropped: dict[str, int] = field(default_factory=dict)
+    """Rows the configured filters dropped, by reason (outlier_episode, time_window, ...)."""
+    rejected: dict[str, int] = field(default_factory=dict)
+    """Rows the transform could not use (unknown_action, missing_reward), by kind."""
+    examples: list[BadRow] = field(default_factory=list)
+    """The first rejected rows (at most ``BAD_ROWS_SHOWN``), for the error message."""
+
+
+class TimelineTransform(Transform):
+    """Builds the timeline table from validated pre-timeline rows (``source/rows.parquet``)."""
+
+    name = "timeline"
+    Config: ClassVar[type[ComponentConfig]] = TimelineConfig
+
+    def build(
+        self,
+        run: RunContext,
+        rows: Path,
+        output: Path,
+        action_type: ActionType,
+        quarantine: bool,
+    ) -> TimelineResult:
+        """Write ``output/train`` and ``output/eval``; ``output`` is a fresh temporary folder.
+
+        Rows the transform cannot use (an action not in ``actions``, no reward) are left out
+        and counted in ``rejected`` with a few ``examples``; with ``quarantine`` they are also
+        written, with their reasons, under ``output/quarantine`` (JSON lines). Without it the
+        stage stops the run when any were rejected, so an engine may skip writing them.
+        """
+        raise NotImplementedError
+
+
+def timeline_schema(action_type: ActionType, n_step: int) -> pa.Schema:
+    """The schema every engine writes: Horizon's timeline columns, then the n-step arrays."""
+    import pyarrow as pa
+
+    from horizon_engine.schema import FEATURES, ActionType, RowFormat, RowLayout
+
+    schema = RowLayout(RowFormat.TIMELINE, action_type).schema
+    if n_step <= 1:
+        return schema
+    extra = [
+        pa.field("next_n_rewards", pa.list_(pa.float64())),
+        pa.field("next_n_time_diffs", pa.list_(pa.int64())),
+        pa.field("next_n_state_features", pa.list_(FEATURES)),
+        pa.field("next_n_not_terminal", pa.list_(pa.bool_())),
+    ]
+    if action_type is not ActionType.CONTINUOUS:
+        possible = schema.field("possible_next_actions").type
+        extra.append(pa.field("next_n_possible_next_actions", pa.list_(possible)))
+    return pa.schema([*schema, *extra], metadata=schema.metadata)
+
+
+def eval_split_value(seed: int, mdp_id: str) -> float:
+    """A number in [0, 1) fixed by the seed and the episode id; below eval_fraction = eval.
+
+    The first 8 hex digits of md5("<seed>:<mdp_id>"), so Spark computes the same value with
+    ``conv(substr(md5(...), 1, 8), 16, 10) / 2**32``. One hash decides both splits, so they are
+    disjoint by construction (Horizon used two independent hashes, which let them overlap).
+    """
+    digest = hashlib.md5(f"{seed}:{mdp_id}".encode(), usedforsecurity=False).hexdigest()
+    return int(digest[:8], 16) / 2**32
+
+
+@dataclass(frozen=True)
+class TimelineInfo:
+    """What ``timeline/timeline.json`` records about the Parquet files beside it."""
+
+    action_type: str
+    actions: list[str] | None
+    n_step: int
+    engine: str
+    train_rows: int
+    eval_rows: int
+
+    def write(self, folder: Path) -> None:
+        (folder / TIMELINE_INFO).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def read(cls, folder: Path) -> TimelineInfo:
+        return cls(**json.loads((folder / TIMELINE_INFO).read_text()))
+
+
+def weighted_reward(metrics: pa.Array, weights: dict[str, float]) -> np.ndarray:
+    """``dot(metrics, weights)`` per row, a metric a row lacks counting as 0.
+
+    Summed in the order of ``weights``, starting from 0.0, so that every engine adds the same
+    terms in the same order and gets the same float.
+    """
+    import numpy as np
+
+    from horizon_engine.schema import map_entries
+
+    parents, keys, values = map_entries(metrics)
+    keys = np.asarray(keys.to_numpy(zero_copy_only=False), dtype=object)
+    values = values.to_numpy(zero_copy_only=False)
+    reward = np.zeros(len(metrics), dtype=np.float64)
+    for name, weight in weights.items():
+        metric = np.zeros(len(metrics), dtype=np.float64)
+        chosen = keys == name
+        metric[parents[chosen]] = values[chosen]
+        reward = reward + metric * weight
+    return reward
+
+
+def eval_episodes(seed: int, mdp_ids: Iterable[str], eval_fraction: float) -> np.ndarray:
+    """Which of the given episodes go to the eval split (a boolean per id)."""
+    import numpy as np
+
+    return np.array(
+        [eval_split_value(seed, mdp_id) < eval_fraction for mdp_id in mdp_ids], dtype=bool
+    )
+
+
+def episode_order(mdp_ids: pa.ChunkedArray, sequence_numbers: np.ndarray) -> np.ndarray:
+    """Row order sorting by (mdp_id, sequence_number), mdp_id compared as a string.
+
+    mdp_id is dictionary-encoded and the dictionary ranked once, so the sort is a numpy
+    lexsort over two integer keys rather than a string sort of every row.
+    """
+    import numpy as np
+    import pyarrow.compute as pc
+
+    encoded = pc.dictionary_encode(mdp_ids).combine_chunks()
+    rank = pc.rank(encoded.dictionary, sort_keys="ascending", tiebreaker="first")
+    episode_rank = rank.to_numpy(zero_copy_only=False)[encoded.indices.to_numpy()]
+    return np.lexsort((sequence_numbers, episode_rank))
+
+
+def write_split(table: pa.Table, is_eval: np.ndarray, output: Path) -> tuple[int, int]:
+    """Write the train and eval rows to ``output/train`` and ``output/eval``; their counts."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    counts = []
+    for split, keep in (("train", ~is_eval), ("eval", is_eval)):
+        (output / split).mkdir()
+        part = table.filter(pa.array(keep))
+        pq.write_table(part, output / split / "part-00000.parquet")
+        counts.append(part.num_rows)
+    return counts[0], counts[1]
+
+
+def split_timeline_rows(
+    rows: Path, output: Path, config: TimelineConfig, seed: int
+) -> TimelineResult:
+    """Split rows that are timeline rows already (Horizon's output) into train and eval.
+
+    Only the configured reward weights apply; next-row columns are the logger's. n-step arrays
+    need the episode's rows in order, which Horizon's output does not promise, so they are
+    refused here.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from horizon_engine.errors import HorizonError
+
+    if config.n_step > 1:
+        raise HorizonError(
+            f"[timeline] n_step = {config.n_step}: the source rows are timeline rows already "
+            "and have no n-step arrays; give pre-timeline rows, or n_step = 1"
+        )
+    table = pq.read_table(rows)
+    sequence_numbers = table["sequence_number"].to_numpy()
+    table = table.take(pa.array(episode_order(table["mdp_id"], sequence_numbers)))
+    if config.reward is not None:
+        reward = weighted_reward(table["metrics"].combine_chunks(), config.reward)
+        table = table.set_column(
+            table.schema.get_field_index("reward"), table.schema.field("reward"), pa.array(reward)
+        )
+    encoded = pc.dictionary_encode(table["mdp_id"]).combine_chunks()
+    episodes = encoded.dictionary.to_pylist()
+    eval_episode = eval_episodes(seed, episodes, config.eval_fraction)
+    is_eval = eval_episode[encoded.indices.to_numpy()]
+    train_rows, eval_rows = write_split(table, is_eval, output)
+    return TimelineResult(
+        rows_in=table.num_rows,
+        train_rows=train_rows,
+        eval_rows=eval_rows,
+        train_episodes=int((~eval_episode).sum()),
+        eval_episodes=int(eval_episode.sum()),
+    )
