@@ -45,7 +45,10 @@ if TYPE_CHECKING:
 
 ENTRY_POINT_GROUP = "horizon"
 
-DEFAULT_PLUGINS: tuple[str, ...] = ("horizon_engine.builtin.sources",)
+DEFAULT_PLUGINS: tuple[str, ...] = (
+    "horizon_engine.builtin.sources",
+    "horizon_engine.builtin.timeline",
+)
 """Modules of the core's own plugins, registered under their last dotted name."""
 
 HOOK_NAMES: tuple[str, ...] = tuple(
