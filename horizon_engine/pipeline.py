@@ -222,8 +222,8 @@ def run_timeline_stage(run: RunContext, choice: Choice) -> StageReport:
     elif layout.action_type is ActionType.DISCRETE and config.actions is None:
         raise ConfigError(
             [
-                f"{run.spec.origin}: [timeline] needs actions = [...], the discrete action names in "
-                "the order that numbers them, to build a timeline of discrete actions"
+                f"{run.spec.origin}: [timeline] needs actions = [...], the discrete action "
+                "names in the order that numbers them, to build a timeline of discrete actions"
             ]
         )
     else:

@@ -45,7 +45,7 @@ from pydantic import Field
 from horizon_engine.components import ComponentConfig, Transform
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     import numpy as np
     import pyarrow as pa
@@ -208,33 +208,88 @@ def eval_episodes(seed: int, mdp_ids: Iterable[str], eval_fraction: float) -> np
     )
 
 
-def episode_order(mdp_ids: pa.ChunkedArray, sequence_numbers: np.ndarray) -> np.ndarray:
+def episode_order(mdp_ids: pa.Array, sequence_numbers: np.ndarray) -> np.ndarray:
     """Row order sorting by (mdp_id, sequence_number), mdp_id compared as a string.
 
-    mdp_id is dictionary-encoded and the dictionary ranked once, so the sort is a numpy
-    lexsort over two integer keys rather than a string sort of every row.
+    mdp_id is dictionary-encoded and the dictionary ranked once, so the sort is over integers
+    rather than a string sort of every row.
     """
-    import numpy as np
     import pyarrow.compute as pc
 
-    encoded = pc.dictionary_encode(mdp_ids).combine_chunks()
-    rank = pc.rank(encoded.dictionary, sort_keys="ascending", tiebreaker="first")
-    episode_rank = rank.to_numpy(zero_copy_only=False)[encoded.indices.to_numpy()]
+    encoded = pc.dictionary_encode(mdp_ids)
+    rank = pc.rank(encoded.dictionary, sort_keys="ascending").to_numpy(zero_copy_only=False)
+    return sort_episodes(rank[encoded.indices.to_numpy()], sequence_numbers)
+
+
+def sort_episodes(episode_rank: np.ndarray, sequence_numbers: np.ndarray) -> np.ndarray:
+    """Order by (episode rank, sequence number): one int64 key when both fit, else lexsort.
+
+    (mdp_id, sequence_number) is unique in validated rows, so an unstable sort of the unique
+    key is deterministic, and several times faster than a two-key lexsort.
+    """
+    import numpy as np
+
+    if not len(sequence_numbers):
+        return np.zeros(0, dtype=np.int64)
+    low = int(sequence_numbers.min())
+    span = int(sequence_numbers.max()) - low + 1
+    if int(episode_rank.max()) * span + span < 2**63:
+        return np.argsort(episode_rank.astype(np.int64) * span + (sequence_numbers - low))
     return np.lexsort((sequence_numbers, episode_rank))
 
 
-def write_split(table: pa.Table, is_eval: np.ndarray, output: Path) -> tuple[int, int]:
-    """Write the train and eval rows to ``output/train`` and ``output/eval``; their counts."""
-    import pyarrow as pa
+PART_ROWS = 250_000
+"""Rows per Parquet file: parts are built and written in parallel, one thread per core."""
+
+
+def write_split(
+    rows_at: Callable[[np.ndarray], pa.Table],
+    train: np.ndarray,
+    evaluation: np.ndarray,
+    output: Path,
+) -> None:
+    """Write the rows at the ``train`` and ``evaluation`` positions, in that order, as Parquet.
+
+    ``rows_at(positions)`` builds the table of those rows. Each split is cut into parts of
+    about ``PART_ROWS`` rows (at least one, so an empty split still has a file with the
+    schema). Parts are built one after another (Arrow's own threads already serve each
+    ``take``) while earlier parts are written on a thread pool, since Parquet encoding is
+    single-threaded per file and releases the GIL. Dictionary encoding is kept for the
+    repetitive id columns only, and min/max statistics for the flat columns, where they serve
+    row-group filtering; for the nested feature columns both cost time and serve little.
+    """
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
     import pyarrow.parquet as pq
 
-    counts = []
-    for split, keep in (("train", ~is_eval), ("eval", is_eval)):
-        (output / split).mkdir()
-        part = table.filter(pa.array(keep))
-        pq.write_table(part, output / split / "part-00000.parquet")
-        counts.append(part.num_rows)
-    return counts[0], counts[1]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        pending = []
+        for split, positions in (("train", train), ("eval", evaluation)):
+            (output / split).mkdir()
+            parts = max(1, -(-len(positions) // PART_ROWS))
+            for number, chunk in enumerate(np.array_split(positions, parts)):
+                table = rows_at(chunk)
+                flat = [field.name for field in table.schema if not _is_nested(field.type)]
+                path = output / split / f"part-{number:05d}.parquet"
+                pending.append(
+                    pool.submit(
+                        pq.write_table,
+                        table,
+                        path,
+                        use_dictionary=["ds", "mdp_id"],
+                        write_statistics=flat,
+                    )
+                )
+        for future in pending:
+            future.result()
+
+
+def _is_nested(data_type: pa.DataType) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_nested(data_type)
 
 
 def split_timeline_rows(
@@ -246,6 +301,7 @@ def split_timeline_rows(
     need the episode's rows in order, which Horizon's output does not promise, so they are
     refused here.
     """
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -257,9 +313,10 @@ def split_timeline_rows(
             f"[timeline] n_step = {config.n_step}: the source rows are timeline rows already "
             "and have no n-step arrays; give pre-timeline rows, or n_step = 1"
         )
-    table = pq.read_table(rows)
+    table = pq.read_table(rows).combine_chunks()
     sequence_numbers = table["sequence_number"].to_numpy()
-    table = table.take(pa.array(episode_order(table["mdp_id"], sequence_numbers)))
+    order = episode_order(table["mdp_id"].combine_chunks(), sequence_numbers)
+    table = table.take(pa.array(order))
     if config.reward is not None:
         reward = weighted_reward(table["metrics"].combine_chunks(), config.reward)
         table = table.set_column(
@@ -269,11 +326,12 @@ def split_timeline_rows(
     episodes = encoded.dictionary.to_pylist()
     eval_episode = eval_episodes(seed, episodes, config.eval_fraction)
     is_eval = eval_episode[encoded.indices.to_numpy()]
-    train_rows, eval_rows = write_split(table, is_eval, output)
+    train, evaluation = np.flatnonzero(~is_eval), np.flatnonzero(is_eval)
+    write_split(lambda positions: table.take(positions), train, evaluation, output)
     return TimelineResult(
         rows_in=table.num_rows,
-        train_rows=train_rows,
-        eval_rows=eval_rows,
+        train_rows=len(train),
+        eval_rows=len(evaluation),
         train_episodes=int((~eval_episode).sum()),
         eval_episodes=int(eval_episode.sum()),
     )

@@ -90,7 +90,7 @@ def test_pipeline_stages_key_selects_stages_like_the_option(engine, tmp_path):
     config["pipeline"]["stages"] = ["source"]
     assert engine.validate(config).pipeline.stages == ["source"]
     config["pipeline"]["stages"] = ["timeline"]
-    with pytest.raises(ConfigError, match="unknown stage 'timeline'"):
+    with pytest.raises(ConfigError, match="stage 'timeline' has no \\[timeline\\] section"):
         engine.run(config)
 
 

@@ -23,7 +23,10 @@ import pytest
 import horizon_engine
 from horizon_engine import Engine, HorizonError
 from horizon_engine.errors import ConfigError, PluginError
-from horizon_engine.plugins import PluginFailure, PluginHost
+from horizon_engine.plugins import DEFAULT_PLUGINS, PluginFailure, PluginHost
+
+BUILTINS = [module.rsplit(".", 1)[-1] for module in DEFAULT_PLUGINS]
+"""The core's own plugins, which load before any entry point."""
 
 THIRD_PARTY = Path(__file__).parent / "third_party_plugin"
 """A plugin project as its author publishes it: pyproject.toml and the package."""
@@ -167,7 +170,7 @@ def test_horizon_plugins_honours_the_allow_and_block_lists(site):
     allowed = horizon(site, "plugins", "--json", HORIZON_LOAD_PLUGINS="constant")
     blocked = horizon(site, "plugins", "--json", HORIZON_DISABLE_PLUGINS="constant,sources")
 
-    assert [p["name"] for p in json.loads(allowed.stdout)["plugins"]] == ["sources", "constant"]
+    assert [p["name"] for p in json.loads(allowed.stdout)["plugins"]] == [*BUILTINS, "constant"]
     names = [p["name"] for p in json.loads(blocked.stdout)["plugins"]]
     assert "constant" not in names
     assert "sources" not in names
@@ -217,7 +220,7 @@ def test_plugin_that_fails_to_import_is_reported_and_the_others_still_load(site)
     assert failure.entry_point == "horizon_plugin_broken"
     assert failure.error == "import failed: RuntimeError: needs a GPU driver"
     assert "broken" not in host.plugins
-    assert list(host.plugins) == ["sources", "constant"]
+    assert list(host.plugins) == [*BUILTINS, "constant"]
     with pytest.raises(PluginError, match=r"Plugins that failed to load: broken \(see"):
         host.component("data_sources", "gpu_rows")
 
@@ -308,7 +311,7 @@ def test_one_module_under_two_plugin_names_is_reported(plugin_site):
 
     host = only("first", "second")
 
-    assert list(host.plugins) == ["sources", "first"]
+    assert list(host.plugins) == [*BUILTINS, "first"]
     assert host.failures == [
         PluginFailure("second", module, "its module is already loaded as plugin 'first'")
     ]
@@ -326,7 +329,7 @@ def test_disabled_plugin_is_not_loaded(site):
 def test_built_in_plugin_can_be_disabled(site, tmp_path):
     host = only("constant", HORIZON_DISABLE_PLUGINS="sources")
 
-    assert list(host.plugins) == ["constant"]
+    assert list(host.plugins) == [*(name for name in BUILTINS if name != "sources"), "constant"]
     assert [entry.name for entry in host.components("data_sources")] == ["constant_rows"]
     config = {"pipeline": {"output_dir": str(tmp_path)}, "source": {"kind": "jsonl", "path": "x"}}
     with pytest.raises(ConfigError, match="no data_sources component 'jsonl' is registered"):
@@ -336,9 +339,9 @@ def test_built_in_plugin_can_be_disabled(site, tmp_path):
 def test_load_plugins_allow_list_loads_only_the_named_entry_points(site):
     install_module(site, "other", "")
 
-    assert list(only("constant").plugins) == ["sources", "constant"]
-    assert list(only("other").plugins) == ["sources", "other"]
-    assert list(only("other", HORIZON_DISABLE_PLUGINS="other").plugins) == ["sources"]
+    assert list(only("constant").plugins) == [*BUILTINS, "constant"]
+    assert list(only("other").plugins) == [*BUILTINS, "other"]
+    assert list(only("other", HORIZON_DISABLE_PLUGINS="other").plugins) == BUILTINS
     assert {"constant", "other"} <= set(PluginHost(env={}).plugins)
 
 
@@ -507,11 +510,11 @@ def test_every_family_registers_through_its_own_hook(plugin_site):
 
         class LocalTimeline(Transform):
             '''The timeline, on this machine.'''
-            name = "timeline"
+            name = "toy_timeline"
 
         class SparkTimeline(Transform):
             '''The timeline, on a SparkSession.'''
-            name = "timeline"
+            name = "toy_timeline"
             engine = "spark"
 
         class Dqn(Trainer):
@@ -548,20 +551,20 @@ def test_every_family_registers_through_its_own_hook(plugin_site):
     host = only("families")
 
     labels = {
-        family: [entry.label for entry in host.components(family)]
+        family: [entry.label for entry in host.components(family) if entry.plugin == "families"]
         for family in ("transforms", "trainers", "estimators", "exporters")
     }
     assert labels == {
-        "transforms": ["timeline (engine local)", "timeline (engine spark)"],
+        "transforms": ["toy_timeline (engine local)", "toy_timeline (engine spark)"],
         "trainers": ["toy_dqn"],
         "estimators": ["toy_ips"],
         "exporters": ["toy_onnx"],
     }
-    assert host.component("transforms", "timeline", "spark").cls.__name__ == "SparkTimeline"
+    assert host.component("transforms", "toy_timeline", "spark").cls.__name__ == "SparkTimeline"
     [listing] = [plugin for plugin in host.describe() if plugin["name"] == "families"]
     assert [(c["family"], c["name"], c.get("engine")) for c in listing["components"]] == [
-        ("transforms", "timeline", "local"),
-        ("transforms", "timeline", "spark"),
+        ("transforms", "toy_timeline", "local"),
+        ("transforms", "toy_timeline", "spark"),
         ("trainers", "toy_dqn", None),
         ("estimators", "toy_ips", None),
         ("exporters", "toy_onnx", None),

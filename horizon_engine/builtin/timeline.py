@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,8 +24,8 @@ from horizon_engine.timeline import (
     TimelineConfig,
     TimelineResult,
     TimelineTransform,
-    episode_order,
     eval_episodes,
+    sort_episodes,
     timeline_schema,
     weighted_reward,
     write_split,
@@ -72,67 +72,59 @@ class LocalTimeline(TimelineTransform):
         quarantine: bool,
     ) -> TimelineResult:
         import pyarrow as pa
+        import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
         config = self.config
-        table = pq.read_table(rows)
-        rows_in = table.num_rows
-        rejections = _Rejections.none(rows_in)
+        # One chunk per column: Arrow's take on a many-chunked column resolves chunks per row.
+        table = pq.read_table(rows, memory_map=True).combine_chunks()
+        rejections = _Rejections.none(table.num_rows)
         reward = self._reward(table, rejections)
-        if action_type is ActionType.DISCRETE:
-            action, possible = self._discrete_actions(table, rejections)
-        else:
-            action = table["action"].combine_chunks()
-            possible = (
-                table["possible_actions"].combine_chunks()
-                if action_type is ActionType.PARAMETRIC
-                else None
-            )
+        actions = (
+            self._discrete_actions(table, rejections)
+            if action_type is ActionType.DISCRETE
+            else None
+        )
         examples = self._examples(rows, table, rejections, quarantine, output)
-        rejected = dict(zip(*np.unique(rejections.kinds[rejections.mask], return_counts=True)))
-        keep = ~rejections.mask
-        sequence = table["sequence_number"].to_numpy()[keep]
-        kept = table.filter(pa.array(keep))
-        order = episode_order(kept["mdp_id"], sequence)
-        take = pa.array(order)
-        columns = {
-            name: kept[name].combine_chunks().take(take)
-            for name in ("ds", "mdp_id", "state_features", "action_probability", "metrics")
-        }
-        columns["action"] = action.filter(pa.array(keep)).take(take)
-        columns["reward"] = pa.array(reward[keep][order])
-        if possible is not None:
-            columns["possible_actions"] = possible.filter(pa.array(keep)).take(take)
-        episodes = _Episodes.of(columns["mdp_id"], sequence[order])
-        columns.update(episodes.next_row_columns(columns, action_type, len(config.actions or [])))
-        if config.n_step > 1:
-            columns.update(episodes.n_step_columns(columns, config.n_step, action_type))
+        kinds, counts = np.unique(rejections.kinds[rejections.mask], return_counts=True)
+
+        encoded = pc.dictionary_encode(_single_array(table["mdp_id"]))
+        codes = encoded.indices.to_numpy()
+        rank = pc.rank(encoded.dictionary, sort_keys="ascending").to_numpy(zero_copy_only=False)
+        sequence = table["sequence_number"].to_numpy()
+        kept = np.flatnonzero(~rejections.mask)
+        order = kept[sort_episodes(rank[codes[kept]], sequence[kept])]
+        episodes = _Episodes.of(codes[order], sequence[order])
         survives, dropped = self._filters(episodes)
-        schema = timeline_schema(action_type, config.n_step)
-        timeline = pa.Table.from_arrays(
-            [columns[field.name].cast(field.type) for field in schema], schema=schema
-        ).filter(pa.array(survives))
-        encoded = episodes.encoded
         eval_episode = eval_episodes(run.seed, encoded.dictionary.to_pylist(), config.eval_fraction)
-        is_eval = eval_episode[encoded.indices.to_numpy()][survives]
-        train_rows, eval_rows = write_split(timeline, is_eval, output)
-        surviving_episodes = np.unique(encoded.indices.to_numpy()[survives])
-        eval_count = int(eval_episode[surviving_episodes].sum())
+        is_eval = eval_episode[episodes.codes]
+        rows_in = table.num_rows
+        # One gather puts the rows in episode order; every later take then reads memory in
+        # order (next rows are neighbours), which is what keeps shuffled input fast.
+        if not np.array_equal(order, np.arange(rows_in)):
+            table = table.take(pa.array(order))
+        sorted_actions = actions and _DiscreteActions(actions.index[order], actions.masks[order])
+        builder = _TimelineRows(
+            table, action_type, config.n_step, episodes, reward[order], sorted_actions
+        )
+        train = np.flatnonzero(survives & ~is_eval)
+        evaluation = np.flatnonzero(survives & is_eval)
+        write_split(builder.rows_at, train, evaluation, output)
         return TimelineResult(
             rows_in=rows_in,
-            train_rows=train_rows,
-            eval_rows=eval_rows,
-            train_episodes=len(surviving_episodes) - eval_count,
-            eval_episodes=eval_count,
+            train_rows=len(train),
+            eval_rows=len(evaluation),
+            train_episodes=len(np.unique(episodes.codes[train])),
+            eval_episodes=len(np.unique(episodes.codes[evaluation])),
             dropped=dropped,
-            rejected={str(kind): int(count) for kind, count in rejected.items()},
+            rejected={str(kind): int(count) for kind, count in zip(kinds, counts, strict=True)},
             examples=examples,
         )
 
     def _reward(self, table: pa.Table, rejections: _Rejections) -> np.ndarray:
         if self.config.reward is not None:
-            return weighted_reward(table["metrics"].combine_chunks(), self.config.reward)
-        logged = table["reward"].combine_chunks()
+            return weighted_reward(_single_array(table["metrics"]), self.config.reward)
+        logged = _single_array(table["reward"])
         missing = logged.is_null().to_numpy(zero_copy_only=False)
         rejections.add(
             missing,
@@ -141,16 +133,14 @@ class LocalTimeline(TimelineTransform):
         )
         return logged.fill_null(0.0).to_numpy(zero_copy_only=False)
 
-    def _discrete_actions(
-        self, table: pa.Table, rejections: _Rejections
-    ) -> tuple[pa.Array, pa.Array]:
+    def _discrete_actions(self, table: pa.Table, rejections: _Rejections) -> _DiscreteActions:
         """Action names -> indices into ``actions``; possible action names -> 0/1 masks."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
         actions = self.config.actions or []
         names = pa.array(actions, pa.string())
-        logged = table["action"].combine_chunks()
+        logged = _single_array(table["action"])
         index = pc.index_in(logged, value_set=names)
         unknown = index.is_null().to_numpy(zero_copy_only=False)
         rejections.add(
@@ -158,7 +148,7 @@ class LocalTimeline(TimelineTransform):
             "unknown_action",
             lambda row: f"action {logged[row].as_py()!r} is not in [timeline] actions {actions}",
         )
-        possible = table["possible_actions"].combine_chunks()
+        possible = _single_array(table["possible_actions"])
         parents, possible_names = list_entries(possible)
         possible_index = pc.index_in(possible_names, value_set=names)
         unknown_possible = possible_index.is_null().to_numpy(zero_copy_only=False)
@@ -172,11 +162,11 @@ class LocalTimeline(TimelineTransform):
                 f"[timeline] actions {actions}"
             ),
         )
-        mask = np.zeros((len(possible), len(actions)), dtype=np.int8)
-        mask[possible.is_null().to_numpy(zero_copy_only=False)] = 1
+        masks = np.zeros((len(possible), len(actions)), dtype=np.int8)
+        masks[possible.is_null().to_numpy(zero_copy_only=False)] = 1
         known = ~unknown_possible
-        mask[parents[known], possible_index.to_numpy(zero_copy_only=False)[known].astype(int)] = 1
-        return index.cast(pa.int64()).fill_null(-1), _masks(mask)
+        masks[parents[known], possible_index.to_numpy(zero_copy_only=False)[known].astype(int)] = 1
+        return _DiscreteActions(index.fill_null(-1).to_numpy().astype(np.int64), masks)
 
     def _examples(
         self,
@@ -193,10 +183,8 @@ class LocalTimeline(TimelineTransform):
         chosen = rejected_rows if quarantine else rejected_rows[:BAD_ROWS_SHOWN]
         contents = table.take(chosen).to_pylist(maps_as_pydicts="lossy")
         bad_rows = [
-            BadRow(
-                f"{rows}:row {row}", rejections.reasons[int(row)], rejections.kinds[row], content
-            )
-            for row, content in zip(chosen, contents, strict=True)
+            BadRow(f"{rows}:row {row}", rejections.reasons[row], rejections.kinds[row], content)
+            for row, content in zip(chosen.tolist(), contents, strict=True)
         ]
         if quarantine:
             folder = output / "quarantine"
@@ -230,10 +218,18 @@ class LocalTimeline(TimelineTransform):
 
 
 @dataclass
-class _Episodes:
-    """Episode structure of rows sorted by (mdp_id, sequence_number)."""
+class _DiscreteActions:
+    """Discrete actions of every input row: index into ``actions`` and the possible-action mask."""
 
-    encoded: Any
+    index: np.ndarray
+    masks: np.ndarray
+
+
+@dataclass
+class _Episodes:
+    """Episode structure of rows sorted by (mdp_id, sequence_number): per sorted position."""
+
+    codes: np.ndarray
     sequence: np.ndarray
     episode: np.ndarray
     starts: np.ndarray
@@ -241,17 +237,13 @@ class _Episodes:
     has_next: np.ndarray
 
     @classmethod
-    def of(cls, mdp_ids: pa.Array, sequence: np.ndarray) -> _Episodes:
-        import pyarrow.compute as pc
-
-        encoded = pc.dictionary_encode(mdp_ids)
-        codes = encoded.indices.to_numpy()
+    def of(cls, codes: np.ndarray, sequence: np.ndarray) -> _Episodes:
         first = np.ones(len(codes), dtype=bool)
         first[1:] = codes[1:] != codes[:-1]
         starts = np.flatnonzero(first)
         lengths = np.diff(np.append(starts, len(codes)))
-        has_next = np.append(~first[1:], False)
-        return cls(encoded, sequence, np.cumsum(first) - 1, starts, lengths, has_next)
+        has_next = np.append(~first[1:], False) if len(codes) else first
+        return cls(codes, sequence, np.cumsum(first) - 1, starts, lengths, has_next)
 
     @property
     def rows(self) -> int:
@@ -265,63 +257,133 @@ class _Episodes:
     def time_since_first(self) -> np.ndarray:
         return self.sequence - self.sequence[self.starts[self.episode]]
 
-    def next_row_columns(
-        self, columns: dict[str, pa.Array], action_type: ActionType, action_count: int
-    ) -> dict[str, pa.Array]:
-        """Columns describing the next row of the episode; terminal values on the last row."""
-        import pyarrow as pa
-
-        following = pa.array(np.arange(1, self.rows + 1), mask=~self.has_next)
+    @property
+    def time_diff(self) -> np.ndarray:
         time_diff = np.zeros(self.rows, dtype=np.int64)
         time_diff[self.has_next] = np.diff(self.sequence)[self.has_next[:-1]]
-        result = {
-            "sequence_number": pa.array(self.sequence),
-            "sequence_number_ordinal": pa.array(self.ordinal),
-            "time_since_first": pa.array(self.time_since_first),
-            "next_state_features": _empty_where_null(columns["state_features"].take(following)),
-            "next_action": columns["action"].take(following),
-            "time_diff": pa.array(time_diff),
-            "not_terminal": pa.array(self.has_next),
-        }
-        if action_type is ActionType.DISCRETE:
-            masks = _mask_matrix(columns["possible_actions"], action_count)
-            next_masks = np.zeros_like(masks)
-            next_masks[self.has_next] = masks[1:][self.has_next[:-1]]
-            result["possible_next_actions"] = _masks(next_masks)
-        elif action_type is ActionType.PARAMETRIC:
-            result["possible_next_actions"] = _empty_where_null(
-                columns["possible_actions"].take(following)
-            )
-        return result
+        return time_diff
 
-    def n_step_columns(
-        self, columns: dict[str, pa.Array], n_step: int, action_type: ActionType
-    ) -> dict[str, pa.Array]:
+
+class _TimelineRows:
+    """Builds output rows for any set of positions in the episode-sorted input.
+
+    The input is sorted by (mdp_id, sequence_number), so the next row of position p, where the
+    episode goes on, is p + 1, and every column is one ``take`` in increasing order.
+    """
+
+    def __init__(
+        self,
+        table: pa.Table,
+        action_type: ActionType,
+        n_step: int,
+        episodes: _Episodes,
+        reward: np.ndarray,
+        actions: _DiscreteActions | None,
+    ) -> None:
+        self.columns = {name: _single_array(table[name]) for name in table.column_names}
+        self.action_type = action_type
+        self.n_step = n_step
+        self.episodes = episodes
+        self.reward = reward
+        self.actions = actions
+        self.schema = timeline_schema(action_type, n_step)
+        self.ordinal = episodes.ordinal
+        self.time_since_first = episodes.time_since_first
+        self.time_diff = episodes.time_diff
+
+    def rows_at(self, positions: np.ndarray) -> pa.Table:
+        import pyarrow as pa
+
+        indices = pa.array(positions)
+        columns = {
+            name: self.columns[name].take(indices)
+            for name in ("ds", "mdp_id", "state_features", "action_probability", "metrics")
+        }
+        columns |= {
+            "sequence_number": pa.array(self.episodes.sequence[positions]),
+            "reward": pa.array(self.reward[positions]),
+            "sequence_number_ordinal": pa.array(self.ordinal[positions]),
+            "time_since_first": pa.array(self.time_since_first[positions]),
+            "time_diff": pa.array(self.time_diff[positions]),
+            "not_terminal": pa.array(self.episodes.has_next[positions]),
+            "next_state_features": self._next_states(positions),
+        }
+        columns |= self._action_columns(positions, indices)
+        if self.n_step > 1:
+            columns |= self._n_step_columns(positions)
+        return pa.Table.from_arrays(
+            [columns[field.name].cast(field.type) for field in self.schema], schema=self.schema
+        )
+
+    def _following(self, positions: np.ndarray) -> pa.Array:
+        """Indices of the next rows; null where the episode ends."""
+        import pyarrow as pa
+
+        return pa.array(positions + 1, mask=~self.episodes.has_next[positions])
+
+    def _next_states(self, positions: np.ndarray) -> pa.Array:
+        return _empty_where_null(self.columns["state_features"].take(self._following(positions)))
+
+    def _next_masks(self, positions: np.ndarray) -> np.ndarray:
+        following = np.minimum(positions + 1, self.episodes.rows - 1)
+        masks = self.actions.masks[following]
+        masks[~self.episodes.has_next[positions]] = 0
+        return masks
+
+    def _action_columns(self, positions: np.ndarray, indices: pa.Array) -> dict[str, pa.Array]:
+        import pyarrow as pa
+
+        if self.action_type is ActionType.DISCRETE:
+            following = np.minimum(positions + 1, self.episodes.rows - 1)
+            return {
+                "action": pa.array(self.actions.index[positions]),
+                "possible_actions": _masks(self.actions.masks[positions]),
+                "next_action": pa.array(
+                    self.actions.index[following], mask=~self.episodes.has_next[positions]
+                ),
+                "possible_next_actions": _masks(self._next_masks(positions)),
+            }
+        following = self._following(positions)
+        columns = {
+            "action": self.columns["action"].take(indices),
+            "next_action": self.columns["action"].take(following),
+        }
+        if self.action_type is ActionType.PARAMETRIC:
+            possible = self.columns["possible_actions"]
+            columns["possible_actions"] = possible.take(indices)
+            columns["possible_next_actions"] = _empty_where_null(possible.take(following))
+        return columns
+
+    def _n_step_columns(self, positions: np.ndarray) -> dict[str, pa.Array]:
         """Arrays of the values of rows t .. t+n-1 of the episode (fewer near its end)."""
         import pyarrow as pa
 
-        remaining = self.lengths[self.episode] - (self.ordinal - 1)
-        counts = np.minimum(remaining, n_step)
-        offsets = np.zeros(self.rows + 1, dtype=np.int32)
+        episodes = self.episodes
+        remaining = episodes.lengths[episodes.episode[positions]] - (self.ordinal[positions] - 1)
+        counts = np.minimum(remaining, self.n_step)
+        offsets = np.zeros(len(positions) + 1, dtype=np.int32)
         np.cumsum(counts, out=offsets[1:])
-        flat = np.repeat(np.arange(self.rows), counts) + (
+        flat = np.repeat(positions, counts) + (
             np.arange(offsets[-1]) - np.repeat(offsets[:-1], counts)
         )
-        indices = pa.array(flat)
-        pa_offsets = pa.array(offsets)
-
-        def arrays(values: pa.Array) -> pa.Array:
-            return pa.ListArray.from_arrays(pa_offsets, values.take(indices))
-
-        sources = {
-            "next_n_rewards": columns["reward"],
-            "next_n_time_diffs": columns["time_diff"],
-            "next_n_state_features": columns["next_state_features"],
-            "next_n_not_terminal": columns["not_terminal"],
+        arrays = pa.array(offsets)
+        columns = {
+            "next_n_rewards": pa.array(self.reward[flat]),
+            "next_n_time_diffs": pa.array(self.time_diff[flat]),
+            "next_n_state_features": self._next_states(flat),
+            "next_n_not_terminal": pa.array(episodes.has_next[flat]),
         }
-        if action_type is not ActionType.CONTINUOUS:
-            sources["next_n_possible_next_actions"] = columns["possible_next_actions"]
-        return {name: arrays(values) for name, values in sources.items()}
+        if self.action_type is ActionType.DISCRETE:
+            columns["next_n_possible_next_actions"] = _masks(self._next_masks(flat))
+        elif self.action_type is ActionType.PARAMETRIC:
+            possible = self.columns["possible_actions"].take(self._following(flat))
+            columns["next_n_possible_next_actions"] = _empty_where_null(possible)
+        return {name: pa.ListArray.from_arrays(arrays, values) for name, values in columns.items()}
+
+
+def _single_array(column: pa.ChunkedArray) -> pa.Array:
+    """The column as one array, without the copy ``combine_chunks`` makes of a single chunk."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
 def _masks(matrix: np.ndarray) -> pa.Array:
@@ -331,12 +393,6 @@ def _masks(matrix: np.ndarray) -> pa.Array:
     rows, width = matrix.shape
     offsets = pa.array(np.arange(0, rows * width + 1, width, dtype=np.int32))
     return pa.ListArray.from_arrays(offsets, pa.array(matrix.ravel(), pa.int8()))
-
-
-def _mask_matrix(masks: pa.Array, width: int) -> np.ndarray:
-    """A list<int8> column of equal-length masks back to an [rows, width] matrix."""
-    _, values = list_entries(masks)
-    return values.to_numpy(zero_copy_only=False).reshape(len(masks), width)
 
 
 def _empty_where_null(array: pa.Array) -> pa.Array:
