@@ -208,3 +208,33 @@ def test_older_parametric_file_reports_its_extra_fields(read):
         (Path(older.manifest["config"]["pipeline"]["output_dir"]) / "manifest.json").read_text()
     )
     assert on_disk["stages"]["source"]["warnings"] == older.report["warnings"]
+
+
+@pytest.mark.parametrize(
+    "relative",
+    [
+        "discrete_action/cartpole_training.json.bz2",
+        "continuous_action/pendulum_training.json.bz2",
+        "parametric_action/cartpole_training.json.bz2",
+    ],
+)
+def test_timeline_rows_pass_through_the_timeline_stage_losing_nothing(tmp_path, relative):
+    """Horizon's timeline rows skip the transform: split into train and eval, nothing changed."""
+    path = _reference_file(relative)
+    config = {
+        "pipeline": {"output_dir": str(tmp_path), "seed": 3},
+        "source": {"kind": "jsonl", "path": str(path)},
+        "timeline": {"eval_fraction": 0.2},
+    }
+    manifest = Engine(show_progress=False).run(config)
+    stage = manifest["stages"]["timeline"]
+    source = pq.read_table(tmp_path / "source" / "rows.parquet")
+    train = pq.read_table(tmp_path / "timeline" / "train")
+    evaluation = pq.read_table(tmp_path / "timeline" / "eval")
+    assert stage["details"]["engine"] == "none: the source rows are timeline rows already"
+    assert stage["rows_in"] == stage["rows_out"] == source.num_rows
+    assert train.num_rows > 0 and evaluation.num_rows > 0
+    assert not {*train["mdp_id"].to_pylist()} & {*evaluation["mdp_id"].to_pylist()}
+    keys = [("mdp_id", "ascending"), ("sequence_number", "ascending")]
+    both = pa.concat_tables([train, evaluation]).sort_by(keys)
+    assert both.equals(source.sort_by(keys))

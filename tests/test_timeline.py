@@ -1,0 +1,279 @@
+"""The timeline stage: exact output rows for hand-made episodes, through the real pipeline.
+
+Each case runs on every engine in ``ENGINES`` and asserts the same rows, so the local and the
+Spark engine are held to one specification (horizon_engine/timeline.py's docstring).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from horizon_engine.errors import BadRowsError, HorizonError
+from horizon_engine.pipeline import Engine
+from horizon_engine.timeline import TimelineInfo, eval_split_value
+
+ENGINES = [pytest.param("local", id="local"), pytest.param("spark", marks=pytest.mark.spark)]
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request: pytest.FixtureRequest) -> str:
+    if request.param == "spark":
+        request.getfixturevalue("spark")
+    return request.param
+
+
+def decision(mdp_id: str, step: int, action: str = "0", **changes: Any) -> dict[str, Any]:
+    """A pre-timeline row of episode ``mdp_id`` at sequence number ``step``."""
+    row = {
+        "mdp_id": mdp_id,
+        "sequence_number": step,
+        "state_features": {"0": float(step), "1": 10.0},
+        "action": action,
+        "reward": 1.0,
+        "action_probability": 0.5,
+        "possible_actions": ["0", "1"],
+        "metrics": {"reward": 1.0},
+    }
+    row.update(changes)
+    return {key: value for key, value in row.items() if value is not None}
+
+
+def run_timeline(
+    tmp_path: Path,
+    engine: str,
+    rows: list[dict[str, Any]],
+    on_bad_rows: str = "fail",
+    **timeline: Any,
+) -> dict[str, Any]:
+    source = tmp_path / "rows.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = {
+        "pipeline": {"output_dir": str(tmp_path / "run"), "seed": 1, "on_bad_rows": on_bad_rows},
+        "source": {"kind": "jsonl", "path": str(source)},
+        "timeline": {"engine": engine, "eval_fraction": 0.0, **timeline},
+    }
+    return Engine(show_progress=False).run(config)
+
+
+def read_split(tmp_path: Path, split: str = "train") -> list[dict[str, Any]]:
+    table = pq.read_table(tmp_path / "run" / "timeline" / split)
+    return table.to_pylist(maps_as_pydicts="strict")
+
+
+def pick(rows: list[dict[str, Any]], *columns: str) -> list[tuple]:
+    return [tuple(row[column] for column in columns) for row in rows]
+
+
+EDGE_CASES = [
+    decision("a", 5, "1", possible_actions=None),
+    decision("a", 1, "0"),
+    decision("b", 7, "1"),
+    decision("a", 2, "1", possible_actions=["1"]),
+]
+"""Out of order, a gap (2 -> 5), a one-row episode, a row without possible_actions."""
+
+
+def test_next_row_columns_ordinals_and_terminal_rows(tmp_path, engine):
+    manifest = run_timeline(tmp_path, engine, EDGE_CASES, actions=["0", "1"])
+    rows = read_split(tmp_path)
+    assert pick(
+        rows, "mdp_id", "sequence_number", "sequence_number_ordinal", "time_since_first"
+    ) == [
+        ("a", 1, 1, 0),
+        ("a", 2, 2, 1),
+        ("a", 5, 3, 4),
+        ("b", 7, 1, 0),
+    ]
+    assert pick(rows, "action", "possible_actions") == [
+        (0, [1, 1]),
+        (1, [0, 1]),
+        (1, [1, 1]),
+        (1, [1, 1]),
+    ]
+    assert pick(rows, "time_diff", "not_terminal", "next_action", "possible_next_actions") == [
+        (1, True, 1, [0, 1]),
+        (3, True, 1, [1, 1]),
+        (0, False, None, [0, 0]),
+        (0, False, None, [0, 0]),
+    ]
+    assert [row["next_state_features"] for row in rows] == [
+        {"0": 2.0, "1": 10.0},
+        {"0": 5.0, "1": 10.0},
+        {},
+        {},
+    ]
+    assert [row["state_features"]["0"] for row in rows] == [1.0, 2.0, 5.0, 7.0]
+    assert all(row["action_probability"] == 0.5 and row["reward"] == 1.0 for row in rows)
+    stage = manifest["stages"]["timeline"]
+    assert (stage["rows_in"], stage["rows_out"], stage["dropped"]) == (4, 4, {})
+    info = TimelineInfo.read(tmp_path / "run" / "timeline")
+    assert (info.action_type, info.actions, info.train_rows, info.eval_rows) == (
+        "discrete",
+        ["0", "1"],
+        4,
+        0,
+    )
+    assert read_split(tmp_path, "eval") == []
+
+
+def test_terminal_rows_dropped_when_asked(tmp_path, engine):
+    manifest = run_timeline(
+        tmp_path, engine, EDGE_CASES, actions=["0", "1"], add_terminal_state_row=False
+    )
+    assert pick(read_split(tmp_path), "mdp_id", "sequence_number", "not_terminal") == [
+        ("a", 1, True),
+        ("a", 2, True),
+    ]
+    assert manifest["stages"]["timeline"]["dropped"] == {"terminal_row": 2}
+
+
+def test_reward_from_metric_weights(tmp_path, engine):
+    rows = [
+        decision("a", 0, metrics={"clicks": 2.0, "cost": 1.0}),
+        decision("a", 1, metrics={"cost": 4.0}, reward=None),
+        decision("a", 2, metrics={"clicks": 1.0, "other": 9.0}),
+    ]
+    run_timeline(tmp_path, engine, rows, actions=["0", "1"], reward={"clicks": 1.0, "cost": -0.5})
+    out = read_split(tmp_path)
+    # 2*1 + 1*(-0.5); a missing metric counts 0; metrics not weighted are ignored.
+    assert [row["reward"] for row in out] == [1.5, -2.0, 1.0]
+    assert out[0]["metrics"] == {"clicks": 2.0, "cost": 1.0}
+
+
+def test_rows_the_transform_cannot_use_fail_the_run(tmp_path, engine):
+    rows = [
+        decision("a", 0),
+        decision("a", 1, "2", possible_actions=["0", "2"]),
+        decision("a", 2, reward=None),
+    ]
+    with pytest.raises(BadRowsError) as caught:
+        run_timeline(tmp_path, engine, rows, actions=["0", "1"])
+    message = str(caught.value)
+    assert message.startswith("2 bad rows (missing_reward: 1, unknown_action: 1):")
+    assert "action '2' is not in [timeline] actions ['0', '1']" in message
+    assert not (tmp_path / "run" / "timeline").exists()
+
+
+def test_rows_the_transform_cannot_use_quarantined(tmp_path, engine):
+    rows = [
+        decision("a", 0),
+        decision("a", 1, "2", possible_actions=None),
+        decision("a", 2, possible_actions=["0", "9"]),
+        decision("a", 3),
+    ]
+    manifest = run_timeline(tmp_path, engine, rows, on_bad_rows="quarantine", actions=["0", "1"])
+    assert pick(read_split(tmp_path), "sequence_number", "time_diff") == [(0, 3), (3, 0)]
+    stage = manifest["stages"]["timeline"]
+    assert stage["dropped"] == {"unknown_action": 2}
+    assert "timeline/quarantine" in stage["outputs"]
+    quarantined = [
+        json.loads(line)
+        for path in sorted((tmp_path / "run" / "timeline" / "quarantine").glob("part-*"))
+        for line in path.read_text().splitlines()
+    ]
+    assert sorted(row["row"]["sequence_number"] for row in quarantined) == [1, 2]
+    assert {row["kind"] for row in quarantined} == {"unknown_action"}
+
+
+def test_outlier_episodes_and_time_window(tmp_path, engine):
+    lengths = {"a": 2, "b": 2, "c": 2, "d": 10}
+    rows = [decision(mdp, step) for mdp, length in lengths.items() for step in range(length)]
+    # numpy.percentile([2, 2, 2, 10], 75) = 2 + 0.25 * (10 - 2) = 4.0: episode d goes.
+    manifest = run_timeline(
+        tmp_path, engine, rows, actions=["0", "1"], outlier_episode_length_percentile=75
+    )
+    assert {row["mdp_id"] for row in read_split(tmp_path)} == {"a", "b", "c"}
+    assert manifest["stages"]["timeline"]["dropped"] == {"outlier_episode": 10}
+
+    manifest = run_timeline(tmp_path, engine, rows, actions=["0", "1"], time_window_limit=4)
+    kept = pick(read_split(tmp_path), "mdp_id", "sequence_number", "not_terminal")
+    assert [row for row in kept if row[0] == "d"] == [("d", step, True) for step in range(5)]
+    assert manifest["stages"]["timeline"]["dropped"] == {"time_window": 5}
+
+
+def test_n_step_arrays(tmp_path, engine):
+    rows = [decision("a", step, reward=float(step)) for step in (0, 1, 3, 4)]
+    run_timeline(tmp_path, engine, rows, actions=["0", "1"], n_step=3)
+    out = read_split(tmp_path)
+    assert [row["next_n_rewards"] for row in out] == [
+        [0.0, 1.0, 3.0],
+        [1.0, 3.0, 4.0],
+        [3.0, 4.0],
+        [4.0],
+    ]
+    assert [row["next_n_time_diffs"] for row in out] == [[1, 2, 1], [2, 1, 0], [1, 0], [0]]
+    assert [row["next_n_not_terminal"] for row in out] == [
+        [True, True, True],
+        [True, True, False],
+        [True, False],
+        [False],
+    ]
+    assert [[s.get("0") for s in row["next_n_state_features"]] for row in out] == [
+        [1.0, 3.0, 4.0],
+        [3.0, 4.0, None],
+        [4.0, None],
+        [None],
+    ]
+    assert out[2]["next_n_possible_next_actions"] == [[1, 1], [0, 0]]
+
+
+def test_parametric_actions(tmp_path, engine):
+    left, right = {"4": 1.0}, {"5": 1.0}
+    rows = [
+        decision("p", 0, left, possible_actions=[left, right]),
+        decision("p", 1, right, possible_actions=[right]),
+    ]
+    run_timeline(tmp_path, engine, rows)
+    out = read_split(tmp_path)
+    assert pick(out, "action", "next_action", "possible_next_actions", "not_terminal") == [
+        (left, right, [right], True),
+        (right, None, [], False),
+    ]
+    assert out[0]["possible_actions"] == [left, right]
+
+
+def test_continuous_actions(tmp_path, engine):
+    rows = [decision("c", step, {"3": step / 10}) for step in range(3)]
+    for row in rows:
+        del row["possible_actions"]
+    run_timeline(tmp_path, engine, rows)
+    out = read_split(tmp_path)
+    assert pick(out, "action", "next_action", "not_terminal") == [
+        ({"3": 0.0}, {"3": 0.1}, True),
+        ({"3": 0.1}, {"3": 0.2}, True),
+        ({"3": 0.2}, None, False),
+    ]
+    assert "possible_actions" not in out[0]
+
+
+def test_split_is_by_episode_disjoint_and_follows_the_hash(tmp_path, engine):
+    rows = [decision(f"ep{e}", step) for e in range(40) for step in range(3)]
+    manifest = run_timeline(tmp_path, engine, rows, actions=["0", "1"], eval_fraction=0.25)
+    train = {row["mdp_id"] for row in read_split(tmp_path, "train")}
+    evaluation = {row["mdp_id"] for row in read_split(tmp_path, "eval")}
+    expected = {f"ep{e}" for e in range(40) if eval_split_value(1, f"ep{e}") < 0.25}
+    assert evaluation == expected
+    assert train == {f"ep{e}" for e in range(40)} - expected
+    details = manifest["stages"]["timeline"]["details"]
+    assert (details["train_episodes"], details["eval_episodes"]) == (len(train), len(evaluation))
+    assert details["eval_rows"] == 3 * len(evaluation)
+
+
+def test_discrete_timeline_needs_the_action_names(tmp_path):
+    with pytest.raises(HorizonError, match=r"\[timeline\] needs actions = \[...\]"):
+        run_timeline(tmp_path, "local", [decision("a", 0)])
+
+
+def test_eval_split_value_is_the_documented_md5():
+    # md5("1:ep0") starts with these 8 hex digits; the Spark engine computes the same.
+    import hashlib
+
+    digest = hashlib.md5(b"1:ep0").hexdigest()
+    assert eval_split_value(1, "ep0") == int(digest[:8], 16) / 2**32
+    assert 0 <= eval_split_value(1, "ep0") < 1
+    assert eval_split_value(1, "ep0") != eval_split_value(2, "ep0")
