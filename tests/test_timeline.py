@@ -17,7 +17,7 @@ from horizon_engine.errors import BadRowsError, HorizonError
 from horizon_engine.pipeline import Engine
 from horizon_engine.timeline import TimelineInfo, eval_split_value
 
-ENGINES = [pytest.param("local", id="local"), pytest.param("spark", marks=pytest.mark.spark)]
+ENGINES = [pytest.param("local", id="local")]
 
 
 @pytest.fixture(params=ENGINES)
