@@ -71,7 +71,6 @@ class LocalTimeline(TimelineTransform):
         action_type: ActionType,
         quarantine: bool,
     ) -> TimelineResult:
-        import pyarrow as pa
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
@@ -99,13 +98,14 @@ class LocalTimeline(TimelineTransform):
         eval_episode = eval_episodes(run.seed, encoded.dictionary.to_pylist(), config.eval_fraction)
         is_eval = eval_episode[episodes.codes]
         rows_in = table.num_rows
-        # One gather puts the rows in episode order; every later take then reads memory in
-        # order (next rows are neighbours), which is what keeps shuffled input fast.
-        if not np.array_equal(order, np.arange(rows_in)):
-            table = table.take(pa.array(order))
         sorted_actions = actions and _DiscreteActions(actions.index[order], actions.masks[order])
         builder = _TimelineRows(
-            table, action_type, config.n_step, episodes, reward[order], sorted_actions
+            _in_episode_order(table, order, action_type),
+            action_type,
+            config.n_step,
+            episodes,
+            reward[order],
+            sorted_actions,
         )
         train = np.flatnonzero(survives & ~is_eval)
         evaluation = np.flatnonzero(survives & is_eval)
@@ -217,6 +217,33 @@ class LocalTimeline(TimelineTransform):
         return survives, dropped
 
 
+def _in_episode_order(
+    table: pa.Table, order: np.ndarray, action_type: ActionType
+) -> dict[str, pa.Array]:
+    """The input columns the output copies, gathered once into episode order.
+
+    Every later take then reads memory in order (a next row is the neighbour), which is what
+    keeps shuffled input fast. Columns are gathered on a thread pool, as Arrow releases the GIL.
+    Discrete actions and rewards travel as numpy arrays, so their columns are not gathered.
+    """
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pyarrow as pa
+
+    names = ["ds", "mdp_id", "state_features", "action_probability", "metrics"]
+    if action_type is not ActionType.DISCRETE:
+        names.append("action")
+    if action_type is ActionType.PARAMETRIC:
+        names.append("possible_actions")
+    columns = [_single_array(table[name]) for name in names]
+    if not np.array_equal(order, np.arange(table.num_rows)):
+        indices = pa.array(order)
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            columns = list(pool.map(lambda column: column.take(indices), columns))
+    return dict(zip(names, columns, strict=True))
+
+
 @dataclass
 class _DiscreteActions:
     """Discrete actions of every input row: index into ``actions`` and the possible-action mask."""
@@ -273,14 +300,14 @@ class _TimelineRows:
 
     def __init__(
         self,
-        table: pa.Table,
+        columns: dict[str, pa.Array],
         action_type: ActionType,
         n_step: int,
         episodes: _Episodes,
         reward: np.ndarray,
         actions: _DiscreteActions | None,
     ) -> None:
-        self.columns = {name: _single_array(table[name]) for name in table.column_names}
+        self.columns = columns
         self.action_type = action_type
         self.n_step = n_step
         self.episodes = episodes
