@@ -121,6 +121,18 @@ def test_next_row_columns_ordinals_and_terminal_rows(tmp_path, engine):
     assert read_split(tmp_path, "eval") == []
 
 
+def test_duplicated_rows_are_set_aside_before_the_timeline(tmp_path, engine):
+    """A repeated (mdp_id, sequence_number) is a bad row of the source stage; the rest go on."""
+    rows = [decision("a", 0), decision("a", 1, "1"), decision("a", 1, "0"), decision("a", 2)]
+    manifest = run_timeline(tmp_path, engine, rows, on_bad_rows="quarantine", actions=["0", "1"])
+    assert manifest["stages"]["source"]["dropped"] == {"duplicate": 1}
+    assert pick(read_split(tmp_path), "sequence_number", "action", "next_action") == [
+        (0, 0, 1),
+        (1, 1, 0),
+        (2, 0, None),
+    ]
+
+
 def test_terminal_rows_dropped_when_asked(tmp_path, engine):
     manifest = run_timeline(
         tmp_path, engine, EDGE_CASES, actions=["0", "1"], add_terminal_state_row=False
