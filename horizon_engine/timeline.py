@@ -16,7 +16,8 @@ Semantics, per episode (``mdp_id``) ordered by ``sequence_number``:
 - ``reward`` is ``dot(metrics, weights)`` when ``reward`` weights are configured (a metric a
   row lacks counts as 0), else the logged reward; ``metrics`` is kept;
 - discrete actions become indices into ``actions``; ``possible_actions`` become 0/1 masks over
-  ``actions`` (a row without ``possible_actions`` may take any action);
+  ``actions`` (a row without ``possible_actions``, or with an empty list, did not record them
+  and may take any action, as the row checks treat it);
 - ``outlier_episode_length_percentile`` drops episodes longer than that percentile (linear
   interpolation, as numpy's and Spark's exact ``percentile``) of episode length;
   ``time_window_limit`` drops rows with ``time_since_first`` above it. Both are applied after
@@ -178,7 +179,7 @@ class TimelineInfo:
 
 
 def weighted_reward(metrics: pa.Array, weights: dict[str, float]) -> np.ndarray:
-    """``dot(metrics, weights)`` per row, a metric a row lacks counting as 0.
+    """``dot(metrics, weights)`` per row, a metric a row lacks (or holds as null) counting as 0.
 
     Summed in the order of ``weights``, starting from 0.0, so that every engine adds the same
     terms in the same order and gets the same float.
@@ -189,7 +190,7 @@ def weighted_reward(metrics: pa.Array, weights: dict[str, float]) -> np.ndarray:
 
     parents, keys, values = map_entries(metrics)
     keys = np.asarray(keys.to_numpy(zero_copy_only=False), dtype=object)
-    values = values.to_numpy(zero_copy_only=False)
+    values = values.fill_null(0.0).to_numpy(zero_copy_only=False)
     reward = np.zeros(len(metrics), dtype=np.float64)
     for name, weight in weights.items():
         metric = np.zeros(len(metrics), dtype=np.float64)

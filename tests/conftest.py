@@ -16,6 +16,7 @@ import textwrap
 import tomllib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,3 +77,31 @@ def plugin_site(
         if site.path in Path(getattr(module, "__file__", None) or "/").parents:
             del sys.modules[name]
     importlib.invalidate_caches()
+
+
+# --- Spark --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One local SparkSession for every Spark test: a session takes seconds to start.
+
+    Started by the Spark plugin's own ``spark_session``; a pipeline run inside a test then finds
+    it active and uses it rather than starting another. Two cores, few shuffle partitions (the
+    test data is tiny), no UI, and a warehouse folder that is not the working directory.
+    """
+    from horizon_plugins_spark import SparkOptions, spark_session
+
+    options = SparkOptions(
+        master="local[2]",
+        app_name="horizon-engine-tests",
+        conf={
+            "spark.sql.shuffle.partitions": 4,
+            "spark.default.parallelism": 2,
+            "spark.ui.enabled": False,
+            "spark.sql.warehouse.dir": str(tmp_path_factory.mktemp("spark-warehouse")),
+        },
+    )
+    session = spark_session(options)
+    yield session
+    session.stop()

@@ -17,7 +17,7 @@ from horizon_engine.errors import BadRowsError, HorizonError
 from horizon_engine.pipeline import Engine
 from horizon_engine.timeline import TimelineInfo, eval_split_value
 
-ENGINES = [pytest.param("local", id="local")]
+ENGINES = [pytest.param("local", id="local"), pytest.param("spark", marks=pytest.mark.spark)]
 
 
 @pytest.fixture(params=ENGINES)
@@ -70,12 +70,13 @@ def pick(rows: list[dict[str, Any]], *columns: str) -> list[tuple]:
 
 
 EDGE_CASES = [
-    decision("a", 5, "1", possible_actions=None),
+    decision("a", 5, "1", possible_actions=[]),
     decision("a", 1, "0"),
     decision("b", 7, "1"),
     decision("a", 2, "1", possible_actions=["1"]),
 ]
-"""Out of order, a gap (2 -> 5), a one-row episode, a row without possible_actions."""
+"""Out of order, a gap (2 -> 5), a one-row episode, a row whose possible_actions are empty
+(not recorded: any action was possible)."""
 
 
 def test_next_row_columns_ordinals_and_terminal_rows(tmp_path, engine):

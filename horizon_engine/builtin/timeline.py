@@ -163,7 +163,9 @@ class LocalTimeline(TimelineTransform):
             ),
         )
         masks = np.zeros((len(possible), len(actions)), dtype=np.int8)
-        masks[possible.is_null().to_numpy(zero_copy_only=False)] = 1
+        lengths = np.diff(possible.offsets.to_numpy(zero_copy_only=False))
+        unrecorded = possible.is_null().to_numpy(zero_copy_only=False) | (lengths == 0)
+        masks[unrecorded] = 1
         known = ~unknown_possible
         masks[parents[known], possible_index.to_numpy(zero_copy_only=False)[known].astype(int)] = 1
         return _DiscreteActions(index.fill_null(-1).to_numpy().astype(np.int64), masks)
