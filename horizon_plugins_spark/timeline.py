@@ -20,8 +20,6 @@ The plan, in the contract's order:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,7 +31,7 @@ from horizon_engine.timeline import TimelineConfig, TimelineResult, TimelineTran
 from horizon_plugins_spark.session import SparkOptions, spark_session
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession, WindowSpec
+    from pyspark.sql import Column, DataFrame, WindowSpec
     from pyspark.sql.types import StructType
 
     from horizon_engine.pipeline import RunContext
@@ -47,10 +45,6 @@ EPISODE_LENGTH = "_episode_length"
 # The pre-timeline columns after the transform's own conversions, beside the originals so a
 # rejected row is quarantined as it came.
 ACTION, POSSIBLE, REWARD = "_action", "_possible", "_reward"
-
-CACHED_PLAN_PARTITIONING = "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning"
-"""Off by default: a cached plan then keeps all ``spark.sql.shuffle.partitions`` (200) of the
-window's shuffle, and every job reading it runs that many tasks, however few the rows."""
 
 
 class SparkTimelineConfig(TimelineConfig):
@@ -93,8 +87,7 @@ class SparkTimeline(TimelineTransform):
             if quarantine:
                 _write_quarantine(bad, originals, str(rows), output / "quarantine")
         usable = checked.where(F.col(REJECT_KIND).isNull())
-        with _session_conf(spark, CACHED_PLAN_PARTITIONING, "true"):
-            timeline = plan.timeline(usable).persist(StorageLevel.MEMORY_AND_DISK)
+        timeline = plan.timeline(usable).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             labelled = timeline.withColumn(DROP_REASON, plan.drop_reason(timeline))
             tallies = (
@@ -353,20 +346,6 @@ def _hadoop_path(path: Path, reading: bool = False) -> str:
     if reading:
         text = re.sub(r"([\\*?\[\]{}])", r"\\\1", text)
     return f"file:{text}"
-
-
-@contextmanager
-def _session_conf(spark: SparkSession, key: str, value: str) -> Iterator[None]:
-    """Set a SQL setting of a session that may be the caller's for a moment, then restore it."""
-    before = spark.conf.get(key, None)
-    spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        if before is None:
-            spark.conf.unset(key)
-        else:
-            spark.conf.set(key, before)
 
 
 def _records(bad: DataFrame, originals: list[str], rows: str) -> DataFrame:
