@@ -96,11 +96,10 @@ def measure(engine: str, rows: Path) -> dict[str, float]:
     transform = component.cls(component.cls.Config(actions=ACTIONS, eval_fraction=0.1))
     result: dict[str, float] = {}
     if engine == "spark":
-        from pyspark.sql import SparkSession
+        from horizon_plugins_spark import SparkOptions, spark_session
 
         started = time.perf_counter()
-        session = SparkSession.builder.master("local[*]").getOrCreate()
-        session.sparkContext.setLogLevel("ERROR")
+        session = spark_session(SparkOptions())
         result["session_start_s"] = time.perf_counter() - started
     with tempfile.TemporaryDirectory() as folder:
         output = Path(folder) / "timeline"

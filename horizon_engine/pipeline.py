@@ -37,6 +37,11 @@ if TYPE_CHECKING:
     from horizon_engine.schema import BadRow
 
 
+ROW_GROUP_ROWS = 256_000
+"""Rows gathered before the source stage writes a Parquet row group: sources yield small
+batches, and a file of many small row groups reads back as many chunks, slow to gather."""
+
+
 @dataclass
 class StageReport:
     """What a stage did: rows in and out, rows dropped by reason, files written, time taken."""
@@ -147,6 +152,7 @@ def run_source_stage(run: RunContext, choice: Choice) -> StageReport:
     Bad rows stop the run (``on_bad_rows = "fail"``, after reading everything so that all of
     them are reported at once) or go to ``source/quarantine.jsonl`` with their reasons.
     """
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from horizon_engine.schema import RowChecker, derive_not_terminal
@@ -155,6 +161,7 @@ def run_source_stage(run: RunContext, choice: Choice) -> StageReport:
     quarantine = run.spec.pipeline.on_bad_rows == "quarantine"
     report = StageReport("source", outputs=["source/rows.parquet"])
     ignored: Counter[str] = Counter()
+    pending: list[pa.Table] = []
     layout = checker = writer = None
     with (
         atomic_output(run.output_dir / "source") as folder,
@@ -177,9 +184,14 @@ def run_source_stage(run: RunContext, choice: Choice) -> StageReport:
                 sink.add([*batch.bad_rows, *rejected])
                 ignored.update(batch.ignored_fields)
                 if not sink.failing:
-                    writer.write_table(derive_not_terminal(good, layout))
+                    pending.append(derive_not_terminal(good, layout))
                     report.rows_out += good.num_rows
+                    if sum(table.num_rows for table in pending) >= ROW_GROUP_ROWS:
+                        writer.write_table(pa.concat_tables(pending))
+                        pending = []
                 advance(batch.table.num_rows)
+            if pending and not sink.failing:
+                writer.write_table(pa.concat_tables(pending))
         finally:
             sink.close()
             if writer is not None:

@@ -265,26 +265,21 @@ def write_split(
     import numpy as np
     import pyarrow.parquet as pq
 
+    jobs = []
+    for split, positions in (("train", train), ("eval", evaluation)):
+        (output / split).mkdir()
+        parts = max(1, -(-len(positions) // PART_ROWS))
+        for number, chunk in enumerate(np.array_split(positions, parts)):
+            jobs.append((output / split / f"part-{number:05d}.parquet", chunk))
+
+    def write(job: tuple[Path, np.ndarray]) -> None:
+        path, chunk = job
+        table = rows_at(chunk)
+        flat = [field.name for field in table.schema if not _is_nested(field.type)]
+        pq.write_table(table, path, use_dictionary=["ds", "mdp_id"], write_statistics=flat)
+
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        pending = []
-        for split, positions in (("train", train), ("eval", evaluation)):
-            (output / split).mkdir()
-            parts = max(1, -(-len(positions) // PART_ROWS))
-            for number, chunk in enumerate(np.array_split(positions, parts)):
-                table = rows_at(chunk)
-                flat = [field.name for field in table.schema if not _is_nested(field.type)]
-                path = output / split / f"part-{number:05d}.parquet"
-                pending.append(
-                    pool.submit(
-                        pq.write_table,
-                        table,
-                        path,
-                        use_dictionary=["ds", "mdp_id"],
-                        write_statistics=flat,
-                    )
-                )
-        for future in pending:
-            future.result()
+        list(pool.map(write, jobs))
 
 
 def _is_nested(data_type: pa.DataType) -> bool:
