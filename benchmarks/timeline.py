@@ -1,7 +1,7 @@
 """Timeline throughput: the local engine beside Spark local, on the same generated rows.
 
     .venv/bin/python benchmarks/timeline.py                 # 1,000,000 rows, both engines
-    .venv/bin/python benchmarks/timeline.py --rows 200000 --engines local
+    .venv/bin/python benchmarks/timeline.py --rows 200000 --engines local --repeats 5
 
 Generates pre-timeline rows (CartPole-like: 4 state features, 2 discrete actions, a metrics
 map, episodes of ``--episode-length`` steps) as the source stage writes them, in the order
@@ -122,6 +122,12 @@ def main() -> None:
     parser.add_argument("--episode-length", type=int, default=50)
     parser.add_argument("--order", choices=["shuffled", "episode"], default="shuffled")
     parser.add_argument("--engines", default="local,spark")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="fresh processes per engine; the median is reported, with the range",
+    )
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     parser.add_argument("--input", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -140,12 +146,19 @@ def main() -> None:
         results = {}
         for engine in args.engines.split(","):
             command = [sys.executable, __file__, "--measure", engine, "--input", str(rows)]
-            done = subprocess.run(command, capture_output=True, text=True, check=True)
-            results[engine] = json.loads(done.stdout.strip().splitlines()[-1])
+            runs = []
+            for _ in range(args.repeats):
+                done = subprocess.run(command, capture_output=True, text=True, check=True)
+                runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            runs.sort(key=lambda run: run["seconds"])
+            results[engine] = {**runs[len(runs) // 2], "fastest": runs[0]["seconds"]}
+            results[engine]["slowest"] = runs[-1]["seconds"]
     for engine, result in results.items():
         line = (
             f"{engine:>6}: {args.rows / result['seconds']:>12,.0f} rows/s  "
-            f"{result['seconds']:6.2f} s  peak {result['peak_mb']:,.0f} MB (Python process)"
+            f"{result['seconds']:6.2f} s (median of {args.repeats}, "
+            f"{result['fastest']:.2f}-{result['slowest']:.2f})  "
+            f"peak {result['peak_mb']:,.0f} MB (Python process)"
         )
         if "jvm_peak_mb" in result:
             line += (
