@@ -282,9 +282,70 @@ def run_timeline_stage(run: RunContext, choice: Choice) -> StageReport:
     return report
 
 
+def run_normalization_stage(run: RunContext, choice: Choice) -> StageReport:
+    """Identify and fit each feature's normalization from a sample of ``timeline/train``.
+
+    State features always; action features too for parametric and continuous actions (whose
+    actions are feature maps). Writes ``normalization.json``; notes (constant features, too few
+    samples, overrides) become the stage's warnings.
+    """
+    from horizon_engine.normalization import (
+        NORMALIZATION_FILE,
+        FeatureType,
+        NormalizationTransform,
+        identify_all,
+        write_normalization,
+    )
+    from horizon_engine.timeline import TimelineInfo
+
+    config = choice.config
+    timeline = run.output_dir / "timeline"
+    info = TimelineInfo.read(timeline)
+    transform = choice.create()
+    if not isinstance(transform, NormalizationTransform):
+        raise PluginError(
+            f"plugin '{choice.component.plugin}' registered the normalization transform "
+            f"{type(transform).__qualname__}, which is not a NormalizationTransform"
+        )
+    known_types = {str(kind) for kind in FeatureType} | {
+        entry.name for entry in run.plugins.components("transforms")
+    }
+    sets = {"state_features": ("state_features", config.overrides, False)}
+    if info.action_type != "discrete":
+        continuous = info.action_type == "continuous"
+        sets["action_features"] = ("action", config.action_overrides, continuous)
+    feature_sets = {}
+    report = StageReport("normalization", outputs=[NORMALIZATION_FILE])
+    for name, (column, overrides, action) in sets.items():
+        samples = transform.sample(run, timeline / "train", column, config.num_samples)
+        result = identify_all(
+            samples,
+            config,
+            overrides,
+            known_types,
+            action,
+            f"[normalization] {'action_' if name == 'action_features' else ''}overrides",
+        )
+        feature_sets[name] = result.parameters
+        report.warnings += result.notes
+        report.details[name] = dict(
+            Counter(params.feature_type for params in result.parameters.values())
+        )
+    write_normalization(run.output_dir / NORMALIZATION_FILE, feature_sets)
+    report.rows_in = info.train_rows
+    return report
+
+
 STAGES: tuple[Stage, ...] = (
     Stage("source", "source", "source", (), run_source_stage),
     Stage("timeline", "timeline", "timeline", ("source/rows.parquet",), run_timeline_stage),
+    Stage(
+        "normalization",
+        "normalization",
+        "normalization.json",
+        ("timeline/timeline.json",),
+        run_normalization_stage,
+    ),
 )
 """The stages this version can run, in pipeline order."""
 

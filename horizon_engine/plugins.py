@@ -48,6 +48,7 @@ ENTRY_POINT_GROUP = "horizon"
 DEFAULT_PLUGINS: tuple[str, ...] = (
     "horizon_engine.builtin.sources",
     "horizon_engine.builtin.timeline",
+    "horizon_engine.builtin.normalization",
 )
 """Modules of the core's own plugins, registered under their last dotted name."""
 

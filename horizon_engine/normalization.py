@@ -1,0 +1,404 @@
+"""Feature normalization: the parameters of each feature's transformation, and how to pick them.
+
+Horizon analyses a sample of each feature, picks a transformation (binary, probability,
+continuous, Box-Cox, quantile, enum, ...) and fits its parameters; the network applies them in
+its forward pass, so data never has to be regenerated when normalization changes. This module
+holds the parameters (``NormalizationParameters``, in Horizon's own field names so its files read
+and write unchanged), the ``[normalization]`` config, and ``identify``: the rules that pick a
+type from a sample. Applying the parameters is the preprocessor's job
+(``horizon_engine.preprocessor``), one vectorized operation per type.
+
+Types (``FeatureType``): ``binary`` (x != 0), ``probability`` (logit of x clamped to
+[1e-5, 1 - 1e-5]), ``continuous`` ((x - mean) / stddev), ``boxcox`` (Box-Cox, then continuous),
+``quantile`` (piecewise-linear rank among the sample's quantiles, in [0, 1]), ``enum`` (one-hot
+over the values seen; an unseen value is all zeros), ``continuous_action`` ([min, max] mapped
+linearly to (-1, 1)) and ``do_not_preprocess`` (passed through). Continuous, Box-Cox outputs are
+clamped to [-max_feature_value, max_feature_value].
+
+Decisions where Horizon was unclear or wrong:
+- a constant feature is ``continuous`` with ``mean`` = its value and ``stddev`` = 1, so the value
+  seen becomes 0 (Horizon called it binary, which turns a constant 5.0 into 1.0); it is reported;
+- a feature with fewer than ``min_samples`` non-missing values is ``do_not_preprocess`` and
+  reported;
+- the standard deviation floor is ``stddev_floor`` (default 1e-6, only against division by zero;
+  Horizon used 1.0, which never scales a low-variance feature up, yet its own CartPole file holds a
+  stddev of 0.064);
+- NaN or infinity in a sample is an error naming the feature.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from horizon_engine.components import ComponentConfig, Transform
+from horizon_engine.errors import HorizonError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+
+    from horizon_engine.pipeline import RunContext
+
+MISSING_VALUE = -1337.1337
+"""Horizon's sentinel for a missing feature in dense arrays; our tensors carry a presence mask."""
+
+
+class FeatureType(StrEnum):
+    BINARY = "binary"
+    PROBABILITY = "probability"
+    CONTINUOUS = "continuous"
+    BOXCOX = "boxcox"
+    QUANTILE = "quantile"
+    ENUM = "enum"
+    CONTINUOUS_ACTION = "continuous_action"
+    DO_NOT_PREPROCESS = "do_not_preprocess"
+
+
+class NormalizationParameters(BaseModel):
+    """One feature's transformation and its parameters, with Horizon's field names.
+
+    ``feature_type`` is a type name (a ``FeatureType`` or one a plugin registered), in lower
+    case; Horizon wrote it in upper case (``"CONTINUOUS"``), which ``from_horizon`` and
+    ``to_horizon`` translate.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    feature_type: str
+    boxcox_lambda: float | None = None
+    boxcox_shift: float | None = None
+    mean: float | None = None
+    stddev: float | None = None
+    possible_values: list[float] | None = None
+    quantiles: list[float] | None = None
+    min_value: float | None = None
+    max_value: float | None = None
+
+    def to_horizon(self) -> str:
+        """The JSON string Horizon stored per feature (type in upper case)."""
+        fields = self.model_dump()
+        fields["feature_type"] = self.feature_type.upper()
+        return json.dumps(fields)
+
+    @classmethod
+    def from_horizon(cls, text: str, where: str) -> NormalizationParameters:
+        """Read one of Horizon's per-feature JSON strings (its type in upper case)."""
+        try:
+            fields = json.loads(text)
+            fields["feature_type"] = str(fields["feature_type"]).lower()
+            return cls.model_validate(fields)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise HorizonError(f"{where}: not Horizon normalization parameters: {exc}") from None
+
+
+class TypeOverride(BaseModel):
+    """An override with parameters: ``{type = "continuous", mean = 0.0, stddev = 2.0}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: str
+    boxcox_lambda: float | None = None
+    boxcox_shift: float | None = None
+    mean: float | None = None
+    stddev: float | None = None
+    possible_values: list[float] | None = None
+    quantiles: list[float] | None = None
+    min_value: float | None = None
+    max_value: float | None = None
+
+
+class NormalizationConfig(ComponentConfig):
+    """The ``[normalization]`` section."""
+
+    num_samples: int = Field(default=100_000, ge=1)
+    """Rows sampled (uniformly, without replacement) to identify and fit each feature."""
+    min_samples: int = Field(default=20, ge=1)
+    """Fewer non-missing values than this and a feature is left unnormalized (and reported)."""
+    max_enum_values: int = Field(default=10, ge=1)
+    """Non-negative integer features with at most this many distinct values are enums."""
+    quantiles: bool = True
+    """Use the quantile type for features that stay far from normal (Horizon's K^2 > 1000)."""
+    quantile_buckets: int = Field(default=20, ge=2)
+    """Quantile buckets (buckets + 1 boundaries), as Horizon's 20."""
+    max_feature_value: float = Field(default=6.0, gt=0)
+    """Continuous and Box-Cox outputs are clamped to [-max_feature_value, max_feature_value]."""
+    stddev_floor: float = Field(default=1e-6, gt=0)
+    """Smallest standard deviation divided by (Horizon used 1.0; see the module docstring)."""
+    overrides: dict[str, str | TypeOverride] = Field(default_factory=dict)
+    """Feature id -> type name, or -> {type = ..., parameters...}, forcing what identify picks."""
+    action_overrides: dict[str, str | TypeOverride] = Field(default_factory=dict)
+    """The same for action features (parametric and continuous actions)."""
+
+
+BOXCOX_MARGIN = 1e-4
+"""Horizon shifts a feature to min + margin before Box-Cox, which needs positive values."""
+BOXCOX_MAX_STDDEV = 1e8
+K2_THRESHOLD = 1000.0
+"""D'Agostino's K^2 above which a distribution counts as far from normal (Horizon's rule)."""
+EPSILON = 1e-6
+
+
+def identify(
+    values: np.ndarray,
+    config: NormalizationConfig,
+    feature: str,
+    action: bool = False,
+) -> tuple[NormalizationParameters, str | None]:
+    """Pick and fit a feature's transformation from its sample (missing values removed).
+
+    Returns the parameters and, where the choice deserves the user's attention, a note
+    (constant feature, too few samples). ``action`` features of continuous actions are
+    ``continuous_action``, mapping the observed [min, max] to (-1, 1).
+    """
+    import numpy as np
+
+    values = np.asarray(values, dtype=np.float64)
+    if not np.isfinite(values).all():
+        bad = values[~np.isfinite(values)][0]
+        raise HorizonError(f"feature {feature!r}: the sample holds {bad}; features must be finite")
+    if len(values) < config.min_samples:
+        note = (
+            f"feature {feature!r}: {len(values)} values, fewer than min_samples = "
+            f"{config.min_samples}; left unnormalized"
+        )
+        return NormalizationParameters(feature_type=FeatureType.DO_NOT_PREPROCESS), note
+    low, high = float(values.min()), float(values.max())
+    if action:
+        return NormalizationParameters(
+            feature_type=FeatureType.CONTINUOUS_ACTION, min_value=low, max_value=high
+        ), None
+    if low == high:
+        note = f"feature {feature!r}: constant {low}; normalized to 0"
+        return _continuous(values, low, 1.0, low, high), note
+    if np.isin(values, (0.0, 1.0)).all():
+        return NormalizationParameters(
+            feature_type=FeatureType.BINARY, min_value=low, max_value=high
+        ), None
+    if low >= 0.0 and high <= 1.0:
+        return NormalizationParameters(
+            feature_type=FeatureType.PROBABILITY, min_value=low, max_value=high
+        ), None
+    distinct = np.unique(values)
+    if low >= 0 and (values == np.round(values)).all() and len(distinct) <= config.max_enum_values:
+        return NormalizationParameters(
+            feature_type=FeatureType.ENUM,
+            possible_values=distinct.tolist(),
+            min_value=low,
+            max_value=high,
+        ), None
+    return _continuous_kind(values, config, low, high), None
+
+
+def _continuous(
+    values: np.ndarray, mean: float, stddev: float, low: float, high: float
+) -> NormalizationParameters:
+    return NormalizationParameters(
+        feature_type=FeatureType.CONTINUOUS,
+        mean=mean,
+        stddev=stddev,
+        min_value=low,
+        max_value=high,
+    )
+
+
+def _continuous_kind(
+    values: np.ndarray, config: NormalizationConfig, low: float, high: float
+) -> NormalizationParameters:
+    """Box-Cox where it makes the sample much more normal, else quantile or plain continuous."""
+    import numpy as np
+    from scipy import stats
+
+    k2_before = float(stats.normaltest(values).statistic)
+    shift = BOXCOX_MARGIN - low if low <= 0 else 0.0
+    transformed, lambda_ = stats.boxcox(np.maximum(values + shift, EPSILON))
+    transformed_std = float(np.std(transformed))
+    if (
+        not 0.9 <= lambda_ <= 1.1
+        and np.isfinite(transformed_std)
+        and 0 < transformed_std < BOXCOX_MAX_STDDEV
+    ):
+        k2_after = float(stats.normaltest(transformed).statistic)
+        if k2_after * 10 < k2_before and k2_after <= K2_THRESHOLD:
+            return NormalizationParameters(
+                feature_type=FeatureType.BOXCOX,
+                boxcox_lambda=float(lambda_),
+                boxcox_shift=shift,
+                mean=float(np.mean(transformed)),
+                stddev=max(transformed_std, config.stddev_floor),
+                min_value=low,
+                max_value=high,
+            )
+    if config.quantiles and k2_before > K2_THRESHOLD:
+        boundaries = np.quantile(
+            values, np.arange(config.quantile_buckets + 1) / config.quantile_buckets
+        )
+        return NormalizationParameters(
+            feature_type=FeatureType.QUANTILE,
+            quantiles=np.unique(boundaries).tolist(),
+            min_value=low,
+            max_value=high,
+        )
+    stddev = max(float(np.std(values)), config.stddev_floor)
+    return _continuous(values, float(np.mean(values)), stddev, low, high)
+
+
+def apply_override(
+    identified: NormalizationParameters, override: str | TypeOverride
+) -> NormalizationParameters:
+    """The identified parameters with the user's type (and parameters) forced on them.
+
+    Parameters the override does not give keep the identified values (min and max always
+    describe the sample), so ``"3" = "continuous"`` on a Box-Cox feature refits nothing but its
+    type; give ``mean`` and ``stddev`` to set them.
+    """
+    if isinstance(override, str):
+        return identified.model_copy(update={"feature_type": override})
+    given = override.model_dump(exclude_none=True)
+    given["feature_type"] = given.pop("type")
+    return identified.model_copy(update=given)
+
+
+def read_horizon_file(path: Path | str) -> dict[str, NormalizationParameters]:
+    """Horizon's ``{feature_id: "<JSON string of parameters>"}`` file."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise HorizonError(f"{path}: cannot read Horizon normalization parameters: {exc}") from None
+    return {
+        str(feature): NormalizationParameters.from_horizon(text, f"{path}: feature {feature!r}")
+        for feature, text in raw.items()
+    }
+
+
+def write_horizon_file(path: Path | str, parameters: dict[str, NormalizationParameters]) -> None:
+    """Write parameters in Horizon's format, so its tools can read ours."""
+    from horizon_engine.files import atomic_output
+
+    with atomic_output(Path(path)) as temporary:
+        data = {feature: params.to_horizon() for feature, params in parameters.items()}
+        temporary.write_text(json.dumps(data) + "\n", encoding="utf-8")
+
+
+NORMALIZATION_FILE = "normalization.json"
+"""What the normalization stage writes in the run folder."""
+
+
+class NormalizationTransform(Transform):
+    """Samples feature values from the timeline; engines differ only in how they sample.
+
+    Identification, overrides and the file are the core's (``run_normalization_stage``), so
+    every engine picks the same types from the same sample.
+    """
+
+    name = "normalization"
+    Config: ClassVar[type[ComponentConfig]] = NormalizationConfig
+
+    def sample(
+        self, run: RunContext, train: Path, column: str, num_samples: int
+    ) -> dict[str, np.ndarray]:
+        """Up to ``num_samples`` rows of the map column ``column`` of the timeline's ``train``
+        split, chosen uniformly without replacement (seeded by the run), as feature id -> the
+        values those rows hold (a row without the feature contributes nothing)."""
+        raise NotImplementedError
+
+
+def group_map_values(entries: pa.MapArray) -> dict[str, np.ndarray]:
+    """Feature id -> its values, from a map column (the rows of a sample)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    from horizon_engine.schema import map_entries
+
+    _, keys, values = map_entries(entries)
+    encoded = pc.dictionary_encode(keys)
+    codes = encoded.indices.to_numpy(zero_copy_only=False)
+    numbers = values.to_numpy(zero_copy_only=False)
+    order = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[order], np.arange(len(encoded.dictionary) + 1))
+    return {
+        str(feature): numbers[order[bounds[index] : bounds[index + 1]]]
+        for index, feature in enumerate(encoded.dictionary.to_pylist())
+    }
+
+
+def feature_sort_key(feature: str) -> tuple[int, int | str]:
+    """Numeric ids in numeric order ("2" before "10"), then other names alphabetically."""
+    return (0, int(feature)) if feature.lstrip("-").isdigit() else (1, feature)
+
+
+class FeatureSetResult(BaseModel):
+    """The identified (and overridden) parameters of one feature set, with notes."""
+
+    parameters: dict[str, NormalizationParameters]
+    notes: list[str]
+
+
+def identify_all(
+    samples: dict[str, np.ndarray],
+    config: NormalizationConfig,
+    overrides: dict[str, str | TypeOverride],
+    known_types: set[str],
+    action: bool = False,
+    where: str = "[normalization] overrides",
+) -> FeatureSetResult:
+    """Identify every sampled feature, then apply the overrides (an unknown id is an error)."""
+    parameters: dict[str, NormalizationParameters] = {}
+    notes: list[str] = []
+    for feature in sorted(samples, key=feature_sort_key):
+        identified, note = identify(samples[feature], config, feature, action)
+        parameters[feature] = identified
+        if note:
+            notes.append(note)
+    for feature, override in overrides.items():
+        if feature not in parameters:
+            raise HorizonError(
+                f"{where}: feature {feature!r} is not in the data; features: "
+                f"{', '.join(parameters) or 'none'}"
+            )
+        type_name = override if isinstance(override, str) else override.type
+        if type_name not in known_types:
+            raise HorizonError(
+                f"{where}: feature {feature!r}: unknown type {type_name!r}; "
+                f"types: {', '.join(sorted(known_types))}"
+            )
+        parameters[feature] = apply_override(parameters[feature], override)
+        notes.append(f"feature {feature!r}: type {type_name!r} set by an override")
+    return FeatureSetResult(parameters=parameters, notes=notes)
+
+
+def write_normalization(
+    path: Path, feature_sets: dict[str, dict[str, NormalizationParameters]]
+) -> None:
+    """Write ``normalization.json``: ``{"state_features": {id: parameters}, ...}``."""
+    from horizon_engine.files import write_json
+
+    write_json(
+        path,
+        {
+            name: {
+                feature: params.model_dump(exclude_none=True) for feature, params in sets.items()
+            }
+            for name, sets in feature_sets.items()
+        },
+    )
+
+
+def read_normalization(path: Path) -> dict[str, dict[str, NormalizationParameters]]:
+    """Read ``normalization.json`` as the normalization stage wrote it (or a user brought it)."""
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        return {
+            name: {
+                feature: NormalizationParameters.model_validate(fields)
+                for feature, fields in sets.items()
+            }
+            for name, sets in raw.items()
+        }
+    except (OSError, ValueError) as exc:
+        raise HorizonError(f"{path}: cannot read normalization parameters: {exc}") from None
