@@ -16,8 +16,10 @@ linearly to (-1, 1)) and ``do_not_preprocess`` (passed through). Continuous, Box
 clamped to [-max_feature_value, max_feature_value].
 
 Decisions where Horizon was unclear or wrong:
-- a constant feature is ``continuous`` with ``mean`` = its value and ``stddev`` = 1, so the value
-  seen becomes 0 (Horizon called it binary, which turns a constant 5.0 into 1.0); it is reported;
+- a constant feature is ``binary`` and reported, as Horizon had it: a constant's only
+  information is whether it is present (missing values become 0), and binary keeps that as 1/0.
+  Passing it through as 0 would erase it: a parametric action's one-hot features, logged as
+  ``{"4": 1.0}`` with the other feature absent, are constants of exactly this kind;
 - a feature with fewer than ``min_samples`` non-missing values is ``do_not_preprocess`` and
   reported;
 - the standard deviation floor is ``stddev_floor`` (default 1e-6, only against division by zero;
@@ -173,8 +175,10 @@ def identify(
             feature_type=FeatureType.CONTINUOUS_ACTION, min_value=low, max_value=high
         ), None
     if low == high:
-        note = f"feature {feature!r}: constant {low}; normalized to 0"
-        return _continuous(values, low, 1.0, low, high), note
+        note = f"feature {feature!r}: constant {low}; normalized as binary (1 where present)"
+        return NormalizationParameters(
+            feature_type=FeatureType.BINARY, min_value=low, max_value=high
+        ), note
     if np.isin(values, (0.0, 1.0)).all():
         return NormalizationParameters(
             feature_type=FeatureType.BINARY, min_value=low, max_value=high
@@ -194,9 +198,7 @@ def identify(
     return _continuous_kind(values, config, low, high), None
 
 
-def _continuous(
-    values: np.ndarray, mean: float, stddev: float, low: float, high: float
-) -> NormalizationParameters:
+def _continuous(mean: float, stddev: float, low: float, high: float) -> NormalizationParameters:
     return NormalizationParameters(
         feature_type=FeatureType.CONTINUOUS,
         mean=mean,
@@ -244,7 +246,7 @@ def _continuous_kind(
             max_value=high,
         )
     stddev = max(float(np.std(values)), config.stddev_floor)
-    return _continuous(values, float(np.mean(values)), stddev, low, high)
+    return _continuous(float(np.mean(values)), stddev, low, high)
 
 
 def apply_override(

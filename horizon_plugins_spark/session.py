@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -97,3 +98,16 @@ def quiet_log4j2() -> str:
         temporary.write_text(QUIET_LOG4J2, encoding="utf-8")
         os.replace(temporary, path)
     return path.as_uri()
+
+
+def hadoop_path(path: Path, reading: bool = False) -> str:
+    """A run's local path as Spark must be given it.
+
+    ``file:`` keeps a cluster whose default file system is HDFS from looking there (the run's
+    folder is local, or a shared mount), and a path read is a glob pattern to Hadoop, so its
+    glob characters are escaped: ``runs/exp[1]`` is a folder name, not a character class.
+    """
+    text = str(path.resolve())
+    if reading:
+        text = re.sub(r"([\\*?\[\]{}])", r"\\\1", text)
+    return f"file:{text}"

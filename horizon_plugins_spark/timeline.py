@@ -19,7 +19,6 @@ The plan, in the contract's order:
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,7 +27,7 @@ from pydantic import Field
 from horizon_engine.errors import BAD_ROWS_SHOWN
 from horizon_engine.schema import ActionType, BadRow
 from horizon_engine.timeline import TimelineConfig, TimelineResult, TimelineTransform
-from horizon_plugins_spark.session import SparkOptions, spark_session
+from horizon_plugins_spark.session import SparkOptions, hadoop_path, spark_session
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, WindowSpec
@@ -74,7 +73,7 @@ class SparkTimeline(TimelineTransform):
 
         spark = spark_session(self.config.spark)
         plan = _TimelinePlan(self.config, action_type, run.seed)
-        source = spark.read.parquet(_hadoop_path(rows, reading=True))
+        source = spark.read.parquet(hadoop_path(rows, reading=True))
         originals = source.columns
         checked = plan.check(source.select("*", F.col("_metadata.row_index").alias(ROW_INDEX)))
         kinds = checked.groupBy(REJECT_KIND).count().collect()
@@ -332,20 +331,7 @@ class _TimelinePlan:
         session = rows.sparkSession
         nullable = session.createDataFrame(session.sparkContext.emptyRDD(), schema)
         table = rows.select(*schema.fieldNames()).unionByName(nullable)
-        table.orderBy("mdp_id", "sequence_number").write.parquet(_hadoop_path(folder))
-
-
-def _hadoop_path(path: Path, reading: bool = False) -> str:
-    """A run's local path as Spark must be given it.
-
-    ``file:`` keeps a cluster whose default file system is HDFS from looking there (the run's
-    folder is local, or a shared mount), and a path read is a glob pattern to Hadoop, so its
-    glob characters are escaped: ``runs/exp[1]`` is a folder name, not a character class.
-    """
-    text = str(path.resolve())
-    if reading:
-        text = re.sub(r"([\\*?\[\]{}])", r"\\\1", text)
-    return f"file:{text}"
+        table.orderBy("mdp_id", "sequence_number").write.parquet(hadoop_path(folder))
 
 
 def _records(bad: DataFrame, originals: list[str], rows: str) -> DataFrame:
@@ -373,4 +359,4 @@ def _examples(bad: DataFrame, originals: list[str], rows: str) -> list[BadRow]:
 def _write_quarantine(bad: DataFrame, originals: list[str], rows: str, folder: Path) -> None:
     """Rejected rows as JSON lines, written by the executors; a null field is written too."""
     records = _records(bad, originals, rows)
-    records.write.option("ignoreNullFields", "false").json(_hadoop_path(folder))
+    records.write.option("ignoreNullFields", "false").json(hadoop_path(folder))
