@@ -332,7 +332,7 @@ def run_normalization_stage(run: RunContext, choice: Choice) -> StageReport:
             Counter(params.feature_type for params in result.parameters.values())
         )
     write_normalization(run.output_dir / NORMALIZATION_FILE, feature_sets)
-    report.rows_in = info.train_rows
+    report.rows_in = report.rows_out = info.train_rows
     return report
 
 
