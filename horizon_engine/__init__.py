@@ -21,6 +21,8 @@ from horizon_engine.components import (
 )
 from horizon_engine.errors import HorizonError
 from horizon_engine.hookspecs import hookimpl
+from horizon_engine.normalization import NormalizationParameters
+from horizon_engine.preprocessor import FeatureTransform, feature_module
 
 if TYPE_CHECKING:
     from horizon_engine.pipeline import Engine, RunContext, StageReport, run_pipeline
@@ -33,7 +35,9 @@ __all__ = [
     "Engine",
     "Estimator",
     "Exporter",
+    "FeatureTransform",
     "HorizonError",
+    "NormalizationParameters",
     "RunContext",
     "SourceBatch",
     "SourceConfig",
@@ -41,6 +45,7 @@ __all__ = [
     "Trainer",
     "Transform",
     "__version__",
+    "feature_module",
     "hookimpl",
     "run_pipeline",
 ]

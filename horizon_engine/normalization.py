@@ -16,10 +16,11 @@ linearly to (-1, 1)) and ``do_not_preprocess`` (passed through). Continuous, Box
 clamped to [-max_feature_value, max_feature_value].
 
 Decisions where Horizon was unclear or wrong:
-- a constant feature is ``binary`` and reported, as Horizon had it: a constant's only
-  information is whether it is present (missing values become 0), and binary keeps that as 1/0.
-  Passing it through as 0 would erase it: a parametric action's one-hot features, logged as
-  ``{"4": 1.0}`` with the other feature absent, are constants of exactly this kind;
+- a constant feature c is reported and becomes ``continuous`` with mean c - 1 and stddev 1: 1
+  where present, 0 where missing (missing values become 0). Its presence is all a constant
+  says; passing it through as 0 would erase that (a parametric action's one-hot features,
+  logged as ``{"4": 1.0}`` with the other absent, are constants of exactly this kind), and
+  Horizon's binary keeps it only for c != 0;
 - a feature with fewer than ``min_samples`` non-missing values is ``do_not_preprocess`` and
   reported;
 - the standard deviation floor is ``stddev_floor`` (default 1e-6, only against division by zero;
@@ -41,6 +42,8 @@ from horizon_engine.components import ComponentConfig, Transform
 from horizon_engine.errors import HorizonError
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     import numpy as np
     import pyarrow as pa
 
@@ -171,31 +174,46 @@ def identify(
         return NormalizationParameters(feature_type=FeatureType.DO_NOT_PREPROCESS), note
     low, high = float(values.min()), float(values.max())
     if action:
-        return NormalizationParameters(
-            feature_type=FeatureType.CONTINUOUS_ACTION, min_value=low, max_value=high
-        ), None
+        return fit(values, FeatureType.CONTINUOUS_ACTION, config), None
     if low == high:
-        note = f"feature {feature!r}: constant {low}; normalized as binary (1 where present)"
-        return NormalizationParameters(
-            feature_type=FeatureType.BINARY, min_value=low, max_value=high
-        ), note
+        note = f"feature {feature!r}: constant {low}; 1 where present, 0 where missing"
+        return _continuous(low - 1.0, 1.0, low, high), note
     if np.isin(values, (0.0, 1.0)).all():
-        return NormalizationParameters(
-            feature_type=FeatureType.BINARY, min_value=low, max_value=high
-        ), None
+        return fit(values, FeatureType.BINARY, config), None
     if low >= 0.0 and high <= 1.0:
+        return fit(values, FeatureType.PROBABILITY, config), None
+    integral = low >= 0 and (values == np.round(values)).all()
+    if integral and len(np.unique(values)) <= config.max_enum_values:
+        return fit(values, FeatureType.ENUM, config), None
+    return _continuous_kind(values, config), None
+
+
+def fit(
+    values: np.ndarray, feature_type: str, config: NormalizationConfig
+) -> NormalizationParameters:
+    """Fit the parameters of a given type to a sample (what an override of the type refits).
+
+    A type a plugin registered gets the sample's min and max only; its own parameters come
+    with the override (``{type = "...", ...}``).
+    """
+    import numpy as np
+
+    low, high = float(values.min()), float(values.max())
+    if feature_type == FeatureType.ENUM:
         return NormalizationParameters(
-            feature_type=FeatureType.PROBABILITY, min_value=low, max_value=high
-        ), None
-    distinct = np.unique(values)
-    if low >= 0 and (values == np.round(values)).all() and len(distinct) <= config.max_enum_values:
-        return NormalizationParameters(
-            feature_type=FeatureType.ENUM,
-            possible_values=distinct.tolist(),
+            feature_type=feature_type,
+            possible_values=np.unique(values).tolist(),
             min_value=low,
             max_value=high,
-        ), None
-    return _continuous_kind(values, config, low, high), None
+        )
+    if feature_type == FeatureType.CONTINUOUS:
+        stddev = max(float(np.std(values)), config.stddev_floor)
+        return _continuous(float(np.mean(values)), stddev, low, high)
+    if feature_type == FeatureType.BOXCOX:
+        return _boxcox(values, config)[0]
+    if feature_type == FeatureType.QUANTILE:
+        return _quantile(values, config)
+    return NormalizationParameters(feature_type=feature_type, min_value=low, max_value=high)
 
 
 def _continuous(mean: float, stddev: float, low: float, high: float) -> NormalizationParameters:
@@ -208,58 +226,78 @@ def _continuous(mean: float, stddev: float, low: float, high: float) -> Normaliz
     )
 
 
-def _continuous_kind(
-    values: np.ndarray, config: NormalizationConfig, low: float, high: float
-) -> NormalizationParameters:
+def _boxcox(
+    values: np.ndarray, config: NormalizationConfig
+) -> tuple[NormalizationParameters, np.ndarray]:
+    """Box-Cox parameters (shifting to positive values first) and the transformed sample."""
+    import numpy as np
+    from scipy import stats
+
+    low, high = float(values.min()), float(values.max())
+    shift = BOXCOX_MARGIN - low if low <= 0 else 0.0
+    transformed, lambda_ = stats.boxcox(np.maximum(values + shift, EPSILON))
+    parameters = NormalizationParameters(
+        feature_type=FeatureType.BOXCOX,
+        boxcox_lambda=float(lambda_),
+        boxcox_shift=shift,
+        mean=float(np.mean(transformed)),
+        stddev=max(float(np.std(transformed)), config.stddev_floor),
+        min_value=low,
+        max_value=high,
+    )
+    return parameters, transformed
+
+
+def _quantile(values: np.ndarray, config: NormalizationConfig) -> NormalizationParameters:
+    import numpy as np
+
+    buckets = config.quantile_buckets
+    boundaries = np.quantile(values, np.arange(buckets + 1) / buckets)
+    return NormalizationParameters(
+        feature_type=FeatureType.QUANTILE,
+        quantiles=np.unique(boundaries).tolist(),
+        min_value=float(values.min()),
+        max_value=float(values.max()),
+    )
+
+
+def _continuous_kind(values: np.ndarray, config: NormalizationConfig) -> NormalizationParameters:
     """Box-Cox where it makes the sample much more normal, else quantile or plain continuous."""
     import numpy as np
     from scipy import stats
 
     k2_before = float(stats.normaltest(values).statistic)
-    shift = BOXCOX_MARGIN - low if low <= 0 else 0.0
-    transformed, lambda_ = stats.boxcox(np.maximum(values + shift, EPSILON))
-    transformed_std = float(np.std(transformed))
+    boxcox, transformed = _boxcox(values, config)
+    spread = float(np.std(transformed))
     if (
-        not 0.9 <= lambda_ <= 1.1
-        and np.isfinite(transformed_std)
-        and 0 < transformed_std < BOXCOX_MAX_STDDEV
+        not 0.9 <= boxcox.boxcox_lambda <= 1.1
+        and np.isfinite(spread)
+        and 0 < spread < BOXCOX_MAX_STDDEV
     ):
         k2_after = float(stats.normaltest(transformed).statistic)
         if k2_after * 10 < k2_before and k2_after <= K2_THRESHOLD:
-            return NormalizationParameters(
-                feature_type=FeatureType.BOXCOX,
-                boxcox_lambda=float(lambda_),
-                boxcox_shift=shift,
-                mean=float(np.mean(transformed)),
-                stddev=max(transformed_std, config.stddev_floor),
-                min_value=low,
-                max_value=high,
-            )
+            return boxcox
     if config.quantiles and k2_before > K2_THRESHOLD:
-        boundaries = np.quantile(
-            values, np.arange(config.quantile_buckets + 1) / config.quantile_buckets
-        )
-        return NormalizationParameters(
-            feature_type=FeatureType.QUANTILE,
-            quantiles=np.unique(boundaries).tolist(),
-            min_value=low,
-            max_value=high,
-        )
-    stddev = max(float(np.std(values)), config.stddev_floor)
-    return _continuous(float(np.mean(values)), stddev, low, high)
+        return _quantile(values, config)
+    return fit(values, FeatureType.CONTINUOUS, config)
 
 
 def apply_override(
-    identified: NormalizationParameters, override: str | TypeOverride
+    identified: NormalizationParameters,
+    override: str | TypeOverride,
+    values: np.ndarray,
+    config: NormalizationConfig,
 ) -> NormalizationParameters:
-    """The identified parameters with the user's type (and parameters) forced on them.
+    """The parameters the user's override asks for.
 
-    Parameters the override does not give keep the identified values (min and max always
-    describe the sample), so ``"3" = "continuous"`` on a Box-Cox feature refits nothing but its
-    type; give ``mean`` and ``stddev`` to set them.
+    A type other than the identified one is refitted to the sample (so ``"17" = "enum"`` gets
+    the values seen); parameters the override gives replace the fitted ones.
     """
+    type_name = override if isinstance(override, str) else override.type
+    if type_name != identified.feature_type:
+        identified = fit(values, type_name, config)
     if isinstance(override, str):
-        return identified.model_copy(update={"feature_type": override})
+        return identified
     given = override.model_dump(exclude_none=True)
     given["feature_type"] = given.pop("type")
     return identified.model_copy(update=given)
@@ -329,9 +367,13 @@ def group_map_values(entries: pa.MapArray) -> dict[str, np.ndarray]:
     }
 
 
-def feature_sort_key(feature: str) -> tuple[int, int | str]:
-    """Numeric ids in numeric order ("2" before "10"), then other names alphabetically."""
-    return (0, int(feature)) if feature.lstrip("-").isdigit() else (1, feature)
+def sort_feature_ids(feature_ids: Iterable[str]) -> list[str]:
+    """Feature ids in Horizon's order: numerically when every id is an integer, else as text."""
+    ids = [str(feature) for feature in feature_ids]
+    try:
+        return sorted(ids, key=int)
+    except ValueError:
+        return sorted(ids)
 
 
 class FeatureSetResult(BaseModel):
@@ -352,7 +394,7 @@ def identify_all(
     """Identify every sampled feature, then apply the overrides (an unknown id is an error)."""
     parameters: dict[str, NormalizationParameters] = {}
     notes: list[str] = []
-    for feature in sorted(samples, key=feature_sort_key):
+    for feature in sort_feature_ids(samples):
         identified, note = identify(samples[feature], config, feature, action)
         parameters[feature] = identified
         if note:
@@ -369,7 +411,9 @@ def identify_all(
                 f"{where}: feature {feature!r}: unknown type {type_name!r}; "
                 f"types: {', '.join(sorted(known_types))}"
             )
-        parameters[feature] = apply_override(parameters[feature], override)
+        parameters[feature] = apply_override(
+            parameters[feature], override, samples[feature], config
+        )
         notes.append(f"feature {feature!r}: type {type_name!r} set by an override")
     return FeatureSetResult(parameters=parameters, notes=notes)
 

@@ -15,7 +15,6 @@ from horizon_engine.errors import HorizonError
 from horizon_engine.normalization import (
     FeatureType,
     NormalizationConfig,
-    NormalizationParameters,
     TypeOverride,
     apply_override,
     identify,
@@ -95,10 +94,10 @@ def test_quantiles_can_be_switched_off():
     assert identify(values, config, "mixed")[0].feature_type == FeatureType.CONTINUOUS
 
 
-def test_constant_feature_is_binary_and_reported():
+def test_constant_feature_is_one_where_present_and_reported():
     parameters, note = identify(np.full(50, 5.0), NormalizationConfig(), "17")
-    assert parameters.feature_type == FeatureType.BINARY
-    assert note == "feature '17': constant 5.0; normalized as binary (1 where present)"
+    assert (parameters.feature_type, parameters.mean, parameters.stddev) == ("continuous", 4.0, 1.0)
+    assert note == "feature '17': constant 5.0; 1 where present, 0 where missing"
 
 
 def test_too_few_samples_left_unnormalized_and_reported():
@@ -129,6 +128,7 @@ def test_overrides_force_a_type_or_parameters():
     result = identify_all(samples, NormalizationConfig(), overrides, {t.value for t in FeatureType})
     assert list(result.parameters) == ["3", "4", "17"]
     assert result.parameters["17"].feature_type == "continuous"
+    assert result.parameters["17"].mean == pytest.approx(features["randint"].mean())
     assert (result.parameters["3"].mean, result.parameters["3"].stddev) == (0.0, 2.0)
     assert result.parameters["4"].feature_type == FeatureType.BOXCOX
     assert result.notes == [
@@ -141,17 +141,17 @@ def test_overrides_force_a_type_or_parameters():
         identify_all(samples, NormalizationConfig(), {"3": "lgo"}, {"enum"})
 
 
-def test_override_keeps_what_it_does_not_give():
-    identified = NormalizationParameters(
-        feature_type="boxcox", boxcox_lambda=0.3, mean=1.0, stddev=2.0, min_value=0.0
-    )
-    forced = apply_override(identified, TypeOverride(type="continuous", mean=0.5))
-    assert (forced.feature_type, forced.mean, forced.stddev, forced.min_value) == (
-        "continuous",
-        0.5,
-        2.0,
-        0.0,
-    )
+def test_override_of_another_type_is_refitted_to_the_sample():
+    values = horizon_style_features()["exponential"]
+    config = NormalizationConfig()
+    identified, _ = identify(values, config, "4")
+    forced = apply_override(identified, TypeOverride(type="continuous", mean=0.5), values, config)
+    assert (forced.feature_type, forced.mean) == ("continuous", 0.5)
+    assert forced.stddev == pytest.approx(values.std())
+    as_enum = apply_override(identified, "enum", np.array([3.0, 1.0, 3.0]), config)
+    assert as_enum.possible_values == [1.0, 3.0]
+    same = apply_override(identified, TypeOverride(type="boxcox", stddev=9.0), values, config)
+    assert (same.boxcox_lambda, same.stddev) == (identified.boxcox_lambda, 9.0)
 
 
 def test_stage_writes_normalization_json_from_the_train_split(tmp_path):

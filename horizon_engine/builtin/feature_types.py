@@ -1,0 +1,309 @@
+"""The built-in normalization types, registered like a plugin's: one ``FeatureTransform`` each.
+
+Each type turns all its features at once: parameters are stacked into ``[k]`` (or ``[k, n]``,
+padded) buffers and the transform is a few elementwise tensor operations, so the forward pass
+costs the same number of operations for 1 feature as for 1,000. The formulas are Horizon's
+(see ``horizon_engine.normalization``); where one could divide by zero or take the log of zero,
+the guard is documented at the type. The transform functions use tensor methods only, so this
+module imports no torch (``horizon plugins`` loads it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from itertools import pairwise
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from horizon_engine.errors import HorizonError
+from horizon_engine.hookspecs import hookimpl
+from horizon_engine.normalization import FeatureType, NormalizationParameters
+from horizon_engine.preprocessor import FeatureTransform, feature_module
+
+if TYPE_CHECKING:
+    import torch
+
+    from horizon_engine.preprocessor import FeatureModule
+
+PROBABILITY_EPSILON = 1e-5
+"""Probabilities are clamped to [eps, 1 - eps] before the logit (ReAgent's later value)."""
+BOXCOX_FLOOR = 1e-6
+"""Box-Cox's base ``x + shift`` is floored here: a value below the sample's minimum stays finite."""
+BOXCOX_LOG_LAMBDA = 1e-6
+"""Below this |lambda|, Box-Cox is the log (its limit), avoiding a division by ~0."""
+ACTION_EPSILON = 1e-6
+"""Continuous actions map to [-(1 - eps), 1 - eps], strictly inside (-1, 1)."""
+
+
+def _stack(parameters: list[NormalizationParameters], field: str) -> np.ndarray:
+    return np.array([getattr(feature, field) for feature in parameters], dtype=np.float64)
+
+
+def _check_stddev(parameters: NormalizationParameters, feature: str, type_name: str) -> None:
+    if parameters.stddev is not None and parameters.stddev <= 0:
+        raise HorizonError(
+            f"feature {feature!r}: normalization type {type_name!r} needs stddev > 0, "
+            f"found {parameters.stddev}"
+        )
+
+
+class Binary(FeatureTransform):
+    """1.0 where the value is non-zero, else 0.0."""
+
+    name = FeatureType.BINARY.value
+
+    def module(
+        self, parameters: list[NormalizationParameters], max_feature_value: float
+    ) -> FeatureModule:
+        return feature_module(_binary)
+
+
+def _binary(x: torch.Tensor) -> torch.Tensor:
+    return (x != 0).to(x.dtype)
+
+
+class Probability(FeatureTransform):
+    """The logit of the value, clamped to [1e-5, 1 - 1e-5] first."""
+
+    name = FeatureType.PROBABILITY.value
+
+    def module(
+        self, parameters: list[NormalizationParameters], max_feature_value: float
+    ) -> FeatureModule:
+        return feature_module(_probability, low=PROBABILITY_EPSILON, high=1.0 - PROBABILITY_EPSILON)
+
+
+def _probability(x: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    p = x.clamp(low, high)
+    return (p / (1.0 - p)).log()
+
+
+class Continuous(FeatureTransform):
+    """(x - mean) / stddev, clamped to [-max_feature_value, max_feature_value]."""
+
+    name = FeatureType.CONTINUOUS.value
+    required = ("mean", "stddev")
+
+    def check(self, parameters: NormalizationParameters, feature: str) -> None:
+        super().check(parameters, feature)
+        _check_stddev(parameters, feature, self.name)
+
+    def module(
+        self, parameters: list[NormalizationParameters], max_feature_value: float
+    ) -> FeatureModule:
+        return feature_module(
+            _continuous,
+            mean=_stack(parameters, "mean"),
+            stddev=_stack(parameters, "stddev"),
+            limit=float(max_feature_value),
+        )
+
+
+def _continuous(
+    x: torch.Tensor, mean: torch.Tensor, stddev: torch.Tensor, limit: float
+) -> torch.Tensor:
+    return ((x - mean) / stddev).clamp(-limit, limit)
+
+
+class BoxCox(FeatureTransform):
+    """Box-Cox, then continuous: (y - mean) / stddev, clamped, of y = Box-Cox(x + shift).
+
+    y = (max(x + shift, 1e-6)^lambda - 1) / lambda; where |lambda| < 1e-6, y is the log (Box-Cox's
+    limit at 0), which avoids dividing by ~0. The floor keeps a value below the sample's minimum
+    finite.
+    """
+
+    name = FeatureType.BOXCOX.value
+    required = ("boxcox_lambda", "boxcox_shift", "mean", "stddev")
+
+    def check(self, parameters: NormalizationParameters, feature: str) -> None:
+        super().check(parameters, feature)
+        _check_stddev(parameters, feature, self.name)
+
+    def module(
+        self, parameters: list[NormalizationParameters], max_feature_value: float
+    ) -> FeatureModule:
+        lambda_ = _stack(parameters, "boxcox_lambda")
+        is_log = np.abs(lambda_) < BOXCOX_LOG_LAMBDA
+        return feature_module(
+            _boxcox,
+            shift=_stack(parameters, "boxcox_shift"),
+            # Where the log is used the power branch is computed and discarded; lambda = 1
+            # keeps it finite.
+            lambda_=np.where(is_log, 1.0, lambda_),
+            is_log=is_log,
+            mean=_stack(parameters, "mean"),
+            stddev=_stack(parameters, "stddev"),
+            floor=BOXCOX_FLOOR,
+            limit=float(max_feature_value),
+        )
+
+
+def _boxcox(
+    x: torch.Tensor,
+    shift: torch.Tensor,
+    lambda_: torch.Tensor,
+    is_log: torch.Tensor,
+    mean: torch.Tensor,
+    stddev: torch.Tensor,
+    floor: float,
+    limit: float,
+) -> torch.Tensor:
+    base = (x + shift).clamp(min=floor)
+    power = (base.pow(lambda_) - 1.0) / lambda_
+    transformed = base.log().where(is_log, power)
+    return ((transformed - mean) / stddev).clamp(-limit, limit)
+
+
+class Quantile(FeatureTransform):
+    """The value's piecewise-linear rank among the quantile boundaries, in [0, 1].
+
+    With boundaries q_0 < ... < q_m, the rank is numpy.interp(x, q, linspace(0, 1, m + 1)):
+    computed as the sum over the m segments of clamp((x - q_j) / (q_{j+1} - q_j), 0, 1), divided
+    by m, which needs no search and no gather (both slower here, and a search does not export to
+    ONNX). Features with fewer boundaries are padded with segments of zero slope, which add 0.
+    A single boundary ranks everything 0, as numpy.interp does.
+    """
+
+    name = FeatureType.QUANTILE.value
+    required = ("quantiles",)
+
+    def check(self, parameters: NormalizationParameters, feature: str) -> None:
+        super().check(parameters, feature)
+        quantiles = parameters.quantiles or []
+        if not quantiles or any(b < a for a, b in pairwise(quantiles)):
+            raise HorizonError(
+                f"feature {feature!r}: normalization type 'quantile' needs at least one "
+                f"boundary, in increasing order; found {quantiles}"
+            )
+
+    def module(
+        self, parameters: list[NormalizationParameters], max_feature_value: float
+    ) -> FeatureModule:
+        counts = [len(feature.quantiles or []) - 1 for feature in parameters]
+        lower = np.zeros((len(parameters), max(max(counts), 1)), dtype=np.float32)
+        slope = np.zeros_like(lower)
+        for row, (feature, count) in enumerate(zip(parameters, counts, strict=True)):
+            # The boundaries as the float32 model sees them. Two that round to one float32 make
+            # a zero-width segment; its slope is capped, so it becomes a step rather than 0/0.
+            boundaries = np.asarray(feature.quantiles, dtype=np.float32)
+            lower[row, :count] = boundaries[:-1]
+            slope[row, :count] = 1.0 / np.maximum(np.diff(boundaries).astype(np.float64), 1e-30)
+        return feature_module(
+            _quantile,
+            lower=lower,
+            slope=slope,
+            segments=np.maximum(counts, 1).astype(np.float32),
+        )
+
+
+def _quantile(
+    x: torch.Tensor, lower: torch.Tensor, slope: torch.Tensor, segments: torch.Tensor
+) -> torch.Tensor:
+    # In place after the first operation: the [batch, k, m] intermediate is the costly part.
+    covered = (x.unsqueeze(2) - lower).mul_(slope).clamp_(0.0, 1.0)
+    return covered.sum(dim=2) / segments
+
+
+class Enum(FeatureTransform):
+    """One-hot over the possible values, one column each; a value never seen is all zeros."""
+
+    name = FeatureType.ENUM.value
+    required = ("possible_values",)
+
+    def check(self, parameters: NormalizationParameters, feature: str) -> None:
+        super().check(parameters, feature)
+        values = parameters.possible_values or []
+        if not values or len(set(values)) != len(values):
+            raise HorizonError(
+                f"feature {feature!r}: normalization type 'enum' needs distinct possible "
+                f"values; found {values}"
+            )
+
+    def width(self, parameters: NormalizationParameters) -> int:
+        return len(parameters.possible_values or [])
+
+    def column_names(self, feature: str, parameters: NormalizationParameters) -> list[str]:
+        return [f"{feature}={value!r}" for value in parameters.possible_values or []]
+
+    def module(
+        self, parameters: list[NormalizationParameters], max_feature_value: float
+    ) -> FeatureModule:
+        # Output column j compares input column source[j] with values[j].
+        source = np.repeat(np.arange(len(parameters)), [self.width(p) for p in parameters])
+        values = [value for feature in parameters for value in feature.possible_values or []]
+        return feature_module(_enum, source=source.astype(np.int64), values=values)
+
+
+def _enum(x: torch.Tensor, source: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    return (x.index_select(1, source) == values).to(x.dtype)
+
+
+class ContinuousAction(FeatureTransform):
+    """[min_value, max_value] mapped linearly to [-(1 - 1e-6), 1 - 1e-6], clamped there.
+
+    Clamped so that an action outside the logged range still lies strictly inside (-1, 1),
+    where an actor's tanh can reach it. A constant action (min == max) maps to 0.
+    """
+
+    name = FeatureType.CONTINUOUS_ACTION.value
+    required = ("min_value", "max_value")
+
+    def check(self, parameters: NormalizationParameters, feature: str) -> None:
+        super().check(parameters, feature)
+        if parameters.max_value < parameters.min_value:
+            raise HorizonError(
+                f"feature {feature!r}: normalization type 'continuous_action' needs "
+                f"min_value <= max_value; found {parameters.min_value} > {parameters.max_value}"
+            )
+
+    def module(
+        self, parameters: list[NormalizationParameters], max_feature_value: float
+    ) -> FeatureModule:
+        low = _stack(parameters, "min_value")
+        span = _stack(parameters, "max_value") - low
+        constant = span == 0
+        return feature_module(
+            _continuous_action,
+            # A constant action is mapped as if its range were [value - 1, value + 1].
+            low=np.where(constant, low - 1.0, low),
+            span=np.where(constant, 2.0, span),
+            scale=1.0 - ACTION_EPSILON,
+        )
+
+
+def _continuous_action(
+    x: torch.Tensor, low: torch.Tensor, span: torch.Tensor, scale: float
+) -> torch.Tensor:
+    return (((x - low) / span * 2.0 - 1.0) * scale).clamp(-scale, scale)
+
+
+class DoNotPreprocess(FeatureTransform):
+    """The value, unchanged."""
+
+    name = FeatureType.DO_NOT_PREPROCESS.value
+
+    def module(
+        self, parameters: list[NormalizationParameters], max_feature_value: float
+    ) -> FeatureModule:
+        return feature_module(_identity)
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+@hookimpl
+def horizon_register_transforms(register: Callable[[type], None]) -> None:
+    for transform in (
+        Binary,
+        Probability,
+        Continuous,
+        BoxCox,
+        Quantile,
+        Enum,
+        ContinuousAction,
+        DoNotPreprocess,
+    ):
+        register(transform)

@@ -1,0 +1,228 @@
+"""The preprocessor: normalization applied inside the network, one vectorized operation per type.
+
+Horizon applied each feature's normalization in the network's forward pass, so changing the
+normalization never means regenerating data, and the exported model takes raw features. This
+module does the same with a torch module built from ``normalization.json``'s parameters:
+
+- the input is a dense float32 ``[batch, F]`` tensor of raw features (in ``feature_ids`` order)
+  and a presence mask of the same shape (1.0 present, 0.0 missing);
+- features are grouped by type; each type's ``FeatureTransform`` (a component registered through
+  ``horizon_register_transforms``, so a plugin can add a type) builds ONE module that transforms
+  all its k features at once, their parameters stacked into buffers. The forward pass loops
+  over types (a handful), never over features or rows;
+- the output columns follow Horizon's order: by type (``FeatureType`` order, then plugin types
+  by name), then by feature id (numerically when every id is an integer); an enum expands to one
+  column per possible value;
+- a missing feature's columns are exactly 0, whatever its raw value holds (NaN, infinity,
+  Horizon's -1337.1337): every output column depends on its own feature only, so the columns are
+  simply replaced after the transforms, with ``where`` (a product would turn an infinity into
+  NaN). Substituting a value before transforming would be one more pass over the input and is
+  not needed for this.
+
+Only ONNX-exportable operations are used (gathers by constant indices, ``where``, elementwise
+math, sums over a fixed axis): no boolean-mask indexing and no data-dependent shapes, so the
+exported graph has a dynamic batch axis and gives the same numbers.
+
+Importing this module does not import torch: ``horizon plugins`` imports the built-in feature
+types, which subclass ``FeatureTransform``, and must start fast. The torch modules
+(``Preprocessor``, ``FeatureModule``) live in ``horizon_engine.preprocessor_modules``, imported
+when a preprocessor is built; they can be imported from here as well.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from horizon_engine.components import Transform
+from horizon_engine.errors import HorizonError, PluginError
+from horizon_engine.normalization import FeatureType, NormalizationParameters, sort_feature_ids
+
+if TYPE_CHECKING:
+    import torch
+
+    from horizon_engine.plugins import PluginHost
+    from horizon_engine.preprocessor_modules import FeatureModule, Preprocessor
+
+__all__ = [
+    "FeatureModule",
+    "FeatureTransform",
+    "Preprocessor",
+    "build_preprocessor",
+    "feature_module",
+    "sort_feature_ids",
+]
+
+
+class FeatureTransform(Transform):
+    """Base of a normalization type: builds the module that transforms all features of its type.
+
+    Register a subclass through ``horizon_register_transforms``; its ``name`` is the type name
+    that ``NormalizationParameters.feature_type`` refers to (``engine`` stays ``"local"``).
+    ``required`` lists the parameters the type needs; ``check`` rejects parameters without them
+    (or with non-finite values) before anything is built, naming the feature.
+    """
+
+    required: ClassVar[tuple[str, ...]] = ()
+
+    def check(self, parameters: NormalizationParameters, feature: str) -> None:
+        """Raise a ``HorizonError`` naming ``feature`` if this type cannot use ``parameters``."""
+        missing = [field for field in self.required if getattr(parameters, field) is None]
+        if missing:
+            raise HorizonError(
+                f"feature {feature!r}: normalization type {self.name!r} needs "
+                f"{', '.join(missing)}, which its parameters do not give"
+            )
+        for field in self.required:
+            value = getattr(parameters, field)
+            values = value if isinstance(value, list) else [value]
+            if not all(math.isfinite(item) for item in values):
+                raise HorizonError(
+                    f"feature {feature!r}: normalization type {self.name!r}: {field} = {value} "
+                    "is not finite"
+                )
+
+    def width(self, parameters: NormalizationParameters) -> int:
+        """How many output columns one feature of this type has (1 unless it expands)."""
+        return 1
+
+    def column_names(self, feature: str, parameters: NormalizationParameters) -> list[str]:
+        """The names of a feature's output columns: the id itself, or ``id:j`` when expanded."""
+        width = self.width(parameters)
+        return [feature] if width == 1 else [f"{feature}:{column}" for column in range(width)]
+
+    def module(
+        self, parameters: list[NormalizationParameters], max_feature_value: float
+    ) -> torch.nn.Module:
+        """A module mapping ``[batch, k]`` (the k features of this type, in the order of
+        ``parameters``) to ``[batch, sum of widths]``, with one set of tensor operations for
+        all k features; ``feature_module`` builds one from a function and its parameters.
+
+        A feature's output columns must depend on its own input column only (a missing
+        feature's columns are replaced by 0 afterwards, whatever the module made of its value),
+        and only ONNX-exportable operations should be used.
+        """
+        raise NotImplementedError
+
+
+def feature_module(function: Callable[..., torch.Tensor], **values: Any) -> FeatureModule:
+    """A module computing ``function(x, **values)``, with array values kept as buffers.
+
+    Arrays (lists, numpy arrays, tensors) become buffers (floating ones as float32), so they move
+    with ``.to(device)``, save with ``state_dict`` and export to ONNX as initializers; Python
+    numbers stay constants. ``function`` should be a module-level function, so the module pickles.
+    """
+    from horizon_engine.preprocessor_modules import FeatureModule
+
+    return FeatureModule(function, values)
+
+
+def build_preprocessor(
+    feature_ids: Sequence[str],
+    parameters: Mapping[str, NormalizationParameters],
+    max_feature_value: float = 6.0,
+    plugins: PluginHost | None = None,
+) -> Preprocessor:
+    """The preprocessor for inputs whose columns are ``feature_ids``, normalized by ``parameters``.
+
+    ``parameters`` must cover every feature in ``feature_ids`` (it may hold more: a
+    normalization.json serves state and action features alike). Each type is looked up among the
+    ``transforms`` components of ``plugins`` (the process-wide host by default); an unknown type
+    is an error naming the feature. ``max_feature_value`` bounds continuous and Box-Cox outputs.
+    """
+    import numpy as np
+
+    from horizon_engine.plugins import get_plugin_host
+    from horizon_engine.preprocessor_modules import Preprocessor
+
+    host = plugins if plugins is not None else get_plugin_host()
+    columns = [str(feature) for feature in feature_ids]
+    if not columns:
+        raise HorizonError("no features to preprocess: feature_ids is empty")
+    position: dict[str, int] = {}
+    for index, feature in enumerate(columns):
+        if feature in position:
+            raise HorizonError(f"feature {feature!r} appears twice in the preprocessor's input")
+        position[feature] = index
+    missing = [feature for feature in columns if feature not in parameters]
+    if missing:
+        shown = ", ".join(repr(feature) for feature in missing[:10])
+        more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+        raise HorizonError(f"no normalization parameters for feature(s) {shown}{more}")
+
+    by_type: dict[str, list[str]] = {}
+    for feature in sort_feature_ids(columns):
+        by_type.setdefault(parameters[feature].feature_type, []).append(feature)
+
+    groups = []
+    output_names: list[str] = []
+    output_features: list[int] = []
+    for type_name in sorted(by_type, key=_type_order):
+        features = by_type[type_name]
+        transform = _feature_transform(host, type_name, features[0])
+        group_parameters = [parameters[feature] for feature in features]
+        for feature, feature_parameters in zip(features, group_parameters, strict=True):
+            transform.check(feature_parameters, feature)
+        module = transform.module(group_parameters, max_feature_value)
+        width = 0
+        for feature, feature_parameters in zip(features, group_parameters, strict=True):
+            names = transform.column_names(feature, feature_parameters)
+            output_names += names
+            output_features += [position[feature]] * len(names)
+            width += len(names)
+        _check_width(module, host, type_name, len(features), width)
+        groups.append((np.array([position[feature] for feature in features]), module))
+
+    return Preprocessor(columns, groups, np.array(output_features), output_names)
+
+
+def _type_order(type_name: str) -> tuple[int, int, str]:
+    """Built-in types in ``FeatureType`` order, then plugin types by name."""
+    builtin = list(FeatureType)
+    if type_name in builtin:
+        return (0, builtin.index(FeatureType(type_name)), "")
+    return (1, 0, type_name)
+
+
+def _feature_transform(host: PluginHost, type_name: str, feature: str) -> FeatureTransform:
+    try:
+        entry = host.component("transforms", type_name, "local")
+    except PluginError as exc:
+        raise PluginError(
+            f"feature {feature!r} has normalization type {type_name!r}: {exc}"
+        ) from None
+    if not issubclass(entry.cls, FeatureTransform):
+        raise PluginError(
+            f"feature {feature!r} has normalization type {type_name!r}, but the transform "
+            f"{type_name!r} of plugin '{entry.plugin}' is not a normalization type "
+            "(a subclass of horizon_engine.preprocessor.FeatureTransform)"
+        )
+    return entry.cls(entry.cls.Config())
+
+
+def _check_width(
+    module: torch.nn.Module, host: PluginHost, type_name: str, features: int, width: int
+) -> None:
+    """Run the type's module once on zeros: a wrong output shape is the plugin's bug, and is
+    reported as such here rather than as a shape mismatch inside the network."""
+    import torch
+
+    with torch.no_grad():
+        shape = tuple(module(torch.zeros(2, features)).shape)
+    if shape != (2, width):
+        plugin = host.component("transforms", type_name, "local").plugin
+        raise PluginError(
+            f"normalization type {type_name!r} (plugin '{plugin}') turned [2, {features}] into "
+            f"{list(shape)}; its width() says [2, {width}]"
+        )
+
+
+def __getattr__(name: str) -> Any:
+    """``Preprocessor`` and ``FeatureModule`` live in ``preprocessor_modules`` (they need torch);
+    they are importable from here too, imported on first access."""
+    if name in ("FeatureModule", "Preprocessor"):
+        from horizon_engine import preprocessor_modules
+
+        return getattr(preprocessor_modules, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,90 @@
+"""The torch half of ``horizon_engine.preprocessor``: the modules a preprocessor is made of.
+
+Kept apart so that ``horizon_engine.preprocessor`` (which plugins import for
+``FeatureTransform``) does not import torch; this module is imported when a preprocessor is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def _buffer(value: Any) -> torch.Tensor:
+    tensor = torch.as_tensor(np.asarray(value) if isinstance(value, list) else value)
+    return tensor.to(torch.float32) if tensor.is_floating_point() else tensor
+
+
+class FeatureModule(torch.nn.Module):
+    """``function(x, **buffers, **constants)``: one normalization type's transform.
+
+    Built by ``horizon_engine.preprocessor.feature_module``: array values become buffers (float
+    ones as float32), Python numbers stay constants.
+    """
+
+    def __init__(self, function: Callable[..., torch.Tensor], values: dict[str, Any]) -> None:
+        super().__init__()
+        self.function = function
+        self.constants: dict[str, bool | int | float] = {}
+        self.buffer_names: list[str] = []
+        for name, value in values.items():
+            if isinstance(value, bool | int | float):
+                self.constants[name] = value
+            else:
+                self.register_buffer(name, _buffer(value))
+                self.buffer_names.append(name)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        buffers = {name: getattr(self, name) for name in self.buffer_names}
+        return self.function(x, **buffers, **self.constants)
+
+    def extra_repr(self) -> str:
+        return getattr(self.function, "__name__", repr(self.function))
+
+
+class Preprocessor(torch.nn.Module):
+    """Raw features plus presence mask -> the network's input (see ``horizon_engine.preprocessor``).
+
+    ``feature_ids`` names the input columns, ``output_names`` the output columns (the feature
+    id, or ``id=value`` for an enum's one-hot columns). Built by ``build_preprocessor``.
+    The input is reordered once (grouped by type, in output order), so that each type's module
+    reads a slice of it rather than gathering its own columns.
+    """
+
+    def __init__(
+        self,
+        feature_ids: list[str],
+        groups: list[tuple[np.ndarray, torch.nn.Module]],
+        output_features: np.ndarray,
+        output_names: list[str],
+    ) -> None:
+        super().__init__()
+        self.feature_ids = list(feature_ids)
+        self.output_names = list(output_names)
+        self.types = torch.nn.ModuleList(module for _, module in groups)
+        ends = np.cumsum([len(columns) for columns, _ in groups]).tolist()
+        self.slices = list(zip([0, *ends[:-1]], ends, strict=True))
+        order = np.concatenate([columns for columns, _ in groups])
+        self.register_buffer("input_order", torch.as_tensor(order, dtype=torch.long))
+        self.register_buffer("output_features", torch.as_tensor(output_features, dtype=torch.long))
+
+    def forward(self, x: torch.Tensor, presence: torch.Tensor) -> torch.Tensor:
+        """``x`` and ``presence`` are ``[batch, len(feature_ids)]``; returns
+        ``[batch, len(output_names)]``, 0 in every column of a missing feature."""
+        x = x.index_select(1, self.input_order)
+        out = torch.cat(
+            [
+                module(x[:, start:end])
+                for module, (start, end) in zip(self.types, self.slices, strict=True)
+            ],
+            dim=1,
+        )
+        # A missing value (NaN, Horizon's sentinel, anything) goes through its type's transform
+        # like any other and is then replaced: each output column depends on its own feature
+        # only, so whatever NaN or infinity the transform made of it is discarded here. `where`,
+        # not a product: infinity times 0 is NaN. (The float mask is gathered, then compared:
+        # gathering a boolean one is several times slower.)
+        return torch.where(presence.index_select(1, self.output_features) != 0, out, 0.0)
