@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -64,17 +64,11 @@ class FeatureType(StrEnum):
     DO_NOT_PREPROCESS = "do_not_preprocess"
 
 
-class NormalizationParameters(BaseModel):
-    """One feature's transformation and its parameters, with Horizon's field names.
-
-    ``feature_type`` is a type name (a ``FeatureType`` or one a plugin registered), in lower
-    case; Horizon wrote it in upper case (``"CONTINUOUS"``), which ``from_horizon`` and
-    ``to_horizon`` translate.
-    """
+class _Parameters(BaseModel):
+    """The parameters a transformation may have, with Horizon's field names."""
 
     model_config = ConfigDict(extra="forbid")
 
-    feature_type: str
     boxcox_lambda: float | None = None
     boxcox_shift: float | None = None
     mean: float | None = None
@@ -84,11 +78,26 @@ class NormalizationParameters(BaseModel):
     min_value: float | None = None
     max_value: float | None = None
 
+
+class NormalizationParameters(_Parameters):
+    """One feature's transformation and its parameters.
+
+    ``feature_type`` is a type name (a ``FeatureType`` or one a plugin registered), in lower
+    case; Horizon wrote it in upper case (``"CONTINUOUS"``), which ``from_horizon`` and
+    ``to_horizon`` translate.
+    """
+
+    feature_type: str
+
     def to_horizon(self) -> str:
         """The JSON string Horizon stored per feature (type in upper case)."""
-        fields = self.model_dump()
-        fields["feature_type"] = self.feature_type.upper()
-        return json.dumps(fields)
+        fields = self.model_dump(exclude={"feature_type"})
+        return json.dumps({"feature_type": self.feature_type.upper(), **fields})
+
+    def as_dict(self) -> dict[str, Any]:
+        """The parameters that are set, type first, as ``normalization.json`` holds them."""
+        fields = self.model_dump(exclude={"feature_type"}, exclude_none=True)
+        return {"feature_type": self.feature_type, **fields}
 
     @classmethod
     def from_horizon(cls, text: str, where: str) -> NormalizationParameters:
@@ -101,20 +110,10 @@ class NormalizationParameters(BaseModel):
             raise HorizonError(f"{where}: not Horizon normalization parameters: {exc}") from None
 
 
-class TypeOverride(BaseModel):
+class TypeOverride(_Parameters):
     """An override with parameters: ``{type = "continuous", mean = 0.0, stddev = 2.0}``."""
 
-    model_config = ConfigDict(extra="forbid")
-
     type: str
-    boxcox_lambda: float | None = None
-    boxcox_shift: float | None = None
-    mean: float | None = None
-    stddev: float | None = None
-    possible_values: list[float] | None = None
-    quantiles: list[float] | None = None
-    min_value: float | None = None
-    max_value: float | None = None
 
 
 class NormalizationConfig(ComponentConfig):
@@ -427,9 +426,7 @@ def write_normalization(
     write_json(
         path,
         {
-            name: {
-                feature: params.model_dump(exclude_none=True) for feature, params in sets.items()
-            }
+            name: {feature: params.as_dict() for feature, params in sets.items()}
             for name, sets in feature_sets.items()
         },
     )
