@@ -1,0 +1,217 @@
+"""The timeline as dense tensors, loaded once, sampled in minibatches without per-row Python.
+
+Training reads the timeline Parquet into dense float32 tensors once (DESIGN.md "Data formats"):
+sparse feature maps become ``[rows, features]`` values plus a presence mask (0 where a row lacks
+a feature), in the order of ``normalization.json``'s features, which is the order the
+preprocessor takes them in. Discrete actions stay indices (``-1`` for a terminal row's missing
+next action) with their 0/1 possible-action masks; continuous and parametric actions become
+dense action-feature tensors the same way as states. Minibatches are slices of one random
+permutation, gathered with tensor indexing.
+
+torch is imported where it is used; this module is imported by trainers only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from horizon_engine.errors import HorizonError
+from horizon_engine.schema import ActionType, list_entries, map_entries
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import torch
+
+
+def dense_features(column: pa.Array, feature_ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """A feature-map column as ``[rows, len(feature_ids)]`` values and presence (float32).
+
+    Features not in ``feature_ids`` are ignored (normalization decides which features the
+    model sees); a null map is a row without features.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    parents, keys, values = map_entries(column)
+    position = pc.index_in(keys, value_set=pa.array(list(feature_ids), pa.string()))
+    known = ~position.is_null().to_numpy(zero_copy_only=False)
+    columns = position.to_numpy(zero_copy_only=False)[known].astype(np.int64)
+    rows = parents[known]
+    dense = np.zeros((len(column), len(feature_ids)), dtype=np.float32)
+    presence = np.zeros_like(dense)
+    dense[rows, columns] = values.to_numpy(zero_copy_only=False)[known]
+    presence[rows, columns] = 1.0
+    return dense, presence
+
+
+def _masks(column: pa.Array, width: int) -> np.ndarray:
+    """A list<int8> column of equal-length 0/1 masks as ``[rows, width]`` float32."""
+    _, values = list_entries(column)
+    flags = values.to_numpy(zero_copy_only=False).astype(np.float32)
+    return flags.reshape(len(column), width)
+
+
+@dataclass
+class TimelineTensors:
+    """One split of the timeline as tensors; every tensor has the rows as its first axis."""
+
+    state: torch.Tensor
+    state_presence: torch.Tensor
+    next_state: torch.Tensor
+    next_state_presence: torch.Tensor
+    reward: torch.Tensor
+    not_terminal: torch.Tensor
+    time_diff: torch.Tensor
+    action_probability: torch.Tensor
+    action: torch.Tensor
+    next_action: torch.Tensor
+    action_presence: torch.Tensor | None = None
+    next_action_presence: torch.Tensor | None = None
+    possible_actions: torch.Tensor | None = None
+    possible_next_actions: torch.Tensor | None = None
+    next_n_rewards: torch.Tensor | None = None
+    next_n_time_diffs: torch.Tensor | None = None
+    next_n_not_terminal: torch.Tensor | None = None
+    next_n_length: torch.Tensor | None = None
+    next_n_state: torch.Tensor | None = None
+    next_n_state_presence: torch.Tensor | None = None
+    next_n_possible_next_actions: torch.Tensor | None = None
+    feature_ids: list[str] = field(default_factory=list)
+    action_feature_ids: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return int(self.reward.shape[0])
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor by name (the ones this split has)."""
+        import torch
+
+        return {
+            item.name: getattr(self, item.name)
+            for item in fields(self)
+            if isinstance(getattr(self, item.name), torch.Tensor)
+        }
+
+    def to(self, device: str | torch.device) -> TimelineTensors:
+        """The same split on ``device`` (moved once, not per batch)."""
+        moved = {name: tensor.to(device) for name, tensor in self.tensors().items()}
+        return TimelineTensors(
+            **moved, feature_ids=self.feature_ids, action_feature_ids=self.action_feature_ids
+        )
+
+    def minibatches(
+        self, batch_size: int, generator: torch.Generator, drop_last: bool = False
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        """One epoch of shuffled minibatches: slices of one permutation, gathered by index."""
+        import torch
+
+        tensors = self.tensors()
+        order = torch.randperm(len(self), generator=generator, device="cpu")
+        order = order.to(self.reward.device)
+        stop = len(self) - len(self) % batch_size if drop_last else len(self)
+        for start in range(0, stop, batch_size):
+            chosen = order[start : start + batch_size]
+            yield {name: tensor.index_select(0, chosen) for name, tensor in tensors.items()}
+
+
+def load_timeline(
+    folder: Path,
+    action_type: ActionType,
+    feature_ids: Sequence[str],
+    action_feature_ids: Sequence[str] = (),
+    actions: Sequence[str] = (),
+) -> TimelineTensors:
+    """Read one split folder (``timeline/train`` or ``timeline/eval``) into tensors.
+
+    ``feature_ids`` and ``action_feature_ids`` come from ``normalization.json``; ``actions``
+    (the discrete action names) from ``timeline/timeline.json``.
+    """
+    import pyarrow.parquet as pq
+    import torch
+
+    try:
+        table = pq.read_table(folder).combine_chunks()
+    except (OSError, ValueError) as exc:
+        raise HorizonError(f"{folder}: cannot read the timeline split: {exc}") from None
+    column = {name: table[name].combine_chunks() for name in table.column_names}
+    state, state_presence = dense_features(column["state_features"], feature_ids)
+    next_state, next_presence = dense_features(column["next_state_features"], feature_ids)
+
+    def numbers(name: str, dtype: type = np.float32) -> torch.Tensor:
+        return torch.from_numpy(column[name].to_numpy(zero_copy_only=False).astype(dtype))
+
+    loaded: dict[str, torch.Tensor] = {
+        "state": torch.from_numpy(state),
+        "state_presence": torch.from_numpy(state_presence),
+        "next_state": torch.from_numpy(next_state),
+        "next_state_presence": torch.from_numpy(next_presence),
+        "reward": numbers("reward"),
+        "not_terminal": numbers("not_terminal"),
+        "time_diff": numbers("time_diff"),
+        "action_probability": numbers("action_probability"),
+    }
+    if action_type is ActionType.DISCRETE:
+        loaded["action"] = numbers("action", np.int64)
+        next_action = column["next_action"].fill_null(-1)
+        loaded["next_action"] = torch.from_numpy(next_action.to_numpy().astype(np.int64))
+        loaded["possible_actions"] = torch.from_numpy(
+            _masks(column["possible_actions"], len(actions))
+        )
+        loaded["possible_next_actions"] = torch.from_numpy(
+            _masks(column["possible_next_actions"], len(actions))
+        )
+    else:
+        for name in ("action", "next_action"):
+            values, presence = dense_features(column[name], action_feature_ids)
+            loaded[name] = torch.from_numpy(values)
+            loaded[f"{name}_presence"] = torch.from_numpy(presence)
+    if "next_n_rewards" in column:
+        loaded |= _n_step_tensors(column, feature_ids, len(actions))
+    return TimelineTensors(
+        **loaded, feature_ids=list(feature_ids), action_feature_ids=list(action_feature_ids)
+    )
+
+
+def _n_step_tensors(
+    column: dict[str, pa.Array], feature_ids: Sequence[str], action_count: int
+) -> dict[str, torch.Tensor]:
+    """The n-step arrays, padded to the longest (0 reward, terminal) with their lengths, and
+    the state (and possible actions) where each row's n-step window ends, to bootstrap from."""
+    import pyarrow as pa
+    import torch
+
+    rewards = column["next_n_rewards"]
+    offsets = rewards.offsets.to_numpy(zero_copy_only=False)
+    lengths = np.diff(offsets)
+    width = int(lengths.max()) if len(lengths) else 0
+    rows = np.repeat(np.arange(len(rewards)), lengths)
+    steps = np.arange(offsets[-1] - offsets[0]) - np.repeat(offsets[:-1] - offsets[0], lengths)
+    last = pa.array(offsets[1:] - offsets[0] - 1)
+
+    def padded(name: str, dtype: type) -> torch.Tensor:
+        _, values = list_entries(column[name])
+        dense = np.zeros((len(rewards), width), dtype=dtype)
+        dense[rows, steps] = values.to_numpy(zero_copy_only=False)
+        return torch.from_numpy(dense)
+
+    _, end_states = list_entries(column["next_n_state_features"])
+    end_state, end_presence = dense_features(end_states.take(last), feature_ids)
+    tensors = {
+        "next_n_rewards": padded("next_n_rewards", np.float32),
+        "next_n_time_diffs": padded("next_n_time_diffs", np.float32),
+        "next_n_not_terminal": padded("next_n_not_terminal", np.float32),
+        "next_n_length": torch.from_numpy(lengths.astype(np.int64)),
+        "next_n_state": torch.from_numpy(end_state),
+        "next_n_state_presence": torch.from_numpy(end_presence),
+    }
+    if action_count and "next_n_possible_next_actions" in column:
+        _, end_masks = list_entries(column["next_n_possible_next_actions"])
+        tensors["next_n_possible_next_actions"] = torch.from_numpy(
+            _masks(end_masks.take(last), action_count)
+        )
+    return tensors
