@@ -32,6 +32,7 @@ from horizon_engine.errors import (
 from horizon_engine.files import atomic_output, write_json
 from horizon_engine.plugins import PluginHost, get_plugin_host
 from horizon_engine.progress import progress_bar
+from horizon_engine.training import CHECKPOINTS
 
 if TYPE_CHECKING:
     from horizon_engine.schema import BadRow
@@ -336,6 +337,114 @@ def run_normalization_stage(run: RunContext, choice: Choice) -> StageReport:
     return report
 
 
+def run_train_stage(run: RunContext, choice: Choice) -> StageReport:
+    """Train on ``timeline/train``, evaluate on ``timeline/eval`` after every epoch.
+
+    The timeline is loaded into dense tensors once and moved to the device once; every epoch
+    is one pass of shuffled minibatches (a seeded generator), then the trainer's evaluation, a
+    checkpoint (``checkpoints/epoch-NNNN.pt`` and ``latest.pt``, written atomically) and
+    ``horizon_on_epoch_end`` with the epoch's metrics.
+    """
+    import torch
+
+    from horizon_engine.dataset import load_timeline
+    from horizon_engine.normalization import NORMALIZATION_FILE, read_normalization
+    from horizon_engine.preprocessor import build_preprocessor
+    from horizon_engine.schema import ActionType
+    from horizon_engine.timeline import TimelineInfo
+    from horizon_engine.training import (
+        TrainerBase,
+        TrainingProblem,
+        load_checkpoint,
+        resolve_device,
+        save_checkpoint,
+    )
+
+    config = choice.config
+    trainer = choice.create()
+    if not isinstance(trainer, TrainerBase):
+        raise PluginError(
+            f"plugin '{choice.component.plugin}' registered the trainer "
+            f"{type(trainer).__qualname__}, which is not a TrainerBase"
+        )
+    timeline = run.output_dir / "timeline"
+    info = TimelineInfo.read(timeline)
+    action_type = ActionType(info.action_type)
+    normalization = read_normalization(run.output_dir / NORMALIZATION_FILE)
+    state_parameters = normalization["state_features"]
+    action_parameters = normalization.get("action_features", {})
+    max_feature_value = 6.0
+    if "normalization" in run.spec.sections:
+        max_feature_value = run.spec.sections["normalization"].config.max_feature_value
+    torch.manual_seed(run.seed)
+    device = resolve_device(config.device)
+    splits = {
+        split: load_timeline(
+            timeline / split,
+            action_type,
+            list(state_parameters),
+            list(action_parameters),
+            info.actions or [],
+        ).to(device)
+        for split in ("train", "eval")
+    }
+    state_preprocessor = build_preprocessor(
+        list(state_parameters), state_parameters, max_feature_value, run.plugins
+    )
+    action_preprocessor = (
+        build_preprocessor(
+            list(action_parameters), action_parameters, max_feature_value, run.plugins
+        )
+        if action_parameters
+        else None
+    )
+    trainer.setup(
+        TrainingProblem(
+            action_type=action_type,
+            actions=info.actions or [],
+            state_preprocessor=state_preprocessor.to(device),
+            state_width=len(state_preprocessor.output_names),
+            action_preprocessor=action_preprocessor and action_preprocessor.to(device),
+            action_width=len(action_preprocessor.output_names) if action_preprocessor else 0,
+            device=device,
+            seed=run.seed,
+        )
+    )
+    if config.warm_start_from:
+        trainer.load_state_dict(load_checkpoint(Path(config.warm_start_from))["trainer"])
+    generator = torch.Generator().manual_seed(run.seed)
+    history = []
+    with run.progress("training", total=config.epochs) as advance:
+        for epoch in range(1, config.epochs + 1):
+            sums: dict[str, float] = {}
+            batches = 0
+            for batch in splits["train"].minibatches(config.minibatch_size, generator):
+                for name, value in trainer.train_step(batch).items():
+                    sums[name] = sums.get(name, 0.0) + value
+                batches += 1
+            metrics = {f"Training/{name}": total / batches for name, total in sums.items()}
+            if len(splits["eval"]):
+                evaluation = trainer.evaluate(splits["eval"])
+                metrics |= {f"Evaluation/{name}": value for name, value in evaluation.items()}
+            save_checkpoint(run.output_dir / CHECKPOINTS, epoch, {"trainer": trainer.state_dict()})
+            run.plugins.on_epoch_end(run, epoch, metrics)
+            history.append(metrics)
+            advance(1)
+    return StageReport(
+        "train",
+        rows_in=len(splits["train"]),
+        rows_out=len(splits["train"]),
+        outputs=[f"{CHECKPOINTS}/latest.pt"],
+        details={
+            "device": str(device),
+            "epochs": config.epochs,
+            "eval_rows": len(splits["eval"]),
+            "first_epoch": history[0],
+            "last_epoch": history[-1],
+        },
+    )
+
+
 STAGES: tuple[Stage, ...] = (
     Stage("source", "source", "source", (), run_source_stage),
     Stage("timeline", "timeline", "timeline", ("source/rows.parquet",), run_timeline_stage),
@@ -345,6 +454,13 @@ STAGES: tuple[Stage, ...] = (
         "normalization.json",
         ("timeline/timeline.json",),
         run_normalization_stage,
+    ),
+    Stage(
+        "train",
+        "trainer",
+        CHECKPOINTS,
+        ("timeline/timeline.json", "normalization.json"),
+        run_train_stage,
     ),
 )
 """The stages this version can run, in pipeline order."""

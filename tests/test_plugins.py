@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -376,7 +377,7 @@ def test_misspelt_hook_is_reported_with_the_nearest_hook_name(site):
     )
     assert "typo" not in host.plugins
     assert host.pm.get_plugin("typo") is None
-    host.on_run_end(run=None, manifest={"status": "succeeded"})
+    host.on_run_end(run=SimpleNamespace(run_id="r1"), manifest={"status": "succeeded"})
 
 
 def test_hook_with_a_wrong_argument_name_is_reported(site):
@@ -643,9 +644,9 @@ def test_run_end_hook_is_called_when_a_stage_fails(site, tmp_path):
     assert json.loads((tmp_path / "run" / "manifest.json").read_text())["status"] == "failed"
 
 
-def test_epoch_end_hook_receives_the_epochs_metrics(site):
+def test_epoch_end_hook_receives_the_epochs_metrics(site, tmp_path):
     host = only("constant")
-    run = object()
+    run = SimpleNamespace(run_id="r1", output_dir=tmp_path)
 
     host.on_epoch_end(run, 1, {"Training/td_loss": 0.5})
     host.on_epoch_end(run, 2, {"Training/td_loss": 0.25, "CPE/DR": 1.5})

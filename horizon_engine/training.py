@@ -1,0 +1,135 @@
+"""The training loop every trainer shares, and the contract a trainer implements.
+
+The core owns what every trainer needs (DESIGN.md, issue 5): the timeline loaded into dense
+tensors once, shuffled minibatches, epochs, seeds, device choice, checkpoints after every epoch
+(written atomically), warm start from an earlier run, and ``horizon_on_epoch_end`` with each
+epoch's metrics. A trainer implements the math of one update (``train_step``), its evaluation
+on the eval split, and the policy module that export and counterfactual evaluation use.
+
+torch is imported where it is used: the trainers family is listed by ``horizon plugins``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import Field
+
+from horizon_engine.components import ComponentConfig, Trainer
+from horizon_engine.errors import HorizonError
+
+if TYPE_CHECKING:
+    import torch
+
+    from horizon_engine.dataset import TimelineTensors
+    from horizon_engine.schema import ActionType
+
+CHECKPOINTS = "checkpoints"
+"""The run's folder of checkpoints: ``epoch-0001.pt``, ... and ``latest.pt``."""
+
+
+class TrainerConfig(ComponentConfig):
+    """What every ``[trainer]`` section accepts besides the trainer's own options."""
+
+    epochs: int = Field(default=20, ge=1)
+    """Passes over the train split."""
+    minibatch_size: int = Field(default=1024, ge=1)
+    """Rows per update."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to train: "auto" takes a CUDA device when there is one."""
+    warm_start_from: str | None = None
+    """A run folder whose latest checkpoint (weights, optimizer and trainer state) to start from:
+    the daily retraining of the Horizon paper."""
+
+
+@dataclass
+class TrainingProblem:
+    """What a trainer is told before training: the data's shape and where to run."""
+
+    action_type: ActionType
+    actions: list[str]
+    """Discrete action names (their indices are the actions); empty otherwise."""
+    state_preprocessor: torch.nn.Module
+    """(values, presence) of the state features -> the network's state input."""
+    state_width: int
+    action_preprocessor: torch.nn.Module | None
+    """The same for action features (parametric and continuous actions), else None."""
+    action_width: int
+    device: torch.device
+    seed: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class TrainerBase(Trainer):
+    """A trainer the core's loop can drive. Subclass it and register it as a trainer.
+
+    The loop calls ``setup`` once, then ``train_step`` for every minibatch (a dict of tensors
+    named as ``TimelineTensors``' fields, already on the device) and ``evaluate`` on the eval
+    split after every epoch; ``state_dict``/``load_state_dict`` make checkpoints and warm
+    starts; ``policy`` is the trained model for export and evaluation.
+    """
+
+    Config: ClassVar[type[ComponentConfig]] = TrainerConfig
+
+    def setup(self, problem: TrainingProblem) -> None:
+        """Build networks and optimizers for ``problem``."""
+        raise NotImplementedError
+
+    def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        """One update from one minibatch; returns its metrics (e.g. ``td_loss``)."""
+        raise NotImplementedError
+
+    def evaluate(self, data: TimelineTensors) -> dict[str, float]:
+        """Metrics on the eval split (e.g. ``mc_loss``), without changing the model."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a checkpoint must hold to resume: weights, optimizer, trainer state."""
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned (a warm start or a resume)."""
+        raise NotImplementedError
+
+    def policy(self) -> torch.nn.Module:
+        """The trained model: (values, presence) of the state features -> a score per action."""
+        raise NotImplementedError
+
+
+def resolve_device(choice: str) -> torch.device:
+    """``auto`` -> CUDA when available, else CPU; ``cuda`` without a GPU is an error."""
+    import torch
+
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise HorizonError("[trainer] device = 'cuda', but torch sees no CUDA device here")
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(choice)
+
+
+def save_checkpoint(folder: Path, epoch: int, state: dict[str, Any]) -> Path:
+    """Write ``epoch-NNNN.pt`` and ``latest.pt`` atomically (temporary name, then rename)."""
+    import torch
+
+    from horizon_engine.files import atomic_output
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"epoch-{epoch:04d}.pt"
+    for target in (path, folder / "latest.pt"):
+        with atomic_output(target) as temporary:
+            torch.save({"epoch": epoch, **state}, temporary)
+    return path
+
+
+def load_checkpoint(run_folder: Path) -> dict[str, Any]:
+    """The latest checkpoint of an earlier run, for a warm start."""
+    import torch
+
+    path = Path(run_folder) / CHECKPOINTS / "latest.pt"
+    if not path.is_file():
+        raise HorizonError(
+            f"[trainer] warm_start_from = {str(run_folder)!r}: no checkpoint at {path}"
+        )
+    return torch.load(path, map_location="cpu", weights_only=False)

@@ -1,0 +1,193 @@
+"""The core's training loop, driven with a tiny third-party trainer: epochs, checkpoints, warm
+start, ``horizon_on_epoch_end`` and the TensorBoard reporter's event files."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+from horizon_engine.errors import HorizonError
+from horizon_engine.pipeline import Engine
+from horizon_engine.plugins import PluginHost
+
+MEAN_REWARD_PLUGIN = '''
+import torch
+
+from horizon_engine import hookimpl
+from horizon_engine.training import TrainerBase, TrainerConfig
+
+EPOCHS = []
+
+
+class MeanRewardConfig(TrainerConfig):
+    learning_rate: float = 0.05
+    """Step size of the one weight."""
+
+
+class Scores(torch.nn.Module):
+    def __init__(self, weight, actions):
+        super().__init__()
+        self.weight, self.actions = weight, actions
+
+    def forward(self, values, presence):
+        return self.weight.expand(values.shape[0], self.actions)
+
+
+class MeanReward(TrainerBase):
+    """Learns one number, the mean reward, by SGD: enough to drive the loop."""
+
+    name = "mean_reward"
+    Config = MeanRewardConfig
+
+    def setup(self, problem):
+        self.problem = problem
+        self.weight = torch.zeros(1, requires_grad=True, device=problem.device)
+        self.optimizer = torch.optim.SGD([self.weight], lr=self.config.learning_rate)
+        self.steps = 0
+
+    def train_step(self, batch):
+        loss = ((batch["reward"] - self.weight) ** 2).mean()
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        self.steps += 1
+        return {"loss": float(loss.detach())}
+
+    def evaluate(self, data):
+        return {"mc_loss": float(((data.reward - self.weight.detach()) ** 2).mean())}
+
+    def state_dict(self):
+        return {"weight": self.weight.detach().clone(), "steps": self.steps,
+                "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state):
+        with torch.no_grad():
+            self.weight.copy_(state["weight"])
+        self.steps = state["steps"]
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def policy(self):
+        return Scores(self.weight, len(self.problem.actions))
+
+
+@hookimpl
+def horizon_register_trainers(register):
+    register(MeanReward)
+
+
+@hookimpl
+def horizon_on_epoch_end(epoch, metrics):
+    EPOCHS.append((epoch, dict(metrics)))
+'''
+
+
+@pytest.fixture
+def host(plugin_site) -> PluginHost:
+    module = "horizon_plugin_mean_reward"
+    plugin_site.install(
+        "horizon-plugin-mean-reward",
+        "1.0",
+        {"mean_reward": module},
+        {f"{module}.py": MEAN_REWARD_PLUGIN},
+    )
+    return PluginHost(env={"HORIZON_LOAD_PLUGINS": "mean_reward"})
+
+
+def pipeline(output: Path, **trainer: object) -> dict:
+    return {
+        "pipeline": {"output_dir": str(output), "seed": 1},
+        "source": {"kind": "gym", "episodes": 10, "ds": "2019-01-01"},
+        # With seed 1, eval_fraction 0.5 puts episodes 3 and 8 of the ten in the eval split.
+        "timeline": {"actions": ["0", "1"], "reward": {"reward": 2.0}, "eval_fraction": 0.5},
+        "normalization": {},
+        "trainer": {"kind": "mean_reward", "epochs": 3, "minibatch_size": 64, **trainer},
+    }
+
+
+def test_epochs_checkpoints_and_epoch_hook(host, tmp_path):
+    manifest = Engine(plugins=host, show_progress=False).run(pipeline(tmp_path))
+    stage = manifest["stages"]["train"]
+    assert stage["details"]["epochs"] == 3
+    assert stage["details"]["device"] == "cpu"
+    first, last = stage["details"]["first_epoch"], stage["details"]["last_epoch"]
+    # Every reward is 2 (weight 2.0 on CartPole's reward of 1): the loss falls towards 0.
+    assert last["Training/loss"] < first["Training/loss"]
+    assert last["Evaluation/mc_loss"] < first["Evaluation/mc_loss"]
+    names = sorted(path.name for path in (tmp_path / "checkpoints").iterdir())
+    assert names == ["epoch-0001.pt", "epoch-0002.pt", "epoch-0003.pt", "latest.pt"]
+    latest = torch.load(tmp_path / "checkpoints" / "latest.pt", weights_only=False)
+    assert latest["epoch"] == 3
+    epochs = host.pm.get_plugin("mean_reward").EPOCHS
+    assert [epoch for epoch, _ in epochs] == [1, 2, 3]
+    assert epochs[-1][1] == last
+
+
+def test_warm_start_continues_from_the_earlier_runs_weights(host, tmp_path):
+    engine = Engine(plugins=host, show_progress=False)
+    first = engine.run(pipeline(tmp_path / "yesterday", learning_rate=0.01))
+    second = engine.run(
+        pipeline(
+            tmp_path / "today", learning_rate=0.01, warm_start_from=str(tmp_path / "yesterday")
+        )
+    )
+    scratch = engine.run(pipeline(tmp_path / "scratch", learning_rate=0.01))
+    yesterday_end = first["stages"]["train"]["details"]["last_epoch"]["Training/loss"]
+    today_start = second["stages"]["train"]["details"]["first_epoch"]["Training/loss"]
+    scratch_start = scratch["stages"]["train"]["details"]["first_epoch"]["Training/loss"]
+    # An epoch's loss is the mean over its minibatches while the weight improves, so a run that
+    # goes on from yesterday's final weight starts below yesterday's last epoch mean, and far
+    # below a run from scratch (which starts at the same loss yesterday's run started at).
+    assert today_start < yesterday_end < scratch_start
+    assert scratch_start == first["stages"]["train"]["details"]["first_epoch"]["Training/loss"]
+    latest = torch.load(tmp_path / "today" / "checkpoints" / "latest.pt", weights_only=False)
+    # Three epochs of ~9 minibatches on top of yesterday's: the step count carried over.
+    assert (
+        latest["trainer"]["steps"]
+        == 2
+        * torch.load(tmp_path / "yesterday" / "checkpoints" / "latest.pt", weights_only=False)[
+            "trainer"
+        ]["steps"]
+    )
+
+
+def test_warm_start_without_a_checkpoint_names_the_path(host, tmp_path):
+    config = pipeline(tmp_path / "run", warm_start_from=str(tmp_path / "nothing"))
+    with pytest.raises(HorizonError, match=r"no checkpoint at .*nothing/checkpoints/latest\.pt"):
+        Engine(plugins=host, show_progress=False).run(config)
+
+
+def test_cuda_without_a_gpu_is_a_clear_error(host, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    with pytest.raises(HorizonError, match="device = 'cuda', but torch sees no CUDA device"):
+        Engine(plugins=host, show_progress=False).run(pipeline(tmp_path, device="cuda"))
+
+
+def scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    """Read TensorBoard event files: TFRecord framing around Event protos."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    found: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        position = 0
+        while position < len(data):
+            (length,) = struct.unpack("<Q", data[position : position + 8])
+            record = data[position + 12 : position + 12 + length]
+            position += 12 + length + 4
+            event = Event.FromString(record)
+            for value in event.summary.value:
+                found.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return found
+
+
+def test_tensorboard_event_files_hold_every_epochs_metrics(host, tmp_path):
+    manifest = Engine(plugins=host, show_progress=False).run(pipeline(tmp_path))
+    written = scalars(tmp_path / "tensorboard")
+    assert sorted(written) == ["Evaluation/mc_loss", "Training/loss"]
+    assert [step for step, _ in written["Training/loss"]] == [1, 2, 3]
+    last = manifest["stages"]["train"]["details"]["last_epoch"]
+    assert written["Evaluation/mc_loss"][-1][1] == pytest.approx(last["Evaluation/mc_loss"])
