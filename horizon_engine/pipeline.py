@@ -347,69 +347,11 @@ def run_train_stage(run: RunContext, choice: Choice) -> StageReport:
     """
     import torch
 
-    from horizon_engine.dataset import load_timeline
-    from horizon_engine.normalization import NORMALIZATION_FILE, read_normalization
-    from horizon_engine.preprocessor import build_preprocessor
-    from horizon_engine.schema import ActionType
-    from horizon_engine.timeline import TimelineInfo
-    from horizon_engine.training import (
-        TrainerBase,
-        TrainingProblem,
-        load_checkpoint,
-        resolve_device,
-        save_checkpoint,
-    )
+    from horizon_engine.training import load_checkpoint, prepare_training, save_checkpoint
 
     config = choice.config
-    trainer = choice.create()
-    if not isinstance(trainer, TrainerBase):
-        raise PluginError(
-            f"plugin '{choice.component.plugin}' registered the trainer "
-            f"{type(trainer).__qualname__}, which is not a TrainerBase"
-        )
-    timeline = run.output_dir / "timeline"
-    info = TimelineInfo.read(timeline)
-    action_type = ActionType(info.action_type)
-    normalization = read_normalization(run.output_dir / NORMALIZATION_FILE)
-    state_parameters = normalization["state_features"]
-    action_parameters = normalization.get("action_features", {})
-    max_feature_value = 6.0
-    if "normalization" in run.spec.sections:
-        max_feature_value = run.spec.sections["normalization"].config.max_feature_value
-    torch.manual_seed(run.seed)
-    device = resolve_device(config.device)
-    splits = {
-        split: load_timeline(
-            timeline / split,
-            action_type,
-            list(state_parameters),
-            list(action_parameters),
-            info.actions or [],
-        ).to(device)
-        for split in ("train", "eval")
-    }
-    state_preprocessor = build_preprocessor(
-        list(state_parameters), state_parameters, max_feature_value, run.plugins
-    )
-    action_preprocessor = (
-        build_preprocessor(
-            list(action_parameters), action_parameters, max_feature_value, run.plugins
-        )
-        if action_parameters
-        else None
-    )
-    trainer.setup(
-        TrainingProblem(
-            action_type=action_type,
-            actions=info.actions or [],
-            state_preprocessor=state_preprocessor.to(device),
-            state_width=len(state_preprocessor.output_names),
-            action_preprocessor=action_preprocessor and action_preprocessor.to(device),
-            action_width=len(action_preprocessor.output_names) if action_preprocessor else 0,
-            device=device,
-            seed=run.seed,
-        )
-    )
+    prepared = prepare_training(run, choice)
+    trainer, splits = prepared.trainer, prepared.splits
     if config.warm_start_from:
         trainer.load_state_dict(load_checkpoint(Path(config.warm_start_from))["trainer"])
     generator = torch.Generator().manual_seed(run.seed)
@@ -436,13 +378,32 @@ def run_train_stage(run: RunContext, choice: Choice) -> StageReport:
         rows_out=len(splits["train"]),
         outputs=[f"{CHECKPOINTS}/latest.pt"],
         details={
-            "device": str(device),
+            "device": str(prepared.problem.device),
             "epochs": config.epochs,
             "eval_rows": len(splits["eval"]),
             "first_epoch": history[0],
             "last_epoch": history[-1],
         },
     )
+
+
+def run_export_stage(run: RunContext, choice: Choice) -> StageReport:
+    """Export the trained policy (the latest checkpoint) with the configured exporter."""
+    from horizon_engine.export import ExporterBase, policy_bundle
+
+    exporter = choice.create()
+    if not isinstance(exporter, ExporterBase):
+        raise PluginError(
+            f"plugin '{choice.component.plugin}' registered the exporter "
+            f"{type(exporter).__qualname__}, which is not an ExporterBase"
+        )
+    if "trainer" not in run.spec.sections:
+        raise ConfigError(
+            [f"{run.spec.origin}: [export] needs the [trainer] section the model was trained with"]
+        )
+    bundle = policy_bundle(run, run.spec.sections["trainer"])
+    outputs = exporter.export(run, bundle)
+    return StageReport("export", outputs=outputs, details=exporter.details)
 
 
 STAGES: tuple[Stage, ...] = (
@@ -462,6 +423,7 @@ STAGES: tuple[Stage, ...] = (
         ("timeline/timeline.json", "normalization.json"),
         run_train_stage,
     ),
+    Stage("export", "export", "model.onnx", (f"{CHECKPOINTS}/latest.pt",), run_export_stage),
 )
 """The stages this version can run, in pipeline order."""
 

@@ -50,6 +50,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "horizon_engine.builtin.timeline",
     "horizon_engine.builtin.normalization",
     "horizon_engine.builtin.tensorboard",
+    "horizon_engine.builtin.onnx_export",
     "horizon_engine.builtin.feature_types",
 )
 """Modules of the core's own plugins, registered under their last dotted name."""

@@ -23,7 +23,9 @@ from horizon_engine.errors import HorizonError
 if TYPE_CHECKING:
     import torch
 
+    from horizon_engine.config import Choice
     from horizon_engine.dataset import TimelineTensors
+    from horizon_engine.pipeline import RunContext
     from horizon_engine.schema import ActionType
 
 CHECKPOINTS = "checkpoints"
@@ -133,3 +135,75 @@ def load_checkpoint(run_folder: Path) -> dict[str, Any]:
             f"[trainer] warm_start_from = {str(run_folder)!r}: no checkpoint at {path}"
         )
     return torch.load(path, map_location="cpu", weights_only=False)
+
+
+@dataclass
+class PreparedTraining:
+    """A trainer set up for a run's data, with the data as tensors on its device."""
+
+    trainer: TrainerBase
+    problem: TrainingProblem
+    splits: dict[str, TimelineTensors]
+    feature_ids: list[str]
+
+
+def prepare_training(run: RunContext, choice: Choice) -> PreparedTraining:
+    """Load the run's timeline and normalization, build the preprocessors, set the trainer up.
+
+    Shared by the train stage and the export stage (which restores a checkpoint into the
+    same set-up trainer), so that both see the same features in the same order.
+    """
+    import torch
+
+    from horizon_engine.dataset import load_timeline
+    from horizon_engine.errors import PluginError
+    from horizon_engine.normalization import NORMALIZATION_FILE, read_normalization
+    from horizon_engine.preprocessor import build_preprocessor
+    from horizon_engine.schema import ActionType
+    from horizon_engine.timeline import TimelineInfo
+
+    trainer = choice.create()
+    if not isinstance(trainer, TrainerBase):
+        raise PluginError(
+            f"plugin '{choice.component.plugin}' registered the trainer "
+            f"{type(trainer).__qualname__}, which is not a TrainerBase"
+        )
+    timeline = run.output_dir / "timeline"
+    info = TimelineInfo.read(timeline)
+    action_type = ActionType(info.action_type)
+    normalization = read_normalization(run.output_dir / NORMALIZATION_FILE)
+    state_parameters = normalization["state_features"]
+    action_parameters = normalization.get("action_features", {})
+    max_feature_value = 6.0
+    if "normalization" in run.spec.sections:
+        max_feature_value = run.spec.sections["normalization"].config.max_feature_value
+    torch.manual_seed(run.seed)
+    device = resolve_device(choice.config.device)
+    feature_ids = list(state_parameters)
+    splits = {
+        split: load_timeline(
+            timeline / split, action_type, feature_ids, list(action_parameters), info.actions or []
+        ).to(device)
+        for split in ("train", "eval")
+    }
+
+    def preprocessor(parameters: dict) -> torch.nn.Module | None:
+        if not parameters:
+            return None
+        built = build_preprocessor(list(parameters), parameters, max_feature_value, run.plugins)
+        return built.to(device)
+
+    state_preprocessor = preprocessor(state_parameters)
+    action_preprocessor = preprocessor(action_parameters)
+    problem = TrainingProblem(
+        action_type=action_type,
+        actions=info.actions or [],
+        state_preprocessor=state_preprocessor,
+        state_width=len(state_preprocessor.output_names),
+        action_preprocessor=action_preprocessor,
+        action_width=len(action_preprocessor.output_names) if action_preprocessor else 0,
+        device=device,
+        seed=run.seed,
+    )
+    trainer.setup(problem)
+    return PreparedTraining(trainer, problem, splits, feature_ids)

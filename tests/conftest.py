@@ -105,3 +105,96 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     session = spark_session(options)
     yield session
     session.stop()
+
+
+# --- A tiny trainer, to drive the core's training loop and export without a real algorithm ---
+
+MEAN_REWARD_PLUGIN = '''
+import torch
+
+from horizon_engine import hookimpl
+from horizon_engine.training import TrainerBase, TrainerConfig
+
+EPOCHS = []
+
+
+class MeanRewardConfig(TrainerConfig):
+    learning_rate: float = 0.05
+    """Step size of the one weight."""
+
+
+class Scores(torch.nn.Module):
+    """The weight plus the normalized features' sum, with a sign per action."""
+
+    def __init__(self, weight, preprocessor, actions):
+        super().__init__()
+        self.weight, self.preprocessor = weight, preprocessor
+        self.register_buffer("signs", torch.tensor([(-1.0) ** a for a in range(actions)]))
+
+    def forward(self, values, presence):
+        features = self.preprocessor(values, presence).sum(dim=1, keepdim=True)
+        return self.weight + features * self.signs
+
+
+class MeanReward(TrainerBase):
+    """Learns one number, the mean reward, by SGD: enough to drive the loop."""
+
+    name = "mean_reward"
+    Config = MeanRewardConfig
+
+    def setup(self, problem):
+        self.problem = problem
+        self.weight = torch.zeros(1, requires_grad=True, device=problem.device)
+        self.optimizer = torch.optim.SGD([self.weight], lr=self.config.learning_rate)
+        self.steps = 0
+
+    def train_step(self, batch):
+        loss = ((batch["reward"] - self.weight) ** 2).mean()
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        self.steps += 1
+        return {"loss": float(loss.detach())}
+
+    def evaluate(self, data):
+        return {"mc_loss": float(((data.reward - self.weight.detach()) ** 2).mean())}
+
+    def state_dict(self):
+        return {"weight": self.weight.detach().clone(), "steps": self.steps,
+                "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state):
+        with torch.no_grad():
+            self.weight.copy_(state["weight"])
+        self.steps = state["steps"]
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def policy(self):
+        weight = self.weight.detach().clone()
+        return Scores(weight, self.problem.state_preprocessor, len(self.problem.actions))
+
+
+@hookimpl
+def horizon_register_trainers(register):
+    register(MeanReward)
+
+
+@hookimpl
+def horizon_on_epoch_end(epoch, metrics):
+    EPOCHS.append((epoch, dict(metrics)))
+'''
+
+
+@pytest.fixture
+def trainer_host(plugin_site: PluginSite) -> Any:
+    """A plugin host with the ``mean_reward`` trainer installed as a third-party plugin."""
+    from horizon_engine.plugins import PluginHost
+
+    module = "horizon_plugin_mean_reward"
+    plugin_site.install(
+        "horizon-plugin-mean-reward",
+        "1.0",
+        {"mean_reward": module},
+        {f"{module}.py": MEAN_REWARD_PLUGIN},
+    )
+    return PluginHost(env={"HORIZON_LOAD_PLUGINS": "mean_reward"})

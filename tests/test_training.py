@@ -11,89 +11,6 @@ import torch
 
 from horizon_engine.errors import HorizonError
 from horizon_engine.pipeline import Engine
-from horizon_engine.plugins import PluginHost
-
-MEAN_REWARD_PLUGIN = '''
-import torch
-
-from horizon_engine import hookimpl
-from horizon_engine.training import TrainerBase, TrainerConfig
-
-EPOCHS = []
-
-
-class MeanRewardConfig(TrainerConfig):
-    learning_rate: float = 0.05
-    """Step size of the one weight."""
-
-
-class Scores(torch.nn.Module):
-    def __init__(self, weight, actions):
-        super().__init__()
-        self.weight, self.actions = weight, actions
-
-    def forward(self, values, presence):
-        return self.weight.expand(values.shape[0], self.actions)
-
-
-class MeanReward(TrainerBase):
-    """Learns one number, the mean reward, by SGD: enough to drive the loop."""
-
-    name = "mean_reward"
-    Config = MeanRewardConfig
-
-    def setup(self, problem):
-        self.problem = problem
-        self.weight = torch.zeros(1, requires_grad=True, device=problem.device)
-        self.optimizer = torch.optim.SGD([self.weight], lr=self.config.learning_rate)
-        self.steps = 0
-
-    def train_step(self, batch):
-        loss = ((batch["reward"] - self.weight) ** 2).mean()
-        self.optimizer.zero_grad()
-        loss.backward()
-        self.optimizer.step()
-        self.steps += 1
-        return {"loss": float(loss.detach())}
-
-    def evaluate(self, data):
-        return {"mc_loss": float(((data.reward - self.weight.detach()) ** 2).mean())}
-
-    def state_dict(self):
-        return {"weight": self.weight.detach().clone(), "steps": self.steps,
-                "optimizer": self.optimizer.state_dict()}
-
-    def load_state_dict(self, state):
-        with torch.no_grad():
-            self.weight.copy_(state["weight"])
-        self.steps = state["steps"]
-        self.optimizer.load_state_dict(state["optimizer"])
-
-    def policy(self):
-        return Scores(self.weight, len(self.problem.actions))
-
-
-@hookimpl
-def horizon_register_trainers(register):
-    register(MeanReward)
-
-
-@hookimpl
-def horizon_on_epoch_end(epoch, metrics):
-    EPOCHS.append((epoch, dict(metrics)))
-'''
-
-
-@pytest.fixture
-def host(plugin_site) -> PluginHost:
-    module = "horizon_plugin_mean_reward"
-    plugin_site.install(
-        "horizon-plugin-mean-reward",
-        "1.0",
-        {"mean_reward": module},
-        {f"{module}.py": MEAN_REWARD_PLUGIN},
-    )
-    return PluginHost(env={"HORIZON_LOAD_PLUGINS": "mean_reward"})
 
 
 def pipeline(output: Path, **trainer: object) -> dict:
@@ -107,7 +24,8 @@ def pipeline(output: Path, **trainer: object) -> dict:
     }
 
 
-def test_epochs_checkpoints_and_epoch_hook(host, tmp_path):
+def test_epochs_checkpoints_and_epoch_hook(trainer_host, tmp_path):
+    host = trainer_host
     manifest = Engine(plugins=host, show_progress=False).run(pipeline(tmp_path))
     stage = manifest["stages"]["train"]
     assert stage["details"]["epochs"] == 3
@@ -125,7 +43,8 @@ def test_epochs_checkpoints_and_epoch_hook(host, tmp_path):
     assert epochs[-1][1] == last
 
 
-def test_warm_start_continues_from_the_earlier_runs_weights(host, tmp_path):
+def test_warm_start_continues_from_the_earlier_runs_weights(trainer_host, tmp_path):
+    host = trainer_host
     engine = Engine(plugins=host, show_progress=False)
     first = engine.run(pipeline(tmp_path / "yesterday", learning_rate=0.01))
     second = engine.run(
@@ -153,13 +72,15 @@ def test_warm_start_continues_from_the_earlier_runs_weights(host, tmp_path):
     )
 
 
-def test_warm_start_without_a_checkpoint_names_the_path(host, tmp_path):
+def test_warm_start_without_a_checkpoint_names_the_path(trainer_host, tmp_path):
+    host = trainer_host
     config = pipeline(tmp_path / "run", warm_start_from=str(tmp_path / "nothing"))
     with pytest.raises(HorizonError, match=r"no checkpoint at .*nothing/checkpoints/latest\.pt"):
         Engine(plugins=host, show_progress=False).run(config)
 
 
-def test_cuda_without_a_gpu_is_a_clear_error(host, tmp_path):
+def test_cuda_without_a_gpu_is_a_clear_error(trainer_host, tmp_path):
+    host = trainer_host
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device")
     with pytest.raises(HorizonError, match="device = 'cuda', but torch sees no CUDA device"):
@@ -184,7 +105,8 @@ def scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
     return found
 
 
-def test_tensorboard_event_files_hold_every_epochs_metrics(host, tmp_path):
+def test_tensorboard_event_files_hold_every_epochs_metrics(trainer_host, tmp_path):
+    host = trainer_host
     manifest = Engine(plugins=host, show_progress=False).run(pipeline(tmp_path))
     written = scalars(tmp_path / "tensorboard")
     assert sorted(written) == ["Evaluation/mc_loss", "Training/loss"]
