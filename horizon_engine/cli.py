@@ -122,6 +122,35 @@ def plugins(as_json: bool) -> None:
         )
 
 
+@main.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@_set_option
+@_user_errors
+def export(run_dir: Path, overrides: tuple[str, ...]) -> None:
+    """Export the trained policy of RUN_DIR (a run's output folder) as its [export] says
+    (ONNX by default), from the run's own manifest and latest checkpoint."""
+    from horizon_engine.errors import HorizonError
+    from horizon_engine.pipeline import Engine
+
+    manifest_path = run_dir / "manifest.json"
+    try:
+        config = json.loads(manifest_path.read_text(encoding="utf-8"))["config"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise HorizonError(f"{manifest_path}: not a run's manifest ({exc})") from None
+    config["pipeline"]["output_dir"] = str(run_dir)
+    config["pipeline"]["stages"] = None
+    config.setdefault("export", {"kind": "onnx"})
+    manifest = Engine().run(config, overrides, ["export"])
+    details = manifest["stages"]["export"]["details"]
+    for output in manifest["stages"]["export"]["outputs"]:
+        click.echo(f"wrote {run_dir / output}")
+    if "max_abs_difference" in details:
+        click.echo(
+            f"checked on {details['verified_rows']} rows: largest difference from PyTorch "
+            f"{details['max_abs_difference']:.2g}"
+        )
+
+
 @main.group()
 def gym() -> None:
     """Work with Gymnasium environments."""

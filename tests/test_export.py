@@ -84,3 +84,31 @@ def test_export_without_a_checkpoint_says_which_stage_writes_it(trainer_host, tm
     engine = Engine(plugins=trainer_host, show_progress=False)
     with pytest.raises(HorizonError, match="stage 'train' writes"):
         engine.run(pipeline(tmp_path), stages=["export"])
+
+
+def test_horizon_export_command_exports_a_finished_run(trainer_host, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from horizon_engine import plugins
+    from horizon_engine.cli import main
+
+    config = pipeline(tmp_path)
+    del config["export"]
+    Engine(plugins=trainer_host, show_progress=False).run(config)
+    monkeypatch.setattr(plugins, "_default_host", trainer_host)
+    result = CliRunner().invoke(main, ["export", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert f"wrote {tmp_path / 'model.onnx'}" in result.output
+    assert "largest difference from PyTorch" in result.output
+    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"))
+    assert [o.name for o in session.get_outputs()] == ["scores", "probabilities", "action"]
+
+
+def test_horizon_export_of_a_folder_without_a_run_is_a_clear_error(tmp_path):
+    from click.testing import CliRunner
+
+    from horizon_engine.cli import main
+
+    result = CliRunner().invoke(main, ["export", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "manifest.json: not a run's manifest" in result.output
