@@ -112,3 +112,21 @@ def test_horizon_export_of_a_folder_without_a_run_is_a_clear_error(tmp_path):
     result = CliRunner().invoke(main, ["export", str(tmp_path)])
     assert result.exit_code == 1
     assert "manifest.json: not a run's manifest" in result.output
+
+
+def test_exported_model_drives_the_gym_sources_epsilon_greedy_policy(trainer_host, tmp_path):
+    """The loop closes: a model exported by one run logs the next run's decisions."""
+    from horizon_engine.builtin.gym_source import GymSourceConfig, collect_rows
+
+    Engine(plugins=trainer_host, show_progress=False).run(pipeline(tmp_path / "first"))
+    config = GymSourceConfig(
+        episodes=3,
+        policy="epsilon_greedy",
+        epsilon=0.1,
+        model=str(tmp_path / "first" / "model.onnx"),
+        ds="2019-01-02",
+    )
+    rows = [row for _, row in collect_rows(config, seed=5)]
+    # Two actions: the greedy one is logged with 1 - 0.1 + 0.1 / 2, the other with 0.1 / 2.
+    assert {row["action_probability"] for row in rows} <= {0.95, 0.05}
+    assert sum(row["action_probability"] == 0.95 for row in rows) > len(rows) / 2
