@@ -23,6 +23,7 @@ from horizon_engine.errors import HorizonError
 from horizon_engine.hookspecs import hookimpl
 from horizon_engine.normalization import NormalizationParameters
 from horizon_engine.preprocessor import FeatureTransform, feature_module
+from horizon_engine.training import TrainerBase, TrainerConfig, TrainingProblem
 
 if TYPE_CHECKING:
     from horizon_engine.pipeline import Engine, RunContext, StageReport, run_pipeline
@@ -43,6 +44,9 @@ __all__ = [
     "SourceConfig",
     "StageReport",
     "Trainer",
+    "TrainerBase",
+    "TrainerConfig",
+    "TrainingProblem",
     "Transform",
     "__version__",
     "feature_module",

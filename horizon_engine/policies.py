@@ -3,7 +3,9 @@
 Serving, counterfactual evaluation and the exported model all need the probability of every
 action under the trained policy, not only the chosen action. These are tensor functions with
 export-friendly operations (no data-dependent shapes), shared by trainers and exporters.
-Impossible actions (mask 0) get probability 0; the score of an impossible action never wins.
+Impossible actions (mask 0) get probability 0; the score of an impossible action never wins. A
+row whose mask is all zeros did not record its possible actions, and every action counts as
+possible there (as the row checks and the timeline treat an empty list).
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ def action_probabilities(
     """
     import torch
 
+    # A row that lists no possible action did not record them: every action is possible.
+    recorded = possible.sum(dim=1, keepdim=True) > 0
+    possible = torch.where(recorded, possible, torch.ones_like(possible))
     masked = masked_scores(scores, possible)
     allowed = (possible > 0).to(scores.dtype)
     if kind == "softmax":

@@ -62,6 +62,7 @@ class TrainingProblem:
     device: torch.device
     seed: int
     extra: dict[str, Any] = field(default_factory=dict)
+    """Facts a trainer may check: ``n_step``, the timeline's n-step window."""
 
 
 class TrainerBase(Trainer):
@@ -204,6 +205,7 @@ def prepare_training(run: RunContext, choice: Choice) -> PreparedTraining:
         action_width=len(action_preprocessor.output_names) if action_preprocessor else 0,
         device=device,
         seed=run.seed,
+        extra={"n_step": info.n_step},
     )
     trainer.setup(problem)
     return PreparedTraining(trainer, problem, splits, feature_ids)

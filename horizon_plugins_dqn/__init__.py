@@ -1,5 +1,20 @@
-"""Discrete DQN (double Q, dueling, n-step, CQL, BCQ) and parametric DQN trainers.
+"""Discrete DQN: double Q, dueling, n-step, SARSA, conservative Q-learning and discrete BCQ.
 
-Registered through the ``horizon`` entry point like any third-party plugin; the trainers
-arrive with the DQN work and it registers nothing yet.
+Registered through the ``horizon`` entry point like any third-party plugin. torch is imported
+by the trainer's methods, not here, so ``horizon plugins`` lists the options without loading it.
 """
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from horizon_engine import hookimpl
+from horizon_plugins_dqn.config import DqnConfig
+from horizon_plugins_dqn.trainer import DqnTrainer
+
+__all__ = ["DqnConfig", "DqnTrainer"]
+
+
+@hookimpl
+def horizon_register_trainers(register: Callable[[type], None]) -> None:
+    register(DqnTrainer)
