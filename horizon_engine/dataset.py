@@ -5,8 +5,12 @@ sparse feature maps become ``[rows, features]`` values plus a presence mask (0 w
 a feature), in the order of ``normalization.json``'s features, which is the order the
 preprocessor takes them in. Discrete actions stay indices (``-1`` for a terminal row's missing
 next action) with their 0/1 possible-action masks; continuous and parametric actions become
-dense action-feature tensors the same way as states. Minibatches are slices of one random
-permutation, gathered with tensor indexing.
+dense action-feature tensors the same way as states. A parametric row's possible actions (a list
+of feature maps, of any length) become ``[rows, K, features]`` candidate tensors padded to the
+split's longest list, and ``possible_actions`` is then the ``[rows, K]`` mask of real candidates:
+the same role the discrete mask plays over the action indices, so that masking, max and the
+policies work alike on both. Minibatches are slices of one random permutation, gathered with
+tensor indexing.
 
 torch is imported where it is used; this module is imported by trainers only.
 """
@@ -49,6 +53,52 @@ def dense_features(column: pa.Array, feature_ids: Sequence[str]) -> tuple[np.nda
     return dense, presence
 
 
+def candidate_features(
+    column: pa.Array, feature_ids: Sequence[str]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A list-of-feature-maps column (each row's candidate actions) as ``[rows, K, features]``
+    values and presence and the ``[rows, K]`` mask of real candidates (float32).
+
+    ``K`` is the longest list, at least 1 so that every row has a slot to mask; a null or empty
+    list (a terminal row's next actions, or ones not recorded) is a row of masked slots.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if column.null_count:
+        column = pc.fill_null(column, pa.scalar([], type=column.type))
+    parents, maps = list_entries(column)
+    offsets = column.offsets.to_numpy(zero_copy_only=False)
+    counts = np.diff(offsets)
+    width = max(int(counts.max()) if len(counts) else 0, 1)
+    slots = np.arange(len(parents)) - np.repeat(offsets[:-1] - offsets[0], counts)
+    values, presence = dense_features(maps, feature_ids)
+    shape = (len(column), width, len(feature_ids))
+    dense = np.zeros(shape, dtype=np.float32)
+    dense_presence = np.zeros(shape, dtype=np.float32)
+    mask = np.zeros(shape[:2], dtype=np.float32)
+    dense[parents, slots] = values
+    dense_presence[parents, slots] = presence
+    mask[parents, slots] = 1.0
+    return dense, dense_presence, mask
+
+
+def _candidate_tensors(
+    column: pa.Array, feature_ids: Sequence[str], name: str
+) -> dict[str, torch.Tensor]:
+    """``candidate_features`` as the tensors named after the column: ``name`` (the mask),
+    ``<singular>_features`` and ``<singular>_presence``, e.g. ``possible_action_features``."""
+    import torch
+
+    values, presence, mask = candidate_features(column, feature_ids)
+    singular = name.replace("actions", "action")
+    return {
+        name: torch.from_numpy(mask),
+        f"{singular}_features": torch.from_numpy(values),
+        f"{singular}_presence": torch.from_numpy(presence),
+    }
+
+
 def _masks(column: pa.Array, width: int) -> np.ndarray:
     """A list<int8> column of equal-length 0/1 masks as ``[rows, width]`` float32."""
     _, values = list_entries(column)
@@ -81,6 +131,12 @@ class TimelineTensors:
     next_n_state: torch.Tensor | None = None
     next_n_state_presence: torch.Tensor | None = None
     next_n_possible_next_actions: torch.Tensor | None = None
+    possible_action_features: torch.Tensor | None = None
+    possible_action_presence: torch.Tensor | None = None
+    possible_next_action_features: torch.Tensor | None = None
+    possible_next_action_presence: torch.Tensor | None = None
+    next_n_possible_next_action_features: torch.Tensor | None = None
+    next_n_possible_next_action_presence: torch.Tensor | None = None
     feature_ids: list[str] = field(default_factory=list)
     action_feature_ids: list[str] = field(default_factory=list)
 
@@ -170,18 +226,26 @@ def load_timeline(
             values, presence = dense_features(column[name], action_feature_ids)
             loaded[name] = torch.from_numpy(values)
             loaded[f"{name}_presence"] = torch.from_numpy(presence)
+    if action_type is ActionType.PARAMETRIC:
+        for name in ("possible_actions", "possible_next_actions"):
+            loaded |= _candidate_tensors(column[name], action_feature_ids, name)
     if "next_n_rewards" in column:
-        loaded |= _n_step_tensors(column, feature_ids, len(actions))
+        loaded |= _n_step_tensors(column, feature_ids, len(actions), action_feature_ids)
     return TimelineTensors(
         **loaded, feature_ids=list(feature_ids), action_feature_ids=list(action_feature_ids)
     )
 
 
 def _n_step_tensors(
-    column: dict[str, pa.Array], feature_ids: Sequence[str], action_count: int
+    column: dict[str, pa.Array],
+    feature_ids: Sequence[str],
+    action_count: int,
+    action_feature_ids: Sequence[str],
 ) -> dict[str, torch.Tensor]:
     """The n-step arrays, padded to the longest (0 reward, terminal) with their lengths, and
-    the state (and possible actions) where each row's n-step window ends, to bootstrap from."""
+    the state (and possible actions) where each row's n-step window ends, to bootstrap from.
+    ``action_count`` is the number of discrete actions (0 otherwise); ``action_feature_ids``
+    are the parametric candidates' features."""
     import pyarrow as pa
     import torch
 
@@ -209,9 +273,11 @@ def _n_step_tensors(
         "next_n_state": torch.from_numpy(end_state),
         "next_n_state_presence": torch.from_numpy(end_presence),
     }
-    if action_count and "next_n_possible_next_actions" in column:
-        _, end_masks = list_entries(column["next_n_possible_next_actions"])
-        tensors["next_n_possible_next_actions"] = torch.from_numpy(
-            _masks(end_masks.take(last), action_count)
-        )
+    if "next_n_possible_next_actions" in column:
+        _, ends = list_entries(column["next_n_possible_next_actions"])
+        name = "next_n_possible_next_actions"
+        if action_count:
+            tensors[name] = torch.from_numpy(_masks(ends.take(last), action_count))
+        elif action_feature_ids:
+            tensors |= _candidate_tensors(ends.take(last), action_feature_ids, name)
     return tensors

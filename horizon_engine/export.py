@@ -3,7 +3,9 @@
 The export stage restores the latest checkpoint into a trainer set up exactly as in training
 (``prepare_training``), takes its policy module (raw features and presence -> a score per
 action, normalization inside) and hands it to the configured exporter with the feature ids,
-action names, normalization, and eval rows on which the exporter verifies what it wrote.
+action names, normalization, and eval rows on which the exporter verifies what it wrote. A
+parametric policy also takes each row's candidate actions (features, presence and a mask of
+real candidates) and scores every candidate.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ class PolicyBundle:
     """The trained policy and everything needed to describe and check it."""
 
     model: torch.nn.Module
-    """(values, presence) of the state features -> ``[batch, actions]`` scores."""
+    """(values, presence) of the state features -> ``[batch, actions]`` scores; a parametric
+    model also takes (values, presence) of the candidates and gives ``[batch, candidates]``."""
     feature_ids: list[str]
     actions: list[str]
     normalization: dict[str, Any]
@@ -50,6 +53,15 @@ class PolicyBundle:
     sample_presence: torch.Tensor
     run_id: str
     metadata: dict[str, str] = field(default_factory=dict)
+    action_feature_ids: list[str] = field(default_factory=list)
+    """The candidate actions' feature ids, in input order (parametric models)."""
+    sample_candidates: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    """Check rows' candidate actions: values, presence ``[rows, K, G]`` and mask ``[rows, K]``
+    (parametric models only)."""
+
+    @property
+    def parametric(self) -> bool:
+        return self.sample_candidates is not None
 
 
 class ExporterBase(Exporter):
@@ -79,6 +91,13 @@ def policy_bundle(run: RunContext, trainer_choice: Choice) -> PolicyBundle:
     model = prepared.trainer.policy().to("cpu").eval()
     check = prepared.splits["eval"] if len(prepared.splits["eval"]) else prepared.splits["train"]
     normalization = json.loads((run.output_dir / NORMALIZATION_FILE).read_text())
+    candidates = None
+    if check.possible_action_features is not None:
+        candidates = (
+            check.possible_action_features[:VERIFY_ROWS].cpu(),
+            check.possible_action_presence[:VERIFY_ROWS].cpu(),
+            check.possible_actions[:VERIFY_ROWS].cpu(),
+        )
     return PolicyBundle(
         model=model,
         feature_ids=prepared.feature_ids,
@@ -87,4 +106,6 @@ def policy_bundle(run: RunContext, trainer_choice: Choice) -> PolicyBundle:
         sample_values=check.state[:VERIFY_ROWS].cpu(),
         sample_presence=check.state_presence[:VERIFY_ROWS].cpu(),
         run_id=run.run_id,
+        action_feature_ids=check.action_feature_ids,
+        sample_candidates=candidates,
     )

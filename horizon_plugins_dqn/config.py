@@ -1,4 +1,8 @@
-"""The ``[trainer]`` options of the ``dqn`` trainer (no torch: ``horizon plugins`` lists them)."""
+"""The ``[trainer]`` options of the Q-learning trainers (no torch: ``horizon plugins`` lists them).
+
+``dqn`` and ``parametric_dqn`` share the Q-learning options (``QLearningConfig``); ``dqn`` adds
+what needs named actions (``reward_boost``) or a behaviour model over them (``bcq_threshold``).
+"""
 
 from __future__ import annotations
 
@@ -12,8 +16,8 @@ Activation = Literal["relu", "leaky_relu", "elu", "selu", "gelu", "tanh", "sigmo
 """The hidden-layer activations a network may use (``linear`` is none)."""
 
 
-class DqnConfig(TrainerConfig):
-    """Options of the ``dqn`` trainer (``[trainer]`` with ``kind = "dqn"``)."""
+class QLearningConfig(TrainerConfig):
+    """Options every Q-learning trainer of this plugin accepts."""
 
     gamma: float = Field(default=0.99, ge=0.0, le=1.0)
     """Discount factor of future rewards."""
@@ -31,8 +35,6 @@ class DqnConfig(TrainerConfig):
     """Soft target update after every step: target <- rate * online + (1 - rate) * target."""
     maxq_learning: bool = True
     """Q-learning (max over the possible next actions); false is SARSA on the logged next action."""
-    reward_boost: dict[str, float] = Field(default_factory=dict)
-    """Added to the reward of a row whose logged action is the key (Horizon's per-action boost)."""
     layers: list[int] = Field(default_factory=lambda: [128, 64], min_length=1)
     """Widths of the hidden layers."""
     activations: list[Activation] = Field(default_factory=lambda: ["relu", "relu"], min_length=1)
@@ -49,8 +51,6 @@ class DqnConfig(TrainerConfig):
     """L2 penalty (the optimizer's weight decay)."""
     cql_alpha: float = Field(default=0.0, ge=0.0)
     """Conservative Q-learning weight of logsumexp_a Q(s, a) - Q(s, logged a) (0 = off)."""
-    bcq_threshold: float = Field(default=0.0, ge=0.0, le=1.0)
-    """Discrete BCQ: drop actions whose behaviour probability / the top one is below it (0 off)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -67,3 +67,20 @@ class DqnConfig(TrainerConfig):
                 "timeline logs no action at the end of an n-step window"
             )
         return self
+
+
+class DqnConfig(QLearningConfig):
+    """Options of the ``dqn`` trainer (``[trainer]`` with ``kind = "dqn"``)."""
+
+    reward_boost: dict[str, float] = Field(default_factory=dict)
+    """Added to the reward of a row whose logged action is the key (Horizon's per-action boost)."""
+    bcq_threshold: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Discrete BCQ: drop actions whose behaviour probability / the top one is below it (0 off)."""
+
+
+class ParametricDqnConfig(QLearningConfig):
+    """Options of the ``parametric_dqn`` trainer (``[trainer]`` with ``kind = "parametric_dqn"``).
+
+    With ``dueling``, the state's value and the state-action advantage are separate heads on a
+    shared state body, as in the Horizon paper's parametric adaptation (see its network).
+    """

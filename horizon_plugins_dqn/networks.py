@@ -111,3 +111,85 @@ def behaviour_model(
 ) -> nn.Sequential:
     """Discrete BCQ's behaviour model: preprocessed state -> logits of the logging policy."""
     return nn.Sequential(mlp(state_width, layers, activations), nn.Linear(layers[-1], actions))
+
+
+class ParametricQNetwork(nn.Module):
+    """Preprocessed state ``[B, S]`` and candidate actions ``[B, K, W]`` -> Q ``[B, K]``.
+
+    Without ``dueling``: one network on the concatenated state and action features. With it
+    (the Horizon paper's adaptation): a shared body on the state alone (every hidden layer but
+    the last) feeds a value head ``V(s)`` and, concatenated with the action's features, an
+    advantage head ``A(s, a)``; ``Q = V + A``. The advantage is not centred on its mean over
+    actions as the discrete head does: a row's candidate set varies (and may not be known), and
+    centring would make an action's Q depend on which others were offered beside it.
+    """
+
+    def __init__(
+        self,
+        state_width: int,
+        action_width: int,
+        layers: Sequence[int],
+        activations: Sequence[str],
+        dueling: bool = False,
+    ) -> None:
+        super().__init__()
+        self.dueling = dueling
+        if not dueling:
+            self.body = mlp(state_width + action_width, layers, activations)
+            self.head = nn.Linear(layers[-1], 1)
+            return
+        self.body = mlp(state_width, layers[:-1], activations[:-1])
+        shared = layers[-2] if len(layers) > 1 else state_width
+        last = [layers[-1]], [activations[-1]]
+        self.value = nn.Sequential(mlp(shared, *last), nn.Linear(layers[-1], 1))
+        self.advantage = nn.Sequential(mlp(shared + action_width, *last), nn.Linear(layers[-1], 1))
+
+    def forward(self, state: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        candidates = actions.shape[1]
+        if not self.dueling:
+            inputs = torch.cat([state.unsqueeze(1).expand(-1, candidates, -1), actions], dim=2)
+            return self.head(self.body(inputs)).squeeze(2)
+        hidden = self.body(state)
+        paired = torch.cat([hidden.unsqueeze(1).expand(-1, candidates, -1), actions], dim=2)
+        return self.value(hidden) + self.advantage(paired).squeeze(2)
+
+
+class ParametricDqnPolicy(nn.Module):
+    """The trained parametric model: raw state ``(values, presence)`` ``[B, F]`` and raw
+    candidate actions ``(values, presence)`` ``[B, K, G]`` -> Q scores ``[B, K]``.
+
+    Both preprocessors are inside, so a server passes features as logged.
+    """
+
+    def __init__(
+        self,
+        state_preprocessor: nn.Module,
+        action_preprocessor: nn.Module,
+        q_network: ParametricQNetwork,
+    ) -> None:
+        super().__init__()
+        self.state_preprocessor = state_preprocessor
+        self.action_preprocessor = action_preprocessor
+        self.q_network = q_network
+
+    def forward(
+        self,
+        values: torch.Tensor,
+        presence: torch.Tensor,
+        candidates: torch.Tensor,
+        candidate_presence: torch.Tensor,
+    ) -> torch.Tensor:
+        state = self.state_preprocessor(values, presence)
+        return self.q_network(
+            state, preprocess_candidates(self.action_preprocessor, candidates, candidate_presence)
+        )
+
+
+def preprocess_candidates(
+    preprocessor: nn.Module, candidates: torch.Tensor, presence: torch.Tensor
+) -> torch.Tensor:
+    """Raw candidate actions ``[B, K, G]`` -> preprocessed ``[B, K, W]``: the preprocessor
+    takes rows, so the candidates are flattened into ``B * K`` rows and back."""
+    count, width = candidates.shape[1], candidates.shape[2]
+    flat = preprocessor(candidates.reshape(-1, width), presence.reshape(-1, width))
+    return flat.reshape(-1, count, flat.shape[1])

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from horizon_engine.errors import HorizonError
 from horizon_engine.schema import ActionType
-from horizon_engine.training import TrainerBase, TrainingProblem
+from horizon_engine.training import TrainingProblem
 from horizon_plugins_dqn.config import DqnConfig
+from horizon_plugins_dqn.q_learning import EVAL_CHUNK_ROWS, QLearningTrainer, checkpoint_mismatch
 
 if TYPE_CHECKING:
     import torch
@@ -24,11 +25,8 @@ if TYPE_CHECKING:
     from horizon_engine.dataset import TimelineTensors
     from horizon_plugins_dqn.networks import DqnPolicy
 
-EVAL_CHUNK_ROWS = 65_536
-"""Rows scored at once during evaluation, bounding its memory on a large eval split."""
 
-
-class DqnTrainer(TrainerBase):
+class DqnTrainer(QLearningTrainer):
     """Discrete-action DQN (double Q, dueling, n-step, SARSA, CQL, discrete BCQ)."""
 
     name = "dqn"
@@ -51,9 +49,7 @@ class DqnTrainer(TrainerBase):
                 f"[trainer] kind = 'dqn' trains on discrete actions; the timeline's actions "
                 f"are {problem.action_type.value}"
             )
-        timeline_n_step = problem.extra.get("n_step")
-        if config.n_step > 1 and timeline_n_step is not None and timeline_n_step != config.n_step:
-            raise HorizonError(_n_step_mismatch(config.n_step, f"n_step = {timeline_n_step}"))
+        self.check_n_step(problem.extra.get("n_step"))
         unknown = sorted(set(config.reward_boost) - set(problem.actions))
         if unknown:
             raise HorizonError(
@@ -75,20 +71,17 @@ class DqnTrainer(TrainerBase):
             )
         self.target_network = copy.deepcopy(self.q_network).requires_grad_(False)
         self.preprocessor = problem.state_preprocessor
-        self.optimizer = self._optimizer(self.q_network)
+        self.optimizer = self.make_optimizer(self.q_network)
         self.behaviour_optimizer = (
-            self._optimizer(self.behaviour) if self.behaviour is not None else None
+            self.make_optimizer(self.behaviour) if self.behaviour is not None else None
         )
         self.reward_boost = torch.tensor(
             [config.reward_boost.get(action, 0.0) for action in self.actions], device=device
         )
         self.steps = 0
 
-    def _optimizer(self, module: torch.nn.Module) -> torch.optim.Optimizer:
-        import torch
-
-        kind = torch.optim.SGD if self.config.optimizer == "sgd" else torch.optim.Adam
-        return kind(module.parameters(), lr=self.config.learning_rate, weight_decay=self.config.l2)
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self.optimizer, *filter(None, [self.behaviour_optimizer])]
 
     def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         """One update of the Q-network (and of the behaviour model), then the soft target update.
@@ -97,9 +90,6 @@ class DqnTrainer(TrainerBase):
         weight) with ``cql_alpha > 0`` and ``bcq_loss`` (the behaviour model's cross-entropy)
         with ``bcq_threshold > 0``.
         """
-        import torch
-        import torch.nn.functional as F
-
         config = self.config
         state = self.preprocessor(batch["state"], batch["state_presence"])
         metrics: dict[str, float] = {}
@@ -109,10 +99,7 @@ class DqnTrainer(TrainerBase):
         scores = self.q_network(state)
         action = batch["action"]
         logged = scores.gather(1, action.unsqueeze(1)).squeeze(1)
-        if config.loss == "mse":
-            td_loss = F.mse_loss(logged, target)
-        else:
-            td_loss = F.smooth_l1_loss(logged, target)
+        td_loss = self.td_loss(logged, target)
         loss = td_loss
         if config.cql_alpha > 0:
             from horizon_plugins_dqn.targets import cql_regularizer
@@ -120,17 +107,7 @@ class DqnTrainer(TrainerBase):
             cql_loss = cql_regularizer(scores, action, batch["possible_actions"])
             loss = loss + config.cql_alpha * cql_loss
             metrics["cql_loss"] = float(cql_loss.detach())
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
-        with torch.no_grad():
-            for target_parameter, parameter in zip(
-                self.target_network.parameters(), self.q_network.parameters(), strict=True
-            ):
-                target_parameter.lerp_(parameter, config.target_update_rate)
-        self.steps += 1
-        if config.lr_decay < 1 and self.steps % config.lr_decay_steps == 0:
-            self._set_learning_rate()
+        self.update(loss)
         metrics["td_loss"] = float(td_loss.detach())
         return metrics
 
@@ -152,67 +129,23 @@ class DqnTrainer(TrainerBase):
         import torch
 
         from horizon_plugins_dqn.networks import bcq_allowed
-        from horizon_plugins_dqn.targets import (
-            max_next_value,
-            n_step_return,
-            one_step_discount,
-            sarsa_next_value,
-        )
+        from horizon_plugins_dqn.targets import max_next_value, sarsa_next_value
 
         config = self.config
-        boost = self.reward_boost[batch["action"]]
         with torch.no_grad():
-            if config.n_step > 1:
-                rewards = self._n_step_window(batch)
-                returns, discount = n_step_return(
-                    rewards,
-                    batch["next_n_time_diffs"],
-                    batch["next_n_not_terminal"],
-                    batch["next_n_length"],
-                    config.gamma,
-                    config.use_time_diff,
-                )
-                returns = returns + boost
-                next_values, next_presence = batch["next_n_state"], batch["next_n_state_presence"]
-                possible = batch["next_n_possible_next_actions"]
-            else:
-                returns = batch["reward"] + boost
-                discount = one_step_discount(
-                    batch["not_terminal"], batch["time_diff"], config.gamma, config.use_time_diff
-                )
-                next_values, next_presence = batch["next_state"], batch["next_state_presence"]
-                possible = batch["possible_next_actions"]
-            next_state = self.preprocessor(next_values, next_presence)
+            ahead = self.bootstrap(batch, self.reward_boost[batch["action"]])
+            next_state = self.preprocessor(batch[ahead.state], batch[f"{ahead.state}_presence"])
             target_scores = self.target_network(next_state)
             if not config.maxq_learning:
                 value = sarsa_next_value(target_scores, batch["next_action"])
             else:
+                possible = batch[f"{ahead.prefix}possible_next_actions"]
                 if self.behaviour is not None:
                     logits = self.behaviour(next_state)
                     possible = bcq_allowed(logits, possible, config.bcq_threshold)
                 online = self.q_network(next_state) if config.double_q else None
                 value = max_next_value(target_scores, online, possible)
-            return returns + discount * value
-
-    def _n_step_window(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The batch's n-step rewards, checked against ``n_step``."""
-        n_step = self.config.n_step
-        if "next_n_rewards" not in batch:
-            raise HorizonError(_n_step_mismatch(n_step, "no n-step arrays (n_step = 1)"))
-        rewards = batch["next_n_rewards"]
-        if rewards.shape[1] > n_step:
-            raise HorizonError(
-                _n_step_mismatch(n_step, f"windows of up to {rewards.shape[1]} steps")
-            )
-        return rewards
-
-    def _set_learning_rate(self) -> None:
-        """``learning_rate * lr_decay ** (steps // lr_decay_steps)``, for both optimizers."""
-        decays = self.steps // self.config.lr_decay_steps
-        rate = self.config.learning_rate * self.config.lr_decay**decays
-        for optimizer in filter(None, (self.optimizer, self.behaviour_optimizer)):
-            for group in optimizer.param_groups:
-                group["lr"] = rate
+            return ahead.returns + ahead.discount * value
 
     def evaluate(self, data: TimelineTensors) -> dict[str, float]:
         """Metrics of the current model on the eval split; the model is not changed.
@@ -229,7 +162,6 @@ class DqnTrainer(TrainerBase):
 
         from horizon_engine.policies import masked_scores
         from horizon_plugins_dqn.networks import bcq_allowed
-        from horizon_plugins_dqn.targets import discounted_returns, episode_ends
 
         config = self.config
         if len(data) == 0:
@@ -238,20 +170,7 @@ class DqnTrainer(TrainerBase):
         q_sums = torch.zeros(count, dtype=torch.float64, device=data.reward.device)
         chosen = torch.zeros_like(q_sums)
         squared_error = torch.zeros((), dtype=torch.float64, device=data.reward.device)
-        ends = episode_ends(
-            data.not_terminal,
-            data.state,
-            data.state_presence,
-            data.next_state,
-            data.next_state_presence,
-        )
-        discount = (
-            torch.pow(config.gamma, data.time_diff)
-            if config.use_time_diff
-            else torch.full_like(data.reward, config.gamma)
-        )
-        reward = data.reward + self.reward_boost[data.action]
-        returns = discounted_returns(reward.double(), discount.double(), ends.double())
+        returns = self.logged_returns(data, data.reward + self.reward_boost[data.action])
         with torch.no_grad():
             for start in range(0, len(data), EVAL_CHUNK_ROWS):
                 rows = slice(start, start + EVAL_CHUNK_ROWS)
@@ -291,43 +210,20 @@ class DqnTrainer(TrainerBase):
         return copy.deepcopy(live).eval().requires_grad_(False)
 
     def state_dict(self) -> dict[str, Any]:
-        """Networks, target network, optimizers and the update counter (which sets the
-        decayed learning rate); the preprocessor is rebuilt from normalization.json."""
-        state: dict[str, Any] = {
-            "q_network": self.q_network.state_dict(),
-            "target_network": self.target_network.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "steps": self.steps,
-        }
+        """The Q-learning state, plus the behaviour model and its optimizer with BCQ."""
+        state = super().state_dict()
         if self.behaviour is not None:
             state["behaviour"] = self.behaviour.state_dict()
             state["behaviour_optimizer"] = self.behaviour_optimizer.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore ``state_dict``'s output; a checkpoint of another architecture is an error
-        naming the mismatch, not a shape traceback. A checkpoint without a behaviour model
-        leaves a fresh one to learn (BCQ switched on at a warm start)."""
-        try:
-            self.q_network.load_state_dict(state["q_network"])
-            self.target_network.load_state_dict(state["target_network"])
-            if self.behaviour is not None and "behaviour" in state:
+        """Restore ``state_dict``'s output. A checkpoint without a behaviour model leaves a
+        fresh one to learn (BCQ switched on at a warm start)."""
+        super().load_state_dict(state)
+        if self.behaviour is not None and "behaviour" in state:
+            try:
                 self.behaviour.load_state_dict(state["behaviour"])
-        except (KeyError, RuntimeError) as exc:
-            raise HorizonError(
-                "the checkpoint does not fit this [trainer] (layers, dueling, actions and "
-                f"features must be the same as when it was written): {exc}"
-            ) from None
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.behaviour_optimizer is not None and "behaviour_optimizer" in state:
+            except RuntimeError as exc:
+                raise checkpoint_mismatch(exc) from None
             self.behaviour_optimizer.load_state_dict(state["behaviour_optimizer"])
-        self.steps = int(state["steps"])
-        self._set_learning_rate()
-
-
-def _n_step_mismatch(n_step: int, found: str) -> str:
-    return (
-        f"[trainer] n_step = {n_step} needs a timeline built with [timeline] n_step = {n_step}, "
-        f"which holds each row's next {n_step} steps and the state where they end; this "
-        f"timeline has {found}. Rebuild the timeline (--stages timeline,normalization,train)"
-    )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -53,6 +54,10 @@ class GymSourceConfig(SourceConfig):
     """Most steps logged per episode; None keeps the environment's own time limit."""
     ds: str | None = None
     """The ``ds`` partition date written into every row; None writes today's date (ISO)."""
+    parametric_actions: bool = False
+    """Log a discrete action as a one-hot action-feature map whose ids follow the state's
+    (CartPole: "4" and "5", as in Horizon's parametric CartPole data) and every action's map as
+    possible_actions: the parametric-action form of a discrete environment."""
 
 
 def collect_rows(
@@ -111,7 +116,7 @@ def collect_rows(
         env.close()
 
 
-_Choose = Callable[[np.ndarray], tuple[Any, Any, list[str] | None, float]]
+_Choose = Callable[[np.ndarray], tuple[Any, Any, list[Any] | None, float]]
 """A policy: flattened state -> (action for env.step, logged action, possible actions or None for
 continuous actions, propensity)."""
 
@@ -126,6 +131,11 @@ def _policy(
 
     space = env.action_space
     if isinstance(space, spaces.Box):
+        if config.parametric_actions:
+            raise HorizonError(
+                f"[source] parametric_actions = true needs a Discrete action space; "
+                f"env = {config.env!r} has continuous actions"
+            )
         return _uniform_box(config, env, space, rng)
     if not isinstance(space, spaces.Discrete):
         raise HorizonError(
@@ -133,7 +143,10 @@ def _policy(
             "the gym source supports Discrete and Box action spaces"
         )
     n = int(space.n)
-    names = [str(int(space.start) + i) for i in range(n)]
+    names: list[Any] = [str(int(space.start) + i) for i in range(n)]
+    if config.parametric_actions:
+        first_id = int(spaces.flatdim(env.observation_space))
+        names = [{str(first_id + i): 1.0} for i in range(n)]
     epsilon = config.epsilon if config.policy == "epsilon_greedy" else 1.0
     if epsilon < 1.0 and greedy is None:
         if config.model is None:
@@ -143,7 +156,7 @@ def _policy(
             )
         greedy = _onnx_greedy(config.model, n)
 
-    def choose(state: np.ndarray) -> tuple[Any, Any, list[str] | None, float]:
+    def choose(state: np.ndarray) -> tuple[Any, Any, list[Any] | None, float]:
         if epsilon == 1.0:
             index, probability = int(rng.integers(n)), 1.0 / n
         else:
@@ -179,7 +192,7 @@ def _uniform_box(
         )
     first_id = int(spaces.flatdim(env.observation_space))
 
-    def choose(state: np.ndarray) -> tuple[Any, Any, list[str] | None, float]:
+    def choose(state: np.ndarray) -> tuple[Any, Any, list[Any] | None, float]:
         action = rng.uniform(low, high).astype(space.dtype)
         logged = {str(first_id + j): float(v) for j, v in enumerate(action)}
         return action.reshape(space.shape), logged, None, 1.0
@@ -192,7 +205,8 @@ def _onnx_greedy(path: str, n_actions: int) -> Callable[[np.ndarray], int]:
 
     The observation goes to the first input as float32 ``[1, obs_dim]``. Models exported with a
     presence mask (a second input of the same shape) get a mask of ones: gym observations are
-    dense, every feature is present.
+    dense, every feature is present. A parametric model (with ``candidates`` inputs) is offered
+    every action as the one-hot features ``parametric_actions`` logs, in action order.
     """
     if not Path(path).is_file():
         raise HorizonError(f"[source] model = {path!r}: no such file")
@@ -203,12 +217,16 @@ def _onnx_greedy(path: str, n_actions: int) -> Callable[[np.ndarray], int]:
     except Exception as exc:  # onnxruntime raises its own untyped errors for a bad model
         raise HorizonError(f"[source] model = {path!r}: cannot load the ONNX model: {exc}") from exc
     names = [model_input.name for model_input in session.get_inputs()]
+    metadata = session.get_modelmeta().custom_metadata_map
+    action_ids = json.loads(metadata.get("action_feature_ids", "[]"))
 
     def greedy(state: np.ndarray) -> int:
         observation = state.astype(np.float32).reshape(1, -1)
         feeds = {names[0]: observation}
         if len(names) > 1:
             feeds[names[1]] = np.ones_like(observation)
+        if "candidates" in names:
+            feeds |= _one_hot_candidates(path, action_ids, observation.shape[1], n_actions)
         scores = np.asarray(session.run(None, feeds)[0])
         if scores.size != n_actions:
             raise HorizonError(
@@ -220,6 +238,28 @@ def _onnx_greedy(path: str, n_actions: int) -> Callable[[np.ndarray], int]:
     return greedy
 
 
+def _one_hot_candidates(
+    path: str, action_ids: list[str], first_id: int, n_actions: int
+) -> dict[str, np.ndarray]:
+    """Every action as a candidate with the one-hot features ``parametric_actions`` logs
+    (ids ``first_id`` + index), laid out in the model's ``action_feature_ids`` order."""
+    wanted = [str(first_id + index) for index in range(n_actions)]
+    unknown = sorted(set(wanted) - set(action_ids))
+    if unknown:
+        raise HorizonError(
+            f"[source] model = {path!r} takes action features {action_ids}, not the one-hot "
+            f"features {wanted} of this environment's actions"
+        )
+    candidates = np.zeros((1, n_actions, len(action_ids)), dtype=np.float32)
+    for index, feature in enumerate(wanted):
+        candidates[0, index, action_ids.index(feature)] = 1.0
+    return {
+        "candidates": candidates,
+        "candidate_presence": candidates.copy(),
+        "candidate_mask": np.ones((1, n_actions), dtype=np.float32),
+    }
+
+
 def _make_env(env_id: str) -> gymnasium.Env:
     import gymnasium
 
@@ -229,11 +269,12 @@ def _make_env(env_id: str) -> gymnasium.Env:
         raise HorizonError(f"[source] env = {env_id!r}: {exc}") from exc
 
 
-def layout_for_env(env_id: str) -> RowLayout:
+def layout_for_env(env_id: str, parametric_actions: bool = False) -> RowLayout:
     """The layout of the rows the gym source writes for an environment.
 
-    Rows are always pre-timeline; the actions are continuous for a Box action space and
-    discrete otherwise (``collect_rows`` rejects other action spaces).
+    Rows are always pre-timeline; the actions are continuous for a Box action space, else
+    parametric with ``parametric_actions`` and discrete without (``collect_rows`` rejects other
+    action spaces).
     """
     from gymnasium import spaces
 
@@ -243,6 +284,8 @@ def layout_for_env(env_id: str) -> RowLayout:
     finally:
         env.close()
     action_type = ActionType.CONTINUOUS if continuous else ActionType.DISCRETE
+    if parametric_actions and not continuous:
+        action_type = ActionType.PARAMETRIC
     return RowLayout(RowFormat.PRE_TIMELINE, action_type)
 
 
@@ -265,7 +308,7 @@ class GymSource(DataSource):
     def read(self, run: SeededRun) -> Iterator[SourceBatch]:
         """Run the episodes and yield their rows in batches of ``BATCH_ROWS``."""
         config: GymSourceConfig = self.config  # type: ignore[assignment]
-        layout = layout_for_env(config.env)
+        layout = layout_for_env(config.env, config.parametric_actions)
         _check_declared_layout(config, layout)
         seed = run.seed if config.seed is None else config.seed
         shaper = RowShaper(layout)

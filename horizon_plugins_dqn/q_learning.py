@@ -1,0 +1,181 @@
+"""What the Q-learning trainers share: optimizers, the update and its soft target step,
+learning-rate decay, the bootstrap of one-step and n-step targets, checkpoints, and the logged
+returns the eval split's ``mc_loss`` compares Q with.
+
+``dqn`` and ``parametric_dqn`` differ only in how a network scores actions (one output per
+named action, or one per candidate action's features); everything else is here, once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from horizon_engine.errors import HorizonError
+from horizon_engine.training import TrainerBase
+from horizon_plugins_dqn.config import QLearningConfig
+
+if TYPE_CHECKING:
+    import torch
+
+    from horizon_engine.dataset import TimelineTensors
+
+EVAL_CHUNK_ROWS = 65_536
+"""Rows scored at once during evaluation, bounding its memory on a large eval split."""
+
+
+@dataclass
+class Bootstrap:
+    """The parts of a TD target that do not depend on the network: the (discounted) rewards up
+    to the state the target bootstraps from, that state's discount, and the batch's names of
+    that state's tensors (``next_state`` one step ahead, ``next_n_state`` n steps ahead)."""
+
+    returns: torch.Tensor
+    discount: torch.Tensor
+    prefix: str
+    """``""`` for one step, ``"next_n_"`` for n steps: the possible next actions are
+    ``{prefix}possible_next_actions``."""
+    state: str
+    """``next_state`` or ``next_n_state``; its presence is ``{state}_presence``."""
+
+
+class QLearningTrainer(TrainerBase):
+    """The shared half of a Q-learning trainer. A subclass builds ``q_network`` (and its
+    ``target_network`` copy), ``preprocessor`` and ``optimizer`` in ``setup``, then calls
+    ``finish_setup``."""
+
+    Config: ClassVar[type[QLearningConfig]] = QLearningConfig
+    config: QLearningConfig
+
+    def make_optimizer(self, module: torch.nn.Module) -> torch.optim.Optimizer:
+        import torch
+
+        kind = torch.optim.SGD if self.config.optimizer == "sgd" else torch.optim.Adam
+        return kind(module.parameters(), lr=self.config.learning_rate, weight_decay=self.config.l2)
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """Every optimizer whose learning rate decays (a subclass adds its extra models')."""
+        return [self.optimizer]
+
+    def check_n_step(self, timeline_n_step: int | None) -> None:
+        """``n_step > 1`` needs a timeline with the same n-step window."""
+        n_step = self.config.n_step
+        if n_step > 1 and timeline_n_step is not None and timeline_n_step != n_step:
+            raise HorizonError(n_step_mismatch(n_step, f"n_step = {timeline_n_step}"))
+
+    def td_loss(self, logged: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        import torch.nn.functional as F
+
+        if self.config.loss == "mse":
+            return F.mse_loss(logged, target)
+        return F.smooth_l1_loss(logged, target)
+
+    def update(self, loss: torch.Tensor) -> None:
+        """One optimizer step on ``loss``, the soft target update, and the learning-rate decay."""
+        import torch
+
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        with torch.no_grad():
+            for target_parameter, parameter in zip(
+                self.target_network.parameters(), self.q_network.parameters(), strict=True
+            ):
+                target_parameter.lerp_(parameter, self.config.target_update_rate)
+        self.steps += 1
+        if self.config.lr_decay < 1 and self.steps % self.config.lr_decay_steps == 0:
+            self.set_learning_rate()
+
+    def set_learning_rate(self) -> None:
+        """``learning_rate * lr_decay ** (steps // lr_decay_steps)``, for every optimizer."""
+        decays = self.steps // self.config.lr_decay_steps
+        rate = self.config.learning_rate * self.config.lr_decay**decays
+        for optimizer in self.optimizers():
+            for group in optimizer.param_groups:
+                group["lr"] = rate
+
+    def bootstrap(self, batch: dict[str, torch.Tensor], boost: torch.Tensor | float) -> Bootstrap:
+        """The reward part of the target (plus ``boost``) and where it bootstraps from."""
+        from horizon_plugins_dqn.targets import n_step_return, one_step_discount
+
+        config = self.config
+        if config.n_step == 1:
+            discount = one_step_discount(
+                batch["not_terminal"], batch["time_diff"], config.gamma, config.use_time_diff
+            )
+            return Bootstrap(batch["reward"] + boost, discount, "", "next_state")
+        if "next_n_rewards" not in batch:
+            raise HorizonError(n_step_mismatch(config.n_step, "no n-step arrays (n_step = 1)"))
+        rewards = batch["next_n_rewards"]
+        if rewards.shape[1] > config.n_step:
+            raise HorizonError(
+                n_step_mismatch(config.n_step, f"windows of up to {rewards.shape[1]} steps")
+            )
+        returns, discount = n_step_return(
+            rewards,
+            batch["next_n_time_diffs"],
+            batch["next_n_not_terminal"],
+            batch["next_n_length"],
+            config.gamma,
+            config.use_time_diff,
+        )
+        return Bootstrap(returns + boost, discount, "next_n_", "next_n_state")
+
+    def logged_returns(self, data: TimelineTensors, reward: torch.Tensor) -> torch.Tensor:
+        """Each eval row's discounted return to the end of its episode (float64), discounted
+        as training discounts, for ``mc_loss``."""
+        import torch
+
+        from horizon_plugins_dqn.targets import discounted_returns, episode_ends
+
+        config = self.config
+        ends = episode_ends(
+            data.not_terminal,
+            data.state,
+            data.state_presence,
+            data.next_state,
+            data.next_state_presence,
+        )
+        discount = (
+            torch.pow(config.gamma, data.time_diff)
+            if config.use_time_diff
+            else torch.full_like(data.reward, config.gamma)
+        )
+        return discounted_returns(reward.double(), discount.double(), ends.double())
+
+    def state_dict(self) -> dict[str, Any]:
+        """Networks, target network, optimizer and the update counter (which sets the decayed
+        learning rate); the preprocessors are rebuilt from normalization.json."""
+        return {
+            "q_network": self.q_network.state_dict(),
+            "target_network": self.target_network.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "steps": self.steps,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict``'s output; a checkpoint of another architecture is an error
+        naming the mismatch, not a shape traceback."""
+        try:
+            self.q_network.load_state_dict(state["q_network"])
+            self.target_network.load_state_dict(state["target_network"])
+        except (KeyError, RuntimeError) as exc:
+            raise checkpoint_mismatch(exc) from None
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps = int(state["steps"])
+        self.set_learning_rate()
+
+
+def checkpoint_mismatch(exc: Exception) -> HorizonError:
+    return HorizonError(
+        "the checkpoint does not fit this [trainer] (layers, dueling, actions and "
+        f"features must be the same as when it was written): {exc}"
+    )
+
+
+def n_step_mismatch(n_step: int, found: str) -> str:
+    return (
+        f"[trainer] n_step = {n_step} needs a timeline built with [timeline] n_step = {n_step}, "
+        f"which holds each row's next {n_step} steps and the state where they end; this "
+        f"timeline has {found}. Rebuild the timeline (--stages timeline,normalization,train)"
+    )
