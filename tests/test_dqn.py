@@ -406,6 +406,34 @@ def test_every_option_trains_and_exports_through_the_pipeline(tmp_path: Path):
     assert (tmp_path / "run" / "model.onnx").is_file()
 
 
+def test_a_warm_started_run_starts_at_the_earlier_runs_loss(tmp_path: Path):
+    """The paper's daily retraining: yesterday's run trained 8 epochs (TD-loss 0.29 in its first
+    epoch, 0.022 in its last, here); today's, warm-started from it, is at 0.025 in its first
+    epoch, while the same run from scratch repeats yesterday's first epoch exactly."""
+    from horizon_engine.pipeline import Engine
+
+    def train(folder: str, epochs: int, warm_start_from: Path | None = None) -> dict:
+        trainer = {"kind": "dqn", "epochs": epochs, "minibatch_size": 128}
+        if warm_start_from is not None:
+            trainer["warm_start_from"] = str(warm_start_from)
+        config = {
+            "pipeline": {"output_dir": str(tmp_path / folder), "seed": 0},
+            "source": {"kind": "gym", "env": "CartPole-v1", "policy": "random", "episodes": 100},
+            "timeline": {"actions": ["0", "1"], "reward": {"reward": 1.0}},
+            "normalization": {"quantiles": False},
+            "trainer": trainer,
+        }
+        details = Engine(show_progress=False).run(config)["stages"]["train"]["details"]
+        return {key: details[key]["Training/td_loss"] for key in ("first_epoch", "last_epoch")}
+
+    yesterday = train("yesterday", 8)
+    today = train("today", 1, tmp_path / "yesterday")
+    scratch = train("scratch", 1)
+    assert scratch["first_epoch"] == yesterday["first_epoch"]
+    assert today["first_epoch"] < 2 * yesterday["last_epoch"]
+    assert today["first_epoch"] < scratch["first_epoch"] / 5
+
+
 # --- learning ----------------------------------------------------------------------------------
 
 
