@@ -15,6 +15,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 from test_dqn_reference import onnx_greedy_return
+from test_training import scalars
 
 from horizon_engine.dataset import TimelineTensors
 from horizon_engine.errors import HorizonError
@@ -404,6 +405,14 @@ def test_every_option_trains_and_exports_through_the_pipeline(tmp_path: Path):
     assert {"Evaluation/mc_loss", "Evaluation/mean_q/0", "Evaluation/mean_q/1"} <= set(last_epoch)
     assert manifest["stages"]["export"]["details"]["max_abs_difference"] < 1e-5
     assert (tmp_path / "run" / "model.onnx").is_file()
+
+    # TensorBoard holds the named scalars for both epochs.
+    written = scalars(tmp_path / "run" / "tensorboard")
+    named = ["Training/td_loss", "Evaluation/mc_loss", "Evaluation/mean_q/0"]
+    named += [f"Evaluation/{who}_action_share/1" for who in ("model", "logged")]
+    for name in named:
+        assert [step for step, _ in written[name]] == [1, 2]
+        assert written[name][-1][1] == pytest.approx(last_epoch[name])
 
 
 def test_a_warm_started_run_starts_at_the_earlier_runs_loss(tmp_path: Path):
