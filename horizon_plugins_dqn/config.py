@@ -24,7 +24,8 @@ class QLearningConfig(TrainerConfig):
     double_q: bool = True
     """Double Q-learning: the online network picks the next action, the target network values it."""
     dueling: bool = False
-    """Dueling head: Q = V(s) + A(s, a) - mean over actions of A(s, .)."""
+    """Separate value and advantage heads: Q = V(s) + A(s, a) - mean of A(s, .) (dqn), or
+    V(s) + A(s, a) (parametric_dqn, whose candidate sets differ from row to row)."""
     n_step: int = Field(default=1, ge=1)
     """Steps of the multi-step return; > 1 needs a timeline built with this same n_step."""
     use_time_diff: bool = False
@@ -40,7 +41,7 @@ class QLearningConfig(TrainerConfig):
     activations: list[Activation] = Field(default_factory=lambda: ["relu", "relu"], min_length=1)
     """One activation per hidden layer."""
     optimizer: Literal["adam", "sgd"] = "adam"
-    """Optimizer of the Q-network (and of the behaviour model, with bcq_threshold > 0)."""
+    """Optimizer of the Q-network (and of dqn's behaviour model, with bcq_threshold > 0)."""
     learning_rate: float = Field(default=1e-3, gt=0.0)
     """Initial learning rate."""
     lr_decay: float = Field(default=1.0, gt=0.0, le=1.0)
