@@ -127,11 +127,17 @@ def plugins(as_json: bool) -> None:
 @_set_option
 @_user_errors
 def export(run_dir: Path, overrides: tuple[str, ...]) -> None:
-    """Export the trained policy of RUN_DIR (a run's output folder) as its [export] says
-    (ONNX by default), from the run's own manifest and latest checkpoint."""
+    """Export the trained policy of RUN_DIR (the output folder of `horizon run` or of
+    `horizon gym train`) as its [export] says (ONNX by default), from the run's own manifest
+    and latest checkpoint."""
     from horizon_engine.errors import HorizonError
+    from horizon_engine.online.export import export_gym_run, is_gym_run
     from horizon_engine.pipeline import Engine
 
+    if is_gym_run(run_dir):
+        exported = export_gym_run(run_dir, overrides)
+        _echo_export(run_dir, exported["outputs"], exported["details"])
+        return
     manifest_path = run_dir / "manifest.json"
     try:
         config = json.loads(manifest_path.read_text(encoding="utf-8"))["config"]
@@ -141,8 +147,12 @@ def export(run_dir: Path, overrides: tuple[str, ...]) -> None:
     config["pipeline"]["stages"] = None
     config.setdefault("export", {"kind": "onnx"})
     manifest = Engine().run(config, overrides, ["export"])
-    details = manifest["stages"]["export"]["details"]
-    for output in manifest["stages"]["export"]["outputs"]:
+    stage = manifest["stages"]["export"]
+    _echo_export(run_dir, stage["outputs"], stage["details"])
+
+
+def _echo_export(run_dir: Path, outputs: list[str], details: dict[str, Any]) -> None:
+    for output in outputs:
         click.echo(f"wrote {run_dir / output}")
     if "max_abs_difference" in details:
         click.echo(
@@ -210,3 +220,76 @@ def collect(
             count += 1
             advance(int(row["sequence_number"] == 0))
     click.echo(f"wrote {count} rows from {episodes} episodes of {env_id} to {output}")
+
+
+@gym.command("train")
+@click.argument("gym_toml", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="SECTION.KEY=VALUE",
+    help="Override a key of the gym file, e.g. --set gym.seed=3.",
+)
+@click.option(
+    "-s", "--score-bar", type=float, help="Stop once an evaluation's mean return reaches it."
+)
+@click.option(
+    "-r",
+    "--reward-history",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="CSV file for the evaluations: timestep, episode, mean_return.",
+)
+@click.option(
+    "-f",
+    "--rows",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="JSONL file for every training transition, as pre-timeline rows.",
+)
+@click.option(
+    "-o",
+    "--output-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The run's folder (default: [gym] output_dir).",
+)
+@_user_errors
+def gym_train(
+    gym_toml: Path,
+    overrides: tuple[str, ...],
+    score_bar: float | None,
+    reward_history: Path | None,
+    rows: Path | None,
+    output_dir: Path | None,
+) -> None:
+    """Train a policy online in a Gymnasium environment, as GYM_TOML (a gym.toml) says."""
+    from horizon_engine.online.config import load_gym_spec
+    from horizon_engine.online.runner import train_gym
+    from horizon_engine.plugins import get_plugin_host
+
+    settings = list(overrides)
+    if score_bar is not None:
+        settings.append(f"gym.score_bar={score_bar!r}")
+    if output_dir is not None:
+        settings.append(f"gym.output_dir={json.dumps(str(output_dir))}")
+    plugins = get_plugin_host()
+    spec = load_gym_spec(gym_toml, plugins, settings)
+    result = train_gym(spec, plugins, rows, reward_history, sys.stdout.isatty())
+    click.echo(
+        f"{result.env}: {result.episodes} episodes, {result.steps} steps, "
+        f"{result.updates} updates, {len(result.evaluations)} evaluations, {result.seconds:.1f} s"
+    )
+    best, last = result.best, result.last
+    if best is not None and last is not None:
+        click.echo(
+            f"mean return over {spec.gym.avg_over_num_episodes} greedy episodes: "
+            f"best {best.mean_return:.1f} (step {best.timestep}, episode {best.episode}), "
+            f"last {last.mean_return:.1f} (step {last.timestep}, episode {last.episode})"
+        )
+    if result.score_bar is not None:
+        verdict = "reached" if result.reached else "not reached"
+        click.echo(f"score bar {result.score_bar:g}: {verdict}")
+    for warning in result.warnings:
+        click.echo(f"  warning: {warning}")
+    for path in (*(result.output_dir / output for output in result.outputs), rows, reward_history):
+        if path is not None:
+            click.echo(f"wrote {path}")

@@ -150,13 +150,14 @@ def _deep_copy(value: Any) -> Any:
     return value
 
 
-def load_toml(path: str | Path) -> tuple[dict[str, Any], str]:
-    """Read a pipeline.toml, turning syntax errors into a message naming the file and line."""
+def load_toml(path: str | Path, what: str = "pipeline file") -> tuple[dict[str, Any], str]:
+    """Read a pipeline.toml (or another TOML config, ``what`` naming it in messages), turning
+    syntax errors into a message naming the file and line."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError([f"{path}: cannot read the pipeline file ({exc.strerror})"]) from None
+        raise ConfigError([f"{path}: cannot read the {what} ({exc.strerror})"]) from None
     except UnicodeDecodeError as exc:
         raise ConfigError([f"{path}: not a text file in UTF-8 ({exc.reason})"]) from None
     try:
@@ -206,7 +207,12 @@ class _Locator:
 
 
 class ConfigBuilder:
-    """Validates a raw config dict against the registered components."""
+    """Validates a raw config dict against the registered components.
+
+    Problems are collected, not raised one by one, so a file's mistakes are reported together;
+    ``build`` validates a pipeline, and ``horizon gym train`` validates gym.toml with the same
+    pieces (``check_section_names``, ``validate``, ``choose``).
+    """
 
     def __init__(
         self,
@@ -221,26 +227,8 @@ class ConfigBuilder:
         self.problems: list[str] = []
 
     def build(self, raw: Mapping[str, Any]) -> PipelineSpec:
-        known = ["pipeline", *SECTIONS]
-        headers = [f"[[{s}]]" if s in SECTIONS and SECTIONS[s].many else f"[{s}]" for s in known]
-        for name, value in raw.items():
-            if name in known:
-                continue
-            if not isinstance(value, dict | list):
-                # A key above every header, such as `seed = 0` meant for [pipeline].
-                home = "[pipeline]" if name in PipelineSection.model_fields else "its section"
-                self.problems.append(
-                    f"{self.locate.where('', name)}: key '{name}' is outside any section; "
-                    f"move it under {home}. Sections: {', '.join(headers)}."
-                )
-                continue
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f"; did you mean [{close[0]}]?" if close else "."
-            self.problems.append(
-                f"{self.locate.where(name)}: unknown section [{name}]{hint} "
-                f"Valid sections: {', '.join(headers)}."
-            )
-        pipeline = self._validate("pipeline", PipelineSection, raw.get("pipeline", {}), None)
+        self.check_section_names(raw, ["pipeline", *SECTIONS], "pipeline", PipelineSection)
+        pipeline = self.validate("pipeline", PipelineSection, raw.get("pipeline", {}), None)
         spec = PipelineSpec(self.origin, pipeline or PipelineSection())
         for name, rule in SECTIONS.items():
             if name not in raw:
@@ -255,20 +243,52 @@ class ConfigBuilder:
                     )
                     continue
                 for index, item in enumerate(items):
-                    choice = self._choose(name, rule, item, index)
+                    choice = self.choose(name, rule, item, index)
                     if choice is not None:
                         spec.evaluation.append(choice)
             else:
-                choice = self._choose(name, rule, raw[name], None)
+                choice = self.choose(name, rule, raw[name], None)
                 if choice is not None:
                     spec.sections[name] = choice
         if self.problems:
             raise ConfigError(self.problems)
         return spec
 
-    def _choose(
-        self, section: str, rule: SectionRule, body: Any, index: int | None
+    def check_section_names(
+        self,
+        raw: Mapping[str, Any],
+        known: list[str],
+        home: str,
+        home_model: type[ComponentConfig],
+    ) -> None:
+        """Report every top-level name of ``raw`` that is not a section in ``known``: a key
+        above every header (suggesting ``[home]`` when ``home_model`` has it) or an unknown
+        section (suggesting the nearest known one)."""
+        headers = [f"[[{s}]]" if s in SECTIONS and SECTIONS[s].many else f"[{s}]" for s in known]
+        for name, value in raw.items():
+            if name in known:
+                continue
+            if not isinstance(value, dict | list):
+                # A key above every header, such as `seed = 0` meant for [pipeline].
+                place = f"[{home}]" if name in home_model.model_fields else "its section"
+                self.problems.append(
+                    f"{self.locate.where('', name)}: key '{name}' is outside any section; "
+                    f"move it under {place}. Sections: {', '.join(headers)}."
+                )
+                continue
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean [{close[0]}]?" if close else "."
+            self.problems.append(
+                f"{self.locate.where(name)}: unknown section [{name}]{hint} "
+                f"Valid sections: {', '.join(headers)}."
+            )
+
+    def choose(
+        self, section: str, rule: SectionRule, body: Any, index: int | None = None
     ) -> Choice | None:
+        """The component ``body`` selects by ``rule.selector``, its options validated by the
+        component's config model; None (with the problems recorded) when either fails.
+        ``index`` numbers the items of an array of tables."""
         label = f"{section}[{index}]" if index is not None else section
         where = self.locate.where(section, rule.selector, index)
         if not isinstance(body, dict):
@@ -293,17 +313,18 @@ class ConfigBuilder:
             self.problems.append(f"{where}: [{label}] {rule.selector} = {selected!r}: {exc}")
             return None
         options = {key: value for key, value in body.items() if key != rule.selector}
-        config = self._validate(label, component.cls.Config, options, index, component)
+        config = self.validate(label, component.cls.Config, options, index, component)
         return Choice(label, component, config) if config is not None else None
 
-    def _validate(
+    def validate(
         self,
         label: str,
         model: type[ComponentConfig],
         options: Any,
-        index: int | None,
+        index: int | None = None,
         component: RegisteredComponent | None = None,
     ) -> Any:
+        """``options`` validated by ``model``, or None with a problem recorded per mistake."""
         section = label.split("[")[0]
         if not isinstance(options, dict):
             self.problems.append(

@@ -102,7 +102,10 @@ def horizon_on_epoch_end(run: RunContext, epoch: int, metrics: dict[str, float])
     """Called by the training loop after each epoch, with that epoch's metrics.
 
     ``metrics`` maps names such as ``Training/td_loss`` to floats (CPE figures included once
-    estimators ran). Reporters such as TensorBoard implement this hook. Returns nothing.
+    estimators ran). Reporters such as TensorBoard implement this hook. ``horizon gym train``
+    calls it after each evaluation, numbered from 1 as ``epoch``, with
+    ``Evaluation/mean_return``, ``Gym/timestep`` and the training metrics since the previous
+    evaluation. Returns nothing.
     """
 
 
@@ -111,5 +114,6 @@ def horizon_on_run_end(run: RunContext, manifest: dict[str, Any]) -> None:
     """Called once after the last stage, with the manifest just written to ``manifest.json``.
 
     Also called when a stage failed; ``manifest["status"]`` then says ``"failed"`` and
-    ``manifest["error"]`` holds the message. Returns nothing.
+    ``manifest["error"]`` holds the message. ``horizon gym train`` calls it once at its end,
+    with its own manifest (``manifest["command"]`` is ``"horizon gym train"``). Returns nothing.
     """

@@ -3,6 +3,7 @@ the exported ONNX model, run by onnxruntime, playing CartPole-v1."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -20,11 +21,21 @@ CARTPOLE = REFERENCE / "reagent" / "discrete_action" / "cartpole_training.json.b
 
 def onnx_greedy_return(model: Path, episodes: int = 20) -> float:
     """Mean return of the exported model's chosen action over CartPole-v1 episodes of fixed
-    seeds, the model run by onnxruntime on raw observations."""
+    seeds, the model run by onnxruntime on raw observations. A parametric model is offered
+    both actions as one-hot candidates, in the order of its ``action_feature_ids``."""
     import gymnasium
     import onnxruntime
 
     session = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    candidates = {}
+    if "candidates" in [model_input.name for model_input in session.get_inputs()]:
+        ids = json.loads(session.get_modelmeta().custom_metadata_map["action_feature_ids"])
+        offered = np.eye(len(ids), dtype=np.float32)[None]
+        candidates = {
+            "candidates": offered,
+            "candidate_presence": offered,
+            "candidate_mask": np.ones(offered.shape[:2], dtype=np.float32),
+        }
     env = gymnasium.make("CartPole-v1")
     returns = []
     for episode in range(episodes):
@@ -32,12 +43,13 @@ def onnx_greedy_return(model: Path, episodes: int = 20) -> float:
         total, done = 0.0, False
         while not done:
             features = np.asarray(observation, dtype=np.float32).reshape(1, -1)
-            inputs = {"features": features, "presence": np.ones_like(features)}
+            inputs = {"features": features, "presence": np.ones_like(features), **candidates}
             _, _, action = session.run(None, inputs)
             observation, reward, terminated, truncated, _ = env.step(int(action[0]))
             total += float(reward)
             done = terminated or truncated
         returns.append(total)
+    env.close()
     return float(np.mean(returns))
 
 

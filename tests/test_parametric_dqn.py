@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from test_dqn_reference import onnx_greedy_return
 
 from horizon_engine.builtin.gym_source import GymSourceConfig, collect_rows
 from horizon_engine.dataset import candidate_features, load_timeline
@@ -364,37 +365,6 @@ def test_dqn_on_parametric_rows_is_a_clear_error(tmp_path: Path):
 # --- learning ---------------------------------------------------------------------------------
 
 
-def parametric_greedy_return(model: Path, episodes: int = 20) -> float:
-    """Mean CartPole-v1 return of the exported parametric model in onnxruntime, offered both
-    actions as one-hot candidates in the order of its ``action_feature_ids``."""
-    import gymnasium
-    import onnxruntime
-
-    session = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    ids = json.loads(session.get_modelmeta().custom_metadata_map["action_feature_ids"])
-    offered = np.eye(len(ids), dtype=np.float32)[None]
-    env = gymnasium.make("CartPole-v1")
-    returns = []
-    for episode in range(episodes):
-        observation, _ = env.reset(seed=1000 + episode)
-        total, done = 0.0, False
-        while not done:
-            features = np.asarray(observation, dtype=np.float32).reshape(1, -1)
-            inputs = {
-                "features": features,
-                "presence": np.ones_like(features),
-                "candidates": offered,
-                "candidate_presence": offered,
-                "candidate_mask": np.ones(offered.shape[:2], dtype=np.float32),
-            }
-            _, _, action = session.run(None, inputs)
-            observation, reward, terminated, truncated, _ = env.step(int(action[0]))
-            total += float(reward)
-            done = terminated or truncated
-        returns.append(total)
-    return float(np.mean(returns))
-
-
 PARAMETRIC_SEEDS = [
     int(seed) for seed in os.environ.get("HORIZON_PARAMETRIC_SEEDS", "4").split(",")
 ]
@@ -415,7 +385,7 @@ def test_offline_cartpole_with_one_hot_action_features(tmp_path: Path, seed: int
     run = tmp_path / "run"
     options = {"n_step": 3, "cql_alpha": 1.0, "epochs": 20}
     Engine(show_progress=False).run(gym_parametric_config(run, 1370, seed, **options))
-    score = parametric_greedy_return(run / "model.onnx")
+    score = onnx_greedy_return(run / "model.onnx")
     print(f"parametric offline CartPole seed {seed}: mean return {score:.1f}")
     assert score >= 150
 
@@ -423,14 +393,14 @@ def test_offline_cartpole_with_one_hot_action_features(tmp_path: Path, seed: int
 @pytest.mark.slow
 def test_parametric_dqn_on_horizons_parametric_cartpole_data(tmp_path: Path):
     """Horizon's own parametric CartPole rows (3,925 post-timeline rows, one-hot actions "4"
-    and "5"): CQL 1.0, 300 epochs of batch 1024.
-
-    REFRESULTS
+    and "5"): CQL 1.0, 300 epochs of batch 1024. Seeds 0-4 score 436, 334, 357, 440 and 422
+    here (the exported model in onnxruntime); seed 4 is their median. The issue sets no bar
+    for this data; the test holds it to the discrete test's 100.
     """
     if not PARAMETRIC_CARTPOLE.is_file():
         pytest.skip(f"reference data not found: looked for {PARAMETRIC_CARTPOLE}")
     config = {
-        "pipeline": {"output_dir": str(tmp_path), "seed": 0},
+        "pipeline": {"output_dir": str(tmp_path), "seed": 4},
         "source": {"kind": "jsonl", "path": str(PARAMETRIC_CARTPOLE)},
         "timeline": {"eval_fraction": 0.1},
         "normalization": {"quantiles": False},
@@ -443,4 +413,4 @@ def test_parametric_dqn_on_horizons_parametric_cartpole_data(tmp_path: Path):
         "export": {"kind": "onnx"},
     }
     Engine(show_progress=False).run(config)
-    assert parametric_greedy_return(tmp_path / "model.onnx") >= 100
+    assert onnx_greedy_return(tmp_path / "model.onnx") >= 100

@@ -86,7 +86,7 @@ def collect_rows(
     import gymnasium
 
     ds = config.ds or datetime.date.today().isoformat()
-    env = _make_env(config.env)
+    env = make_env(config.env)
     try:
         choose = _policy(config, env, greedy, np.random.default_rng(seed))
         for episode in range(config.episodes):
@@ -97,17 +97,9 @@ def collect_rows(
                 state = np.asarray(state, dtype=np.float64).ravel()
                 action, logged, possible, probability = choose(state)
                 observation, reward, terminated, truncated, _ = env.step(action)
-                row = {
-                    "ds": ds,
-                    "mdp_id": str(episode),
-                    "sequence_number": step,
-                    "state_features": {str(i): float(v) for i, v in enumerate(state)},
-                    "action": logged,
-                    "reward": float(reward),
-                    "action_probability": probability,
-                    **({} if possible is None else {"possible_actions": possible}),
-                    "metrics": {"reward": float(reward)},
-                }
+                row = pre_timeline_row(
+                    ds, episode, step, state, logged, probability, reward, possible
+                )
                 yield f"episode {episode} step {step}", row
                 step += 1
                 if terminated or truncated or step == config.max_steps:
@@ -260,13 +252,41 @@ def _one_hot_candidates(
     }
 
 
-def _make_env(env_id: str) -> gymnasium.Env:
+def make_env(env_id: str, section: str = "source") -> gymnasium.Env:
+    """The environment, or an error naming ``[section] env``."""
     import gymnasium
 
     try:
         return gymnasium.make(env_id)
     except gymnasium.error.Error as exc:
-        raise HorizonError(f"[source] env = {env_id!r}: {exc}") from exc
+        raise HorizonError(f"[{section}] env = {env_id!r}: {exc}") from exc
+
+
+def pre_timeline_row(
+    ds: str,
+    episode: int,
+    step: int,
+    state: np.ndarray,
+    action: Any,
+    action_probability: float,
+    reward: float,
+    possible_actions: list[Any] | None,
+) -> dict[str, Any]:
+    """One logged decision as a pre-timeline row; ``horizon gym train -f`` writes the same."""
+    row = {
+        "ds": ds,
+        "mdp_id": str(episode),
+        "sequence_number": step,
+        "state_features": {str(i): float(v) for i, v in enumerate(state)},
+        "action": action,
+        "reward": float(reward),
+        "action_probability": action_probability,
+        "possible_actions": possible_actions,
+        "metrics": {"reward": float(reward)},
+    }
+    if possible_actions is None:
+        del row["possible_actions"]
+    return row
 
 
 def layout_for_env(env_id: str, parametric_actions: bool = False) -> RowLayout:
@@ -278,7 +298,7 @@ def layout_for_env(env_id: str, parametric_actions: bool = False) -> RowLayout:
     """
     from gymnasium import spaces
 
-    env = _make_env(env_id)
+    env = make_env(env_id)
     try:
         continuous = isinstance(env.action_space, spaces.Box)
     finally:

@@ -1,0 +1,164 @@
+"""The replay buffer of online training: transitions in, the trainers' batches out."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+
+class ReplayBuffer:
+    """Preallocated ring arrays of transitions, sampled uniformly into the trainer's batch.
+
+    A batch is a dict of tensors named as ``TimelineTensors``' fields, as the core's training
+    loop passes them, so a trainer cannot tell online from offline training. Transitions are
+    written in the order they happen, one environment at a time, so the ring's next slot holds
+    the next step of the same episode unless the transition ended its episode or is the
+    newest: that is how ``n_step > 1`` windows are gathered. A window is cut short at its
+    episode's end and at the newest transition, and then bootstraps from where it stops
+    (a shorter, still correct, multi-step target), as the timeline cuts windows at the end of
+    an episode.
+
+    Every action of a Discrete space is always possible, so ``possible_actions`` is all ones and
+    ``possible_next_actions`` all ones but after a termination (all zeros, as the timeline
+    writes terminal rows). Observations are dense: presence is all ones. ``time_diff`` is 1.
+    """
+
+    def __init__(
+        self, capacity: int, state_width: int, action_count: int, n_step: int = 1, seed: int = 0
+    ) -> None:
+        import torch
+
+        self.capacity, self.action_count, self.n_step = capacity, action_count, n_step
+        self.state = np.zeros((capacity, state_width), dtype=np.float32)
+        self.next_state = np.zeros_like(self.state)
+        self.action = np.zeros(capacity, dtype=np.int64)
+        self.next_action = np.full(capacity, -1, dtype=np.int64)
+        self.reward = np.zeros(capacity, dtype=np.float32)
+        self.not_terminal = np.zeros(capacity, dtype=np.float32)
+        self.action_probability = np.zeros(capacity, dtype=np.float32)
+        self.episode_end = np.zeros(capacity, dtype=bool)
+        self.position = 0
+        self.size = 0
+        self.generator = torch.Generator().manual_seed(seed)
+        # Tensors sharing the arrays' memory: sampling gathers from them without copying all.
+        self._tensors = {
+            name: torch.from_numpy(getattr(self, name))
+            for name in (
+                "state",
+                "next_state",
+                "action",
+                "next_action",
+                "reward",
+                "not_terminal",
+                "action_probability",
+                "episode_end",
+            )
+        }
+
+    def __len__(self) -> int:
+        return self.size
+
+    @property
+    def newest(self) -> int:
+        """The slot of the transition written last."""
+        return (self.position - 1) % self.capacity
+
+    def add(
+        self,
+        state: np.ndarray,
+        action: int,
+        action_probability: float,
+        reward: float,
+        next_state: np.ndarray,
+        terminated: bool,
+        episode_end: bool,
+        next_action: int = -1,
+    ) -> None:
+        """Write one transition over the oldest when full. ``episode_end`` is true for the last
+        transition of an episode, terminated or truncated. ``next_action`` may come later,
+        through ``set_next_action``: the runner chooses it after writing the transition, so
+        that the step which ends the warm-up is already chosen by the policy it set up."""
+        slot = self.position
+        self.state[slot] = state
+        self.next_state[slot] = next_state
+        self.action[slot] = action
+        self.next_action[slot] = -1 if terminated else next_action
+        self.reward[slot] = reward
+        self.not_terminal[slot] = 0.0 if terminated else 1.0
+        self.action_probability[slot] = action_probability
+        self.episode_end[slot] = episode_end
+        self.position = (slot + 1) % self.capacity
+        self.size = min(self.size + 1, self.capacity)
+
+    def set_next_action(self, action: int) -> None:
+        """The newest transition's next action; ignored after a termination (stays -1)."""
+        if self.not_terminal[self.newest]:
+            self.next_action[self.newest] = action
+
+    def sample(self, batch_size: int) -> dict[str, torch.Tensor]:
+        """``batch_size`` transitions drawn uniformly with replacement (seeded generator)."""
+        import torch
+
+        index = torch.randint(self.size, (batch_size,), generator=self.generator)
+        return self.batch(index)
+
+    def batch(self, index: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The transitions in slots ``index`` as the trainer's batch dict."""
+        import torch
+
+        tensors = self._tensors
+        state = tensors["state"][index]
+        not_terminal = tensors["not_terminal"][index]
+        ones = torch.ones_like(state)
+        everything = torch.ones(len(index), self.action_count)
+        batch = {
+            "state": state,
+            "state_presence": ones,
+            "next_state": tensors["next_state"][index],
+            "next_state_presence": ones,
+            "reward": tensors["reward"][index],
+            "not_terminal": not_terminal,
+            "time_diff": torch.ones_like(not_terminal),
+            "action_probability": tensors["action_probability"][index],
+            "action": tensors["action"][index],
+            "next_action": tensors["next_action"][index],
+            "possible_actions": everything,
+            "possible_next_actions": everything * not_terminal.unsqueeze(1),
+        }
+        if self.n_step > 1:
+            batch |= self._n_step_windows(index)
+        return batch
+
+    def _n_step_windows(self, index: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each transition's next ``n_step`` rewards, padded past the window's length with
+        reward 0 and not_terminal 0 (as the timeline's tensors are), and the state, presence and
+        possible actions where the window ends."""
+        import torch
+
+        tensors = self._tensors
+        steps = torch.arange(self.n_step)
+        slots = (index.unsqueeze(1) + steps) % self.capacity
+        # A window stops after a slot that ended its episode or is the newest transition.
+        stops = tensors["episode_end"][slots] | (slots == self.newest)
+        inside = torch.ones_like(stops)
+        inside[:, 1:] = torch.cumprod(~stops[:, :-1], dim=1).bool()
+        lengths = inside.sum(dim=1)
+        weights = inside.to(torch.float32)
+        last = slots.gather(1, (lengths - 1).unsqueeze(1)).squeeze(1)
+        end_state = tensors["next_state"][last]
+        end_not_terminal = tensors["not_terminal"][last]
+        return {
+            "next_n_rewards": tensors["reward"][slots] * weights,
+            "next_n_time_diffs": weights,
+            "next_n_not_terminal": tensors["not_terminal"][slots] * weights,
+            "next_n_length": lengths,
+            "next_n_state": end_state,
+            "next_n_state_presence": torch.ones_like(end_state),
+            "next_n_possible_next_actions": (
+                torch.ones(len(index), self.action_count) * end_not_terminal.unsqueeze(1)
+            ),
+        }

@@ -1,0 +1,506 @@
+"""Playing, training and evaluating in a Gymnasium environment: ``train_gym``."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+import uuid
+from contextlib import ExitStack
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+import numpy as np
+
+from horizon_engine.builtin.gym_source import pre_timeline_row
+from horizon_engine.config import Choice, PipelineSection, PipelineSpec
+from horizon_engine.errors import HorizonError, PluginError
+from horizon_engine.files import atomic_output, write_json
+from horizon_engine.normalization import NORMALIZATION_FILE, NormalizationConfig
+from horizon_engine.online.config import GymSpec, epsilon_at
+from horizon_engine.online.replay_buffer import ReplayBuffer
+from horizon_engine.online.results import Evaluation, GymTrainingResult, write_reward_history
+from horizon_engine.training import CHECKPOINTS
+
+if TYPE_CHECKING:
+    import gymnasium
+    import torch
+
+    from horizon_engine.normalization import NormalizationParameters
+    from horizon_engine.pipeline import RunContext
+    from horizon_engine.plugins import PluginHost
+    from horizon_engine.training import TrainerBase
+
+GYM_COMMAND = "horizon gym train"
+"""What a gym run's manifest.json records as its ``command``; ``horizon export`` reads it."""
+
+VERIFY_ROWS = 1024
+"""Greedy-play states an exported model is checked on."""
+
+
+def make_env(env_id: str) -> gymnasium.Env:
+    """The environment, or an error naming ``[gym] env``; its action space must be Discrete."""
+    import gymnasium
+
+    from horizon_engine.builtin.gym_source import make_env as make_any_env
+
+    env = make_any_env(env_id, "gym")
+    if not isinstance(env.action_space, gymnasium.spaces.Discrete):
+        kind = type(env.action_space).__name__
+        env.close()
+        raise HorizonError(
+            f"[gym] env = {env_id!r} has a {kind} action space; horizon gym train plays "
+            "Discrete action spaces (the discrete-action trainers)"
+        )
+    return env
+
+
+def train_gym(
+    spec: GymSpec,
+    plugins: PluginHost | None = None,
+    rows: Path | None = None,
+    reward_history: Path | None = None,
+    show_progress: bool = False,
+) -> GymTrainingResult:
+    """Play, train and evaluate as ``spec`` says; write the run's files.
+
+    ``rows`` (``-f``): every training transition as a pre-timeline JSON row. ``reward_history``
+    (``-r``): the evaluations as CSV. Both are written atomically, as is everything in the
+    output folder: ``normalization.json``, ``checkpoints/`` (one per evaluation, ``latest.pt``
+    the last), ``tensorboard/`` (through ``horizon_on_epoch_end``, one "epoch" per
+    evaluation), ``manifest.json`` and, with ``[export]``, the exported model.
+    """
+    from horizon_engine.plugins import get_plugin_host
+
+    host = plugins or get_plugin_host()
+    return OnlineRun(spec, host, show_progress).run(rows, reward_history)
+
+
+class OnlineRun:
+    """The state of one ``train_gym`` call: environment, buffer, trainer, counters."""
+
+    def __init__(self, spec: GymSpec, plugins: PluginHost, show_progress: bool) -> None:
+        from horizon_engine.pipeline import RunContext
+
+        self.spec = spec
+        self.config = spec.gym
+        self.plugins = plugins
+        self.output_dir = Path(self.config.output_dir)
+        pipeline = PipelineSection(output_dir=self.config.output_dir, seed=self.config.seed)
+        # The lifecycle hooks (TensorBoard, third-party reporters) take a pipeline run's
+        # context; a gym run is one with the gym's seed and folder and its component sections.
+        self.run_context: RunContext = RunContext(
+            PipelineSpec(spec.origin, pipeline, sections=spec.choices),
+            self.output_dir,
+            plugins,
+            uuid.uuid4().hex[:12],
+            show_progress,
+        )
+        self.trainer: TrainerBase | None = None
+        self.acting: torch.nn.Module | None = None
+        self.refreshed_at = 0
+        self.steps = 0
+        self.updates = 0
+        self.evaluations: list[Evaluation] = []
+        self.warnings: list[str] = []
+        self.outputs: list[str] = []
+        self.metric_sums: dict[str, float] = {}
+        self.metric_counts: dict[str, int] = {}
+
+    def run(self, rows: Path | None, reward_history: Path | None) -> GymTrainingResult:
+        import torch
+
+        started = time.perf_counter()
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        manifest = self._start_manifest()
+        threads = torch.get_num_threads()
+        if self.config.torch_threads is not None:
+            torch.set_num_threads(self.config.torch_threads)
+        try:
+            with ExitStack() as envs:
+                self._open_envs(envs)
+                with ExitStack() as files:
+                    handle = None
+                    if rows is not None:
+                        temporary = files.enter_context(atomic_output(Path(rows)))
+                        handle = files.enter_context(temporary.open("w", encoding="utf-8"))
+                    episodes = self._play(handle)
+                exported = self._export() if self.trainer is not None else None
+            result = GymTrainingResult(
+                env=self.config.env,
+                episodes=episodes,
+                steps=self.steps,
+                updates=self.updates,
+                evaluations=self.evaluations,
+                score_bar=self.config.score_bar,
+                output_dir=self.output_dir,
+                outputs=self.outputs,
+                warnings=self.warnings,
+                seconds=round(time.perf_counter() - started, 3),
+            )
+            if reward_history is not None:
+                write_reward_history(reward_history, self.evaluations)
+        except BaseException as exc:
+            manifest["status"] = "failed"
+            manifest["error"] = str(exc) or type(exc).__name__
+            try:
+                self._finish(manifest)
+            except Exception as hook_error:
+                exc.add_note(f"horizon_on_run_end also failed: {hook_error!r}")
+            raise
+        finally:
+            torch.set_num_threads(threads)
+        manifest["status"] = "succeeded"
+        manifest["result"] = result.summary()
+        manifest["outputs"] = result.outputs
+        manifest["warnings"] = result.warnings
+        manifest["seconds"] = result.seconds
+        manifest["rows_file"] = str(rows) if rows is not None else None
+        manifest["reward_history_file"] = str(reward_history) if reward_history else None
+        if exported is not None:
+            manifest["export"] = exported
+        self._finish(manifest)
+        return result
+
+    def _open_envs(self, stack: ExitStack) -> None:
+        """The training environment and one per evaluation episode, closed by ``stack``; the
+        replay buffer and the generators, sized and seeded for them."""
+        import gymnasium
+
+        config = self.config
+        self.env = make_env(config.env)
+        stack.callback(self.env.close)
+        self.eval_envs = []
+        for _ in range(config.avg_over_num_episodes):
+            self.eval_envs.append(make_env(config.env))
+            stack.callback(self.eval_envs[-1].close)
+        space = self.env.action_space
+        self.observation_space = self.env.observation_space
+        self.first_action = int(space.start)
+        self.actions = [str(self.first_action + i) for i in range(int(space.n))]
+        width = int(gymnasium.spaces.flatdim(self.observation_space))
+        self.feature_ids = [str(i) for i in range(width)]
+        n_step = int(getattr(self.spec.trainer.config, "n_step", 1))
+        self.buffer = ReplayBuffer(
+            config.replay_buffer_size, width, len(self.actions), n_step, config.seed
+        )
+        self.rng = np.random.default_rng(config.seed)
+        self.eval_rng = np.random.default_rng([config.seed, 1])
+
+    def _play(self, rows: IO[str] | None) -> int:
+        """The training episodes, then a last evaluation unless one was just made; returns
+        how many episodes were played."""
+        config = self.config
+        ds = config.ds or dt.date.today().isoformat()
+        episode = 0
+        with self.run_context.progress(f"{config.env} episodes", config.episodes) as advance:
+            for episode in range(1, config.episodes + 1):
+                if self._episode(episode, rows, ds):
+                    break
+                advance(1)
+        if self.trainer is None:
+            self.warnings.append(
+                f"no training: the {self.steps} steps played never reached "
+                f"train_after_ts = {config.train_after_ts}"
+            )
+        elif not self.evaluations or self.evaluations[-1].timestep != self.steps:
+            self._evaluate(episode)
+        return episode
+
+    def _episode(self, episode: int, rows: IO[str] | None, ds: str) -> bool:
+        """Play one training episode; True when an evaluation reached the score bar."""
+        config, env = self.config, self.env
+        observation, _ = env.reset(seed=config.seed if episode == 1 else None)
+        state = self._flatten(observation)
+        action, probability = self._choose(state)
+        step = 0
+        while True:
+            observation, reward, terminated, truncated, _ = env.step(self.first_action + action)
+            next_state = self._flatten(observation)
+            step += 1
+            self.steps += 1
+            ended = terminated or truncated or step == config.max_steps
+            self.buffer.add(state, action, probability, reward, next_state, terminated, ended)
+            if rows is not None:
+                name = self.actions[action]
+                row = pre_timeline_row(
+                    ds, episode - 1, step - 1, state, name, probability, reward, self.actions
+                )
+                rows.write(json.dumps(row) + "\n")
+            if self.trainer is None and self.steps == config.train_after_ts:
+                self._set_up()
+            if not terminated:
+                # The next action is chosen now, by the policy before this step's update (as
+                # Horizon's runner did), and stored as the transition's next action; after a
+                # truncation it is drawn for SARSA's sake but not played.
+                action, probability = self._choose(next_state)
+                self.buffer.set_next_action(action)
+            if self.trainer is not None:
+                self._train()
+                if self.steps % config.test_every_ts == 0 and self._evaluate(episode):
+                    return True
+            if ended:
+                return False
+            state = next_state
+
+    def _flatten(self, observation: Any) -> np.ndarray:
+        import gymnasium
+
+        flat = gymnasium.spaces.flatten(self.observation_space, observation)
+        return np.asarray(flat, dtype=np.float64).ravel()
+
+    def _choose(self, state: np.ndarray) -> tuple[int, float]:
+        """Epsilon-greedy around the acting policy: (action index, its exact propensity)."""
+        n = len(self.actions)
+        epsilon = epsilon_at(self.steps, self.config) if self.acting is not None else 1.0
+        if epsilon >= 1.0:
+            return int(self.rng.integers(n)), 1.0 / n
+        best = self._greedy(state)
+        index = int(self.rng.integers(n)) if self.rng.random() < epsilon else best
+        return index, (1.0 - epsilon + epsilon / n if index == best else epsilon / n)
+
+    def _greedy(self, state: np.ndarray) -> int:
+        import torch
+
+        values = torch.from_numpy(state.astype(np.float32)).unsqueeze(0).to(self.device)
+        with torch.no_grad():
+            return int(self.acting(values, torch.ones_like(values)).argmax(dim=1))
+
+    def _set_up(self) -> None:
+        """At the end of the warm-up: fit (or, for a warm start, read) the normalization,
+        write it, and set the trainer up (from the earlier run's checkpoint for a warm start)."""
+        from horizon_engine.normalization import read_normalization, write_normalization
+        from horizon_engine.training import load_checkpoint
+
+        trainer_config = self.spec.trainer.config
+        warm_start = trainer_config.warm_start_from
+        if warm_start:
+            path = Path(warm_start) / NORMALIZATION_FILE
+            parameters = read_normalization(path).get("state_features", {})
+            self._check_features(parameters, f"[trainer] warm_start_from = {warm_start!r}: {path}")
+        else:
+            parameters = self._identify(self.spec.normalization_config)
+        write_normalization(self.output_dir / NORMALIZATION_FILE, {"state_features": parameters})
+        self.outputs.append(NORMALIZATION_FILE)
+        self._build_trainer(parameters)
+        if warm_start:
+            self.trainer.load_state_dict(load_checkpoint(Path(warm_start))["trainer"])
+        if "epochs" in trainer_config.model_fields_set:
+            self.warnings.append(
+                "[trainer] epochs is not used online: [gym] episodes and the score bar say "
+                "how long to train"
+            )
+        self._refresh()
+
+    def _check_features(self, parameters: dict[str, Any], where: str) -> None:
+        """Normalization read from a file must describe this environment's observations."""
+        if list(parameters) != self.feature_ids:
+            raise HorizonError(
+                f"{where} has state features {list(parameters)}; [gym] env = "
+                f"{self.config.env!r} has {self.feature_ids}"
+            )
+
+    def _build_trainer(self, parameters: dict[str, NormalizationParameters]) -> None:
+        """The preprocessor for ``parameters`` and the [trainer] set up for this environment."""
+        import torch
+
+        from horizon_engine.preprocessor import build_preprocessor
+        from horizon_engine.schema import ActionType
+        from horizon_engine.training import TrainingProblem, resolve_device
+
+        self.device = resolve_device(self.spec.trainer.config.device)
+        self.trainer = _create_trainer(self.spec.trainer)
+        max_feature_value = self.spec.normalization_config.max_feature_value
+        preprocessor = build_preprocessor(
+            self.feature_ids, parameters, max_feature_value, self.plugins
+        ).to(self.device)
+        torch.manual_seed(self.config.seed)
+        self.trainer.setup(
+            TrainingProblem(
+                action_type=ActionType.DISCRETE,
+                actions=self.actions,
+                state_preprocessor=preprocessor,
+                state_width=len(preprocessor.output_names),
+                action_preprocessor=None,
+                action_width=0,
+                device=self.device,
+                seed=self.config.seed,
+                extra={"n_step": self.buffer.n_step},
+            )
+        )
+
+    def _identify(self, config: NormalizationConfig) -> dict[str, NormalizationParameters]:
+        """Identify each feature's normalization from (a sample of) the warm-up states, as the
+        normalization stage does from the timeline (same rules, overrides and notes)."""
+        from horizon_engine.normalization import FeatureType, identify_all
+
+        states = self.buffer.state[: len(self.buffer)]
+        if len(states) > config.num_samples:
+            chosen = np.random.default_rng(self.config.seed).choice(
+                len(states), config.num_samples, replace=False
+            )
+            states = states[np.sort(chosen)]
+        samples = {feature: states[:, i] for i, feature in enumerate(self.feature_ids)}
+        known_types = {str(kind) for kind in FeatureType} | {
+            entry.name for entry in self.plugins.components("transforms")
+        }
+        result = identify_all(samples, config, config.overrides, known_types)
+        self.warnings += [f"normalization: {note}" for note in result.notes]
+        return result.parameters
+
+    def _refresh(self) -> None:
+        self.acting = self.trainer.policy()
+        self.refreshed_at = self.steps
+
+    def _train(self) -> None:
+        """A round of training when one is due, then a fresh acting policy when one is due."""
+        config = self.config
+        batch_size = self.spec.trainer.config.minibatch_size
+        due = self.steps % config.train_every_ts == 0 and len(self.buffer) >= batch_size
+        if due:
+            for _ in range(config.num_train_batches):
+                batch = self.buffer.sample(batch_size)
+                if self.device.type != "cpu":
+                    batch = {name: tensor.to(self.device) for name, tensor in batch.items()}
+                for name, value in self.trainer.train_step(batch).items():
+                    self.metric_sums[name] = self.metric_sums.get(name, 0.0) + value
+                    self.metric_counts[name] = self.metric_counts.get(name, 0) + 1
+                self.updates += 1
+        if self.steps - self.refreshed_at >= config.policy_refresh_ts:
+            self._refresh()
+
+    def _evaluate(self, episode: int) -> bool:
+        """Greedy episodes, a checkpoint and the epoch hook; True when the bar is reached."""
+        from horizon_engine.training import save_checkpoint
+
+        policy = self.trainer.policy()
+        returns = self._greedy_returns(policy)
+        evaluation = Evaluation(self.steps, episode, returns)
+        self.evaluations.append(evaluation)
+        number = len(self.evaluations)
+        state = {
+            "trainer": self.trainer.state_dict(),
+            "timestep": self.steps,
+            "episode": episode,
+            "mean_return": evaluation.mean_return,
+        }
+        save_checkpoint(self.output_dir / CHECKPOINTS, number, state)
+        if f"{CHECKPOINTS}/latest.pt" not in self.outputs:
+            self.outputs.append(f"{CHECKPOINTS}/latest.pt")
+        metrics = {
+            "Evaluation/mean_return": evaluation.mean_return,
+            "Evaluation/min_return": float(min(returns)),
+            "Evaluation/max_return": float(max(returns)),
+            "Gym/timestep": float(self.steps),
+            "Gym/episode": float(episode),
+            "Gym/epsilon": epsilon_at(self.steps, self.config),
+        }
+        for name, total in self.metric_sums.items():
+            metrics[f"Training/{name}"] = total / self.metric_counts[name]
+        self.metric_sums, self.metric_counts = {}, {}
+        self.plugins.on_epoch_end(self.run_context, number, metrics)
+        bar = self.config.score_bar
+        return bar is not None and evaluation.mean_return >= bar
+
+    def _greedy_returns(self, policy: torch.nn.Module) -> list[float]:
+        """One greedy episode in each evaluation environment, played in lockstep (one forward
+        pass per step for all of them), each reset with a fresh seed from the evaluation
+        stream: deterministic for a run, never the training episodes' starts."""
+        import torch
+
+        envs = self.eval_envs
+        seeds = self.eval_rng.integers(2**31, size=len(envs))
+        observations = [env.reset(seed=int(seed))[0] for env, seed in zip(envs, seeds, strict=True)]
+        returns = np.zeros(len(envs))
+        active = list(range(len(envs)))
+        step = 0
+        while active:
+            states = np.stack([self._flatten(observations[i]) for i in active])
+            values = torch.from_numpy(states.astype(np.float32)).to(self.device)
+            with torch.no_grad():
+                chosen = policy(values, torch.ones_like(values)).argmax(dim=1).tolist()
+            step += 1
+            still = []
+            for i, action in zip(active, chosen, strict=True):
+                observation, reward, terminated, truncated, _ = envs[i].step(
+                    self.first_action + action
+                )
+                observations[i] = observation
+                returns[i] += reward
+                if not (terminated or truncated or step == self.config.max_steps):
+                    still.append(i)
+            active = still
+        return returns.tolist()
+
+    def _export(self) -> dict[str, Any] | None:
+        """Export the final policy when ``[export]`` is configured, checked on greedy-play
+        states (the exporter verifies its file against PyTorch on them); the exporter's
+        outputs and details, or None without ``[export]``."""
+        if self.spec.export is None:
+            return None
+        policy = self.trainer.policy()
+        from horizon_engine.online.export import export_policy
+
+        exported = export_policy(
+            self.run_context,
+            self.spec.export,
+            policy,
+            self._greedy_states(policy, VERIFY_ROWS),
+            self.feature_ids,
+            self.actions,
+        )
+        self.outputs += exported["outputs"]
+        return exported
+
+    def _greedy_states(self, policy: torch.nn.Module, count: int) -> np.ndarray:
+        """``count`` states the greedy policy visits (episodes from the evaluation stream)."""
+        import torch
+
+        env = self.eval_envs[0]
+        states: list[np.ndarray] = []
+        while len(states) < count:
+            observation, _ = env.reset(seed=int(self.eval_rng.integers(2**31)))
+            for _ in range(count - len(states)):
+                state = self._flatten(observation)
+                states.append(state)
+                values = torch.from_numpy(state.astype(np.float32)).unsqueeze(0).to(self.device)
+                with torch.no_grad():
+                    action = int(policy(values, torch.ones_like(values)).argmax(dim=1))
+                observation, _, terminated, truncated, _ = env.step(self.first_action + action)
+                if terminated or truncated:
+                    break
+        return np.stack(states)
+
+    def _start_manifest(self) -> dict[str, Any]:
+        from horizon_engine import __version__
+
+        manifest = {
+            "horizon_version": __version__,
+            "command": GYM_COMMAND,
+            "run_id": self.run_context.run_id,
+            "status": "running",
+            "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "seed": self.config.seed,
+            "config_file": self.spec.origin,
+            "config": self.spec.resolved(),
+            "plugins": self.plugins.versions(),
+        }
+        write_json(self.output_dir / "manifest.json", manifest)
+        return manifest
+
+    def _finish(self, manifest: dict[str, Any]) -> None:
+        manifest["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        write_json(self.output_dir / "manifest.json", manifest)
+        self.plugins.on_run_end(self.run_context, manifest)
+
+
+def _create_trainer(choice: Choice) -> TrainerBase:
+    from horizon_engine.training import TrainerBase
+
+    trainer = choice.create()
+    if not isinstance(trainer, TrainerBase):
+        raise PluginError(
+            f"plugin '{choice.component.plugin}' registered the trainer "
+            f"{type(trainer).__qualname__}, which is not a TrainerBase"
+        )
+    return trainer
