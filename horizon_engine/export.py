@@ -87,7 +87,7 @@ def policy_bundle(run: RunContext, trainer_choice: Choice) -> PolicyBundle:
     from horizon_engine.training import load_checkpoint, prepare_training
 
     prepared = prepare_training(run, trainer_choice)
-    prepared.trainer.load_state_dict(load_checkpoint(run.output_dir)["trainer"])
+    prepared.trainer.load_state_dict(load_checkpoint(run.output_dir, "export")["trainer"])
     model = prepared.trainer.policy().to("cpu").eval()
     check = prepared.splits["eval"] if len(prepared.splits["eval"]) else prepared.splits["train"]
     normalization = json.loads((run.output_dir / NORMALIZATION_FILE).read_text())

@@ -126,15 +126,17 @@ def save_checkpoint(folder: Path, epoch: int, state: dict[str, Any]) -> Path:
     return path
 
 
-def load_checkpoint(run_folder: Path) -> dict[str, Any]:
-    """The latest checkpoint of an earlier run, for a warm start."""
+def load_checkpoint(run_folder: Path, purpose: str = "warm start") -> dict[str, Any]:
+    """The latest checkpoint of a run: an earlier one for a warm start, or this one for an
+    export (``purpose`` = "export"), named in the error when there is none."""
     import torch
 
     path = Path(run_folder) / CHECKPOINTS / "latest.pt"
     if not path.is_file():
-        raise HorizonError(
-            f"[trainer] warm_start_from = {str(run_folder)!r}: no checkpoint at {path}"
-        )
+        where = f"[trainer] warm_start_from = {str(run_folder)!r}"
+        if purpose != "warm start":
+            where = f"{purpose} of {run_folder}"
+        raise HorizonError(f"{where}: no checkpoint at {path}")
     return torch.load(path, map_location="cpu", weights_only=False)
 
 

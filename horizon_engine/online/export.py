@@ -86,7 +86,7 @@ def export_gym_run(
         parameters = read_normalization(normalization).get("state_features", {})
         run._check_features(parameters, str(normalization))
         run._build_trainer(parameters)
-        run.trainer.load_state_dict(load_checkpoint(Path(run_dir))["trainer"])
+        run.trainer.load_state_dict(load_checkpoint(Path(run_dir), "export")["trainer"])
         exported = run._export()
     manifest["export"] = exported
     write_json(manifest_path, manifest)
