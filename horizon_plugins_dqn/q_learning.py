@@ -51,7 +51,14 @@ class QLearningTrainer(TrainerBase):
         import torch
 
         kind = torch.optim.SGD if self.config.optimizer == "sgd" else torch.optim.Adam
-        return kind(module.parameters(), lr=self.config.learning_rate, weight_decay=self.config.l2)
+        # One fused call per step for all parameters, on the CPU too (torch's default there
+        # is a loop over them): the networks are small, so the per-call overhead is the cost.
+        return kind(
+            module.parameters(),
+            lr=self.config.learning_rate,
+            weight_decay=self.config.l2,
+            foreach=True,
+        )
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         """Every optimizer whose learning rate decays (a subclass adds its extra models')."""
@@ -78,10 +85,11 @@ class QLearningTrainer(TrainerBase):
         loss.backward()
         self.optimizer.step()
         with torch.no_grad():
-            for target_parameter, parameter in zip(
-                self.target_network.parameters(), self.q_network.parameters(), strict=True
-            ):
-                target_parameter.lerp_(parameter, self.config.target_update_rate)
+            torch._foreach_lerp_(
+                list(self.target_network.parameters()),
+                list(self.q_network.parameters()),
+                self.config.target_update_rate,
+            )
         self.steps += 1
         if self.config.lr_decay < 1 and self.steps % self.config.lr_decay_steps == 0:
             self.set_learning_rate()
