@@ -117,7 +117,8 @@ FAMILIES: tuple[str, ...] = tuple(FAMILY_BASES)
 
 
 def component_options(cls: type[Component]) -> list[dict[str, Any]]:
-    """The options of a component's config model, as ``horizon plugins`` lists them."""
+    """The options of a component's config model, as ``horizon plugins`` lists them (a
+    docstring written over several lines becomes one line of help)."""
     options = []
     for key, info in cls.Config.model_fields.items():
         default = None if info.is_required() else info.get_default(call_default_factory=True)
@@ -127,7 +128,7 @@ def component_options(cls: type[Component]) -> list[dict[str, Any]]:
                 "type": _type_name(info.annotation),
                 "required": info.is_required(),
                 "default": default,
-                "help": info.description or "",
+                "help": " ".join((info.description or "").split()),
             }
         )
     return options
