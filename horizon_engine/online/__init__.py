@@ -6,7 +6,9 @@ every transition in a replay buffer, trains every ``train_every_ts`` steps once
 policy every ``test_every_ts`` steps over ``avg_over_num_episodes`` episodes, and stops early
 once their mean return reaches the score bar. The trainers, their ``[trainer]`` options and the
 ``[normalization]`` options are those of pipeline.toml, validated by the same code
-(``ConfigBuilder``), so any registered discrete-action trainer plays online unchanged.
+(``ConfigBuilder``), so any registered discrete-action trainer plays online unchanged, and a
+parametric one (``parametric_dqn``) with ``[gym] parametric_actions``, which offers each action
+as one-hot action features.
 
 Decisions:
 

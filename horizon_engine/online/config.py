@@ -66,6 +66,10 @@ class GymSection(ComponentConfig):
     """Stop once an evaluation's mean return reaches it (--score-bar overrides)."""
     policy_refresh_ts: int = Field(default=10, ge=1)
     """Steps between two copies of the trainer's policy for acting."""
+    parametric_actions: bool = False
+    """Give the trainer each action as one-hot action features whose ids follow the state's
+    (CartPole: "4" and "5"), as the gym source's parametric_actions logs them: for parametric
+    trainers such as parametric_dqn."""
     torch_threads: int | None = Field(default=None, ge=1)
     """CPU threads for torch during the run (None keeps torch's default, one per core); small
     networks and one-row forward passes are fastest with 1."""

@@ -32,9 +32,12 @@ def export_policy(
     states: np.ndarray,
     feature_ids: list[str],
     actions: list[str],
+    action_feature_ids: list[str],
 ) -> dict[str, Any]:
     """Export ``policy`` with the ``[export]`` component, checked on ``states``; returns the
-    files written (``outputs``, relative to the run folder) and the exporter's ``details``."""
+    files written (``outputs``, relative to the run folder) and the exporter's ``details``.
+    A parametric policy (``action_feature_ids``, one-hot) is checked with every action
+    offered as a candidate."""
     import torch
 
     from horizon_engine.export import ExporterBase, PolicyBundle
@@ -46,6 +49,10 @@ def export_policy(
             f"{type(exporter).__qualname__}, which is not an ExporterBase"
         )
     values = torch.from_numpy(states.astype(np.float32))
+    candidates = None
+    if action_feature_ids:
+        every = torch.eye(len(action_feature_ids)).expand(len(values), -1, -1)
+        candidates = (every, every, torch.ones(every.shape[:2]))
     normalization = json.loads((run.output_dir / NORMALIZATION_FILE).read_text(encoding="utf-8"))
     bundle = PolicyBundle(
         model=policy.to("cpu").eval(),
@@ -55,6 +62,8 @@ def export_policy(
         sample_values=values,
         sample_presence=torch.ones_like(values),
         run_id=run.run_id,
+        action_feature_ids=action_feature_ids,
+        sample_candidates=candidates,
     )
     outputs = exporter.export(run, bundle)
     return {"outputs": outputs, "details": exporter.details}
@@ -82,10 +91,10 @@ def export_gym_run(
     run.run_context.run_id = manifest.get("run_id", run.run_context.run_id)
     with ExitStack() as envs:
         run._open_envs(envs)
-        normalization = Path(run_dir) / NORMALIZATION_FILE
-        parameters = read_normalization(normalization).get("state_features", {})
-        run._check_features(parameters, str(normalization))
-        run._build_trainer(parameters)
+        path = Path(run_dir) / NORMALIZATION_FILE
+        normalization = read_normalization(path)
+        run._check_features(normalization, str(path))
+        run._build_trainer(normalization)
         run.trainer.load_state_dict(load_checkpoint(Path(run_dir), "export")["trainer"])
         exported = run._export()
     manifest["export"] = exported

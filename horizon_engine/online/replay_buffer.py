@@ -162,3 +162,33 @@ class ReplayBuffer:
                 torch.ones(len(index), self.action_count) * end_not_terminal.unsqueeze(1)
             ),
         }
+
+
+def one_hot_actions(batch: dict[str, torch.Tensor], action_count: int) -> dict[str, torch.Tensor]:
+    """A discrete batch as a parametric one: every action index becomes its one-hot action
+    features (present only where hot, as the gym source's ``parametric_actions`` logs them),
+    and every mask over actions a mask over candidates that are all the actions, in order.
+
+    The names are those the timeline's parametric tensors have (``possible_action_features``,
+    ...), so a parametric trainer trains online as it does offline.
+    """
+    import torch
+
+    eye = torch.eye(action_count)
+    rows = len(batch["action"])
+    every = eye.expand(rows, -1, -1)
+    logged = eye[batch["action"]]
+    following = batch["next_action"]
+    next_logged = eye[following.clamp(min=0)] * (following >= 0).unsqueeze(1)
+    converted = dict(batch)
+    converted |= {
+        "action": logged,
+        "action_presence": logged,
+        "next_action": next_logged,
+        "next_action_presence": next_logged,
+    }
+    for prefix in ("possible_action", "possible_next_action", "next_n_possible_next_action"):
+        if f"{prefix}s" in batch:
+            converted[f"{prefix}_features"] = every
+            converted[f"{prefix}_presence"] = every
+    return converted

@@ -18,7 +18,7 @@ from horizon_engine.errors import HorizonError, PluginError
 from horizon_engine.files import atomic_output, write_json
 from horizon_engine.normalization import NORMALIZATION_FILE, NormalizationConfig
 from horizon_engine.online.config import GymSpec, epsilon_at
-from horizon_engine.online.replay_buffer import ReplayBuffer
+from horizon_engine.online.replay_buffer import ReplayBuffer, one_hot_actions
 from horizon_engine.online.results import Evaluation, GymTrainingResult, write_reward_history
 from horizon_engine.training import CHECKPOINTS
 
@@ -50,7 +50,7 @@ def make_env(env_id: str) -> gymnasium.Env:
         env.close()
         raise HorizonError(
             f"[gym] env = {env_id!r} has a {kind} action space; horizon gym train plays "
-            "Discrete action spaces (the discrete-action trainers)"
+            "Discrete action spaces"
         )
     return env
 
@@ -180,6 +180,9 @@ class OnlineRun:
         self.actions = [str(self.first_action + i) for i in range(int(space.n))]
         width = int(gymnasium.spaces.flatdim(self.observation_space))
         self.feature_ids = [str(i) for i in range(width)]
+        self.action_feature_ids = (
+            [str(width + i) for i in range(len(self.actions))] if config.parametric_actions else []
+        )
         n_step = int(getattr(self.spec.trainer.config, "n_step", 1))
         self.buffer = ReplayBuffer(
             config.replay_buffer_size, width, len(self.actions), n_step, config.seed
@@ -222,9 +225,9 @@ class OnlineRun:
             ended = terminated or truncated or step == config.max_steps
             self.buffer.add(state, action, probability, reward, next_state, terminated, ended)
             if rows is not None:
-                name = self.actions[action]
+                logged, possible = self._logged(action)
                 row = pre_timeline_row(
-                    ds, episode - 1, step - 1, state, name, probability, reward, self.actions
+                    ds, episode - 1, step - 1, state, logged, probability, reward, possible
                 )
                 rows.write(json.dumps(row) + "\n")
             if self.trainer is None and self.steps == config.train_after_ts:
@@ -260,11 +263,28 @@ class OnlineRun:
         return index, (1.0 - epsilon + epsilon / n if index == best else epsilon / n)
 
     def _greedy(self, state: np.ndarray) -> int:
+        return int(self._scores(self.acting, state[None]).argmax(dim=1))
+
+    def _scores(self, policy: torch.nn.Module, states: np.ndarray) -> torch.Tensor:
+        """The policy's scores ``[rows, actions]`` of flattened states; a parametric policy is
+        offered every action, in order, as its one-hot action features."""
         import torch
 
-        values = torch.from_numpy(state.astype(np.float32)).unsqueeze(0).to(self.device)
+        values = torch.from_numpy(states.astype(np.float32)).to(self.device)
+        presence = torch.ones_like(values)
         with torch.no_grad():
-            return int(self.acting(values, torch.ones_like(values)).argmax(dim=1))
+            if not self.action_feature_ids:
+                return policy(values, presence)
+            every = torch.eye(len(self.actions), device=self.device).expand(len(values), -1, -1)
+            return policy(values, presence, every, every)
+
+    def _logged(self, index: int) -> tuple[Any, list[Any]]:
+        """An action and the possible actions as the ``-f`` rows log them: the action names,
+        or with ``parametric_actions`` the one-hot feature maps."""
+        if not self.action_feature_ids:
+            return self.actions[index], list(self.actions)
+        maps: list[Any] = [{feature: 1.0} for feature in self.action_feature_ids]
+        return maps[index], maps
 
     def _set_up(self) -> None:
         """At the end of the warm-up: fit (or, for a warm start, read) the normalization,
@@ -276,13 +296,15 @@ class OnlineRun:
         warm_start = trainer_config.warm_start_from
         if warm_start:
             path = Path(warm_start) / NORMALIZATION_FILE
-            parameters = read_normalization(path).get("state_features", {})
-            self._check_features(parameters, f"[trainer] warm_start_from = {warm_start!r}: {path}")
+            normalization = read_normalization(path)
+            self._check_features(
+                normalization, f"[trainer] warm_start_from = {warm_start!r}: {path}"
+            )
         else:
-            parameters = self._identify(self.spec.normalization_config)
-        write_normalization(self.output_dir / NORMALIZATION_FILE, {"state_features": parameters})
+            normalization = self._identify(self.spec.normalization_config)
+        write_normalization(self.output_dir / NORMALIZATION_FILE, normalization)
         self.outputs.append(NORMALIZATION_FILE)
-        self._build_trainer(parameters)
+        self._build_trainer(normalization)
         if warm_start:
             self.trainer.load_state_dict(load_checkpoint(Path(warm_start))["trainer"])
         if "epochs" in trainer_config.model_fields_set:
@@ -292,16 +314,24 @@ class OnlineRun:
             )
         self._refresh()
 
-    def _check_features(self, parameters: dict[str, Any], where: str) -> None:
-        """Normalization read from a file must describe this environment's observations."""
-        if list(parameters) != self.feature_ids:
-            raise HorizonError(
-                f"{where} has state features {list(parameters)}; [gym] env = "
-                f"{self.config.env!r} has {self.feature_ids}"
-            )
+    def _check_features(self, normalization: dict[str, dict[str, Any]], where: str) -> None:
+        """Normalization read from a file must describe this environment's observations (and,
+        with ``parametric_actions``, its one-hot actions)."""
+        for name, expected in (
+            ("state_features", self.feature_ids),
+            ("action_features", self.action_feature_ids),
+        ):
+            found = list(normalization.get(name, {}))
+            if found != expected:
+                raise HorizonError(
+                    f"{where} has {name} {found}; [gym] env = {self.config.env!r} "
+                    f"(parametric_actions = {str(self.config.parametric_actions).lower()}) "
+                    f"has {expected}"
+                )
 
-    def _build_trainer(self, parameters: dict[str, NormalizationParameters]) -> None:
-        """The preprocessor for ``parameters`` and the [trainer] set up for this environment."""
+    def _build_trainer(self, normalization: dict[str, dict[str, NormalizationParameters]]) -> None:
+        """The preprocessors for ``normalization`` and the [trainer] set up for this
+        environment: discrete actions, or parametric ones with ``parametric_actions``."""
         import torch
 
         from horizon_engine.preprocessor import build_preprocessor
@@ -311,42 +341,66 @@ class OnlineRun:
         self.device = resolve_device(self.spec.trainer.config.device)
         self.trainer = _create_trainer(self.spec.trainer)
         max_feature_value = self.spec.normalization_config.max_feature_value
-        preprocessor = build_preprocessor(
-            self.feature_ids, parameters, max_feature_value, self.plugins
-        ).to(self.device)
+
+        def preprocessor(ids: list[str], parameters: dict) -> torch.nn.Module:
+            built = build_preprocessor(ids, parameters, max_feature_value, self.plugins)
+            return built.to(self.device)
+
+        state = preprocessor(self.feature_ids, normalization["state_features"])
+        action = None
+        if self.action_feature_ids:
+            action = preprocessor(self.action_feature_ids, normalization["action_features"])
         torch.manual_seed(self.config.seed)
         self.trainer.setup(
             TrainingProblem(
-                action_type=ActionType.DISCRETE,
-                actions=self.actions,
-                state_preprocessor=preprocessor,
-                state_width=len(preprocessor.output_names),
-                action_preprocessor=None,
-                action_width=0,
+                action_type=ActionType.PARAMETRIC if action else ActionType.DISCRETE,
+                actions=[] if action else self.actions,
+                state_preprocessor=state,
+                state_width=len(state.output_names),
+                action_preprocessor=action,
+                action_width=len(action.output_names) if action else 0,
                 device=self.device,
                 seed=self.config.seed,
                 extra={"n_step": self.buffer.n_step},
             )
         )
 
-    def _identify(self, config: NormalizationConfig) -> dict[str, NormalizationParameters]:
-        """Identify each feature's normalization from (a sample of) the warm-up states, as the
-        normalization stage does from the timeline (same rules, overrides and notes)."""
+    def _identify(
+        self, config: NormalizationConfig
+    ) -> dict[str, dict[str, NormalizationParameters]]:
+        """Identify each feature's normalization from (a sample of) the warm-up, as the
+        normalization stage does from the timeline (same rules, overrides and notes): the
+        states' features, and with ``parametric_actions`` the one-hot action features (each
+        present, as 1.0, wherever its action was taken)."""
         from horizon_engine.normalization import FeatureType, identify_all
 
-        states = self.buffer.state[: len(self.buffer)]
-        if len(states) > config.num_samples:
+        transitions = len(self.buffer)
+        rows = np.arange(transitions)
+        if transitions > config.num_samples:
             chosen = np.random.default_rng(self.config.seed).choice(
-                len(states), config.num_samples, replace=False
+                transitions, config.num_samples, replace=False
             )
-            states = states[np.sort(chosen)]
-        samples = {feature: states[:, i] for i, feature in enumerate(self.feature_ids)}
+            rows = np.sort(chosen)
+        states = self.buffer.state[rows]
         known_types = {str(kind) for kind in FeatureType} | {
             entry.name for entry in self.plugins.components("transforms")
         }
-        result = identify_all(samples, config, config.overrides, known_types)
-        self.warnings += [f"normalization: {note}" for note in result.notes]
-        return result.parameters
+        samples = {feature: states[:, i] for i, feature in enumerate(self.feature_ids)}
+        sets = {"state_features": (samples, config.overrides)}
+        if self.action_feature_ids:
+            taken = np.bincount(self.buffer.action[rows], minlength=len(self.actions))
+            samples = {
+                feature: np.ones(int(count))
+                for feature, count in zip(self.action_feature_ids, taken, strict=True)
+            }
+            sets["action_features"] = (samples, config.action_overrides)
+        normalization = {}
+        for name, (samples, overrides) in sets.items():
+            where = f"[normalization] {'action_' if name == 'action_features' else ''}overrides"
+            result = identify_all(samples, config, overrides, known_types, where=where)
+            self.warnings += [f"normalization: {note}" for note in result.notes]
+            normalization[name] = result.parameters
+        return normalization
 
     def _refresh(self) -> None:
         self.acting = self.trainer.policy()
@@ -360,6 +414,8 @@ class OnlineRun:
         if due:
             for _ in range(config.num_train_batches):
                 batch = self.buffer.sample(batch_size)
+                if self.action_feature_ids:
+                    batch = one_hot_actions(batch, len(self.actions))
                 if self.device.type != "cpu":
                     batch = {name: tensor.to(self.device) for name, tensor in batch.items()}
                 for name, value in self.trainer.train_step(batch).items():
@@ -406,7 +462,6 @@ class OnlineRun:
         """One greedy episode in each evaluation environment, played in lockstep (one forward
         pass per step for all of them), each reset with a fresh seed from the evaluation
         stream: deterministic for a run, never the training episodes' starts."""
-        import torch
 
         envs = self.eval_envs
         seeds = self.eval_rng.integers(2**31, size=len(envs))
@@ -416,9 +471,7 @@ class OnlineRun:
         step = 0
         while active:
             states = np.stack([self._flatten(observations[i]) for i in active])
-            values = torch.from_numpy(states.astype(np.float32)).to(self.device)
-            with torch.no_grad():
-                chosen = policy(values, torch.ones_like(values)).argmax(dim=1).tolist()
+            chosen = self._scores(policy, states).argmax(dim=1).tolist()
             step += 1
             still = []
             for i, action in zip(active, chosen, strict=True):
@@ -448,13 +501,13 @@ class OnlineRun:
             self._greedy_states(policy, VERIFY_ROWS),
             self.feature_ids,
             self.actions,
+            self.action_feature_ids,
         )
         self.outputs += exported["outputs"]
         return exported
 
     def _greedy_states(self, policy: torch.nn.Module, count: int) -> np.ndarray:
         """``count`` states the greedy policy visits (episodes from the evaluation stream)."""
-        import torch
 
         env = self.eval_envs[0]
         states: list[np.ndarray] = []
@@ -463,9 +516,7 @@ class OnlineRun:
             for _ in range(count - len(states)):
                 state = self._flatten(observation)
                 states.append(state)
-                values = torch.from_numpy(state.astype(np.float32)).unsqueeze(0).to(self.device)
-                with torch.no_grad():
-                    action = int(policy(values, torch.ones_like(values)).argmax(dim=1))
+                action = int(self._scores(policy, state[None]).argmax(dim=1))
                 observation, _, terminated, truncated, _ = env.step(self.first_action + action)
                 if terminated or truncated:
                     break
