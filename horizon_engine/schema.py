@@ -4,7 +4,9 @@ Two formats, each for three kinds of action:
 
 - pre-timeline rows: logged decisions in the RLDataset format of the seed walkthrough
   (``ds``, ``mdp_id``, ``sequence_number``, ``state_features``, ``action``, ``reward``,
-  ``action_probability``, ``possible_actions``, ``metrics``);
+  ``action_probability``, ``possible_actions``, ``metrics``), and our optional ``truncated``:
+  true on the last row of an episode that a time limit cut short, so that the timeline does
+  not make it terminal (Horizon's rows cannot say, and keep Horizon's meaning);
 - timeline rows: what the Timeline job writes (adds ``next_state_features``, ``next_action``,
   ``possible_next_actions``, ``time_diff``, ``sequence_number_ordinal``, ``time_since_first``,
   ``not_terminal``). Horizon called ``action_probability`` ``propensity``; both are read.
@@ -187,7 +189,7 @@ def _columns(row_format: RowFormat, action_type: ActionType) -> list[Column]:
     if action_type is not ActionType.CONTINUOUS:
         columns.append(Column("possible_actions", possible[0], False, possible[1]))
     if pre:
-        return columns
+        return [*columns, Column("truncated", pa.bool_(), False, _to_bool)]
     next_action = Column("next_action", action.type, False, action.coerce)
     columns += [
         Column("sequence_number_ordinal", pa.int64(), False, _to_int),

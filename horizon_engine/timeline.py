@@ -13,6 +13,12 @@ Semantics, per episode (``mdp_id``) ordered by ``sequence_number``:
 - the last row of an episode is terminal: with ``add_terminal_state_row`` it is kept with an
   empty next state, a null ``next_action``, ``possible_next_actions`` all zero (discrete) or
   empty (parametric), ``time_diff`` 0 and ``not_terminal`` false; otherwise it is dropped;
+- unless that last row says ``truncated = true`` (a time limit cut the episode short, as
+  ``horizon gym collect`` logs it): then the episode did not end, its next state was never
+  observed, and the row is dropped (counted as ``truncated``), so no terminal row is made for
+  it; the row before it keeps its real next state and stays non-terminal, and n-step windows
+  stop before it. ``truncated`` on any other row is ignored, and rows without the field
+  (Horizon's) keep Horizon's meaning;
 - ``reward`` is ``dot(metrics, weights)`` when ``reward`` weights are configured (a metric a
   row lacks counts as 0), else the logged reward; ``metrics`` is kept;
 - discrete actions become indices into ``actions``; ``possible_actions`` become 0/1 masks over

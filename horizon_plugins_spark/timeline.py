@@ -11,8 +11,9 @@ The plan, in the contract's order:
 2. one window per episode (``mdp_id`` ordered by ``sequence_number``) gives the next row's
    values, the ordinal, the time since the first row and the episode length; a second,
    over the same partitioning and order (so no second shuffle), gathers the n-step arrays;
-3. the filters (outlier episodes, time window, terminal rows) then only label rows, so that a
-   kept row keeps its real next state, and every dropped row is counted by reason;
+3. the filters (outlier episodes, time window, an episode's last row cut by a time limit,
+   terminal rows) then only label rows, so that a kept row keeps its real next state, and
+   every dropped row is counted by reason;
 4. the labelled frame is persisted once: the counts, the percentile and both splits' writes
    read it instead of recomputing the windows.
 """
@@ -41,6 +42,8 @@ REJECT_REASON = "_reject_reason"
 DROP_REASON = "_drop_reason"
 IS_EVAL = "_is_eval"
 EPISODE_LENGTH = "_episode_length"
+CUT = "_cut"
+"""True on the last row of an episode that a time limit cut short (``truncated``)."""
 # The pre-timeline columns after the transform's own conversions, beside the originals so a
 # rejected row is quarantined as it came.
 ACTION, POSSIBLE, REWARD = "_action", "_possible", "_reward"
@@ -243,6 +246,8 @@ class _TimelinePlan:
             # Empty, too, where the next row did not record its possible actions.
             no_action = F.array().cast("array<map<string,double>>")
             columns["possible_next_actions"] = F.coalesce(F.col("_next_possible"), no_action)
+        truncated = F.col("truncated") if "truncated" in rows.columns else F.lit(None)
+        columns[CUT] = ~not_terminal & F.coalesce(truncated.cast("boolean"), F.lit(False))
         rows = rows.select("*", *(value.alias(name) for name, value in columns.items()))
         if self.config.n_step > 1:
             rows = self._n_step(rows, episode)
@@ -252,14 +257,15 @@ class _TimelinePlan:
             F.col(renamed.get(field.name, field.name)).cast(field.dataType).alias(field.name)
             for field in self.schema.fields
         ]
-        return rows.select(*columns, EPISODE_LENGTH, self._is_eval().alias(IS_EVAL))
+        return rows.select(*columns, EPISODE_LENGTH, CUT, self._is_eval().alias(IS_EVAL))
 
     def _n_step(self, rows: DataFrame, episode: WindowSpec) -> DataFrame:
         """The values of rows t .. t+n-1 of the episode, as arrays.
 
         One ``collect_list`` of a struct per row: a struct is never null, so a null value
         (a parametric row's unknown possible next actions) keeps its place in the array, where
-        ``collect_list`` of the bare column would skip it.
+        ``collect_list`` of the bare column would skip it. A cut episode's last row contributes
+        a null, which ``collect_list`` skips: the windows end before it, as in the local engine.
         """
         from pyspark.sql import functions as F
 
@@ -273,6 +279,7 @@ class _TimelinePlan:
         if self.has_possible:
             steps["next_n_possible_next_actions"] = "possible_next_actions"
         step = F.struct(*(F.col(column).alias(name) for name, column in steps.items()))
+        step = F.when(~F.col(CUT), step)
         rows = rows.withColumn("_steps", F.collect_list(step).over(frame))
         return rows.select(
             "*",
@@ -304,6 +311,7 @@ class _TimelinePlan:
         if self.config.time_window_limit is not None:
             limit = self.config.time_window_limit
             reasons.append((F.col("time_since_first") > F.lit(limit), "time_window"))
+        reasons.append((F.col(CUT), "truncated"))
         if not self.config.add_terminal_state_row:
             reasons.append((~F.col("not_terminal"), "terminal_row"))
         reason = F.lit(None).cast("string")

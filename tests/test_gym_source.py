@@ -237,3 +237,27 @@ def test_read_rejects_a_declared_layout_the_rows_cannot_have():
     source = GymSource(GymSourceConfig(episodes=1, row_format="timeline"))
     with pytest.raises(HorizonError, match="row_format = 'timeline'"):
         list(source.read(SimpleNamespace(seed=0)))
+
+
+def _truncated_steps(pairs: list[tuple[str, dict]]) -> list[tuple[str, int]]:
+    return [(row["mdp_id"], row["sequence_number"]) for _, row in pairs if "truncated" in row]
+
+
+def test_the_environments_own_time_limit_is_logged_as_a_truncation():
+    # A random policy never swings Acrobot up, so its episode ends at the 500-step limit,
+    # which is no end state of the task: the last row says so for the timeline.
+    pairs = _rows(GymSourceConfig(env="Acrobot-v1", episodes=1, ds="2019-01-01"))
+    assert len(pairs) == 500
+    assert _truncated_steps(pairs) == [("0", 499)]
+    assert pairs[-1][1]["truncated"] is True
+    shaped = RowShaper(DISCRETE).shape(pairs)
+    assert shaped.bad_rows == [] and shaped.ignored_fields == {}
+    assert shaped.table["truncated"].to_pylist() == [None] * 499 + [True]
+
+
+def test_max_steps_is_a_truncation_and_a_real_termination_is_not():
+    cut = _rows(GymSourceConfig(episodes=3, max_steps=5, ds="2019-01-01"))
+    assert _truncated_steps(cut) == [("0", 4), ("1", 4), ("2", 4)]
+    # Random CartPole falls over long before its 500-step limit: terminated, not truncated.
+    ended = _rows(GymSourceConfig(episodes=3, ds="2019-01-01"))
+    assert _truncated_steps(ended) == []

@@ -145,6 +145,63 @@ def test_terminal_rows_dropped_when_asked(tmp_path, engine):
     assert manifest["stages"]["timeline"]["dropped"] == {"terminal_row": 2}
 
 
+TRUNCATED_AND_TERMINATED = [
+    decision("cut", 0, reward=0.0),
+    decision("cut", 1, reward=1.0, truncated=True),  # ignored: not the episode's last row
+    decision("cut", 2, reward=2.0),
+    decision("cut", 3, reward=3.0, truncated=True),
+    decision("end", 0, reward=5.0),
+    decision("end", 1, reward=6.0, truncated=False),
+]
+"""Episode ``cut`` stopped by a time limit after step 3; episode ``end`` really ended."""
+
+
+def test_a_truncated_episode_leaves_no_terminal_row(tmp_path, engine):
+    manifest = run_timeline(tmp_path, engine, TRUNCATED_AND_TERMINATED, actions=["0", "1"])
+    rows = read_split(tmp_path)
+    assert pick(rows, "mdp_id", "sequence_number", "not_terminal", "time_diff") == [
+        ("cut", 0, True, 1),
+        ("cut", 1, True, 1),
+        ("cut", 2, True, 1),  # its next state is step 3's, which was observed
+        ("end", 0, True, 1),
+        ("end", 1, False, 0),  # a real termination stays terminal
+    ]
+    assert rows[2]["next_state_features"] == {"0": 3.0, "1": 10.0}
+    assert rows[2]["next_action"] == 0 and rows[2]["possible_next_actions"] == [1, 1]
+    stage = manifest["stages"]["timeline"]
+    assert (stage["rows_in"], stage["rows_out"], stage["dropped"]) == (6, 5, {"truncated": 1})
+
+
+def test_n_step_windows_stop_before_a_truncation(tmp_path, engine):
+    run_timeline(tmp_path, engine, TRUNCATED_AND_TERMINATED, actions=["0", "1"], n_step=3)
+    rows = read_split(tmp_path)
+    assert [row["next_n_rewards"] for row in rows] == [
+        [0.0, 1.0, 2.0],
+        [1.0, 2.0],
+        [2.0],
+        [5.0, 6.0],
+        [6.0],
+    ]
+    assert [row["next_n_not_terminal"] for row in rows] == [
+        [True, True, True],
+        [True, True],
+        [True],
+        [True, False],
+        [False],
+    ]
+    ends = [row["next_n_state_features"][-1].get("0") for row in rows]
+    assert ends == [3.0, 3.0, 3.0, None, None]
+
+
+def test_truncation_drop_comes_before_the_terminal_row_filter(tmp_path, engine):
+    manifest = run_timeline(
+        tmp_path, engine, TRUNCATED_AND_TERMINATED, actions=["0", "1"], add_terminal_state_row=False
+    )
+    assert [row["sequence_number"] for row in read_split(tmp_path)] == [0, 1, 2, 0]
+    dropped = manifest["stages"]["timeline"]["dropped"]
+    assert dropped == {"truncated": 1, "terminal_row": 1}
+
+
 def test_reward_from_metric_weights(tmp_path, engine):
     rows = [
         decision("a", 0, metrics={"clicks": 2.0, "cost": 1.0}),

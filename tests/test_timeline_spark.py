@@ -231,7 +231,9 @@ WEIGHTS = {"clicks": 0.7, "cost": -1.3, "views": 0.1}
 
 def generated_rows(action_type: ActionType, seed: int) -> list[dict[str, Any]]:
     """Episodes with every edge case: shuffled rows, gaps, one-row episodes, unrecorded and
-    empty possible actions, unknown actions, missing rewards and metrics, float metrics."""
+    empty possible actions, unknown actions, missing rewards and metrics, float metrics,
+    episodes cut by a time limit (``truncated`` on the last row) and stray ``truncated``
+    flags elsewhere."""
     rng = random.Random(seed)
     names = ["a", "b", "c"]
     choices = [{"7": 1.0}, {"7": 2.0, "8": -1.0}, {"9": 0.25}]
@@ -262,7 +264,10 @@ def generated_rows(action_type: ActionType, seed: int) -> list[dict[str, Any]]:
                 row["possible_actions"] = possible
             else:
                 row["action"] = {"0": rng.uniform(-1, 1), "1": rng.uniform(-1, 1)}
+            row["truncated"] = rng.choice([None, None, None, False, True])
             rows.append(row)
+        if rng.random() < 0.4:
+            rows[-1]["truncated"] = True
     rng.shuffle(rows)
     return rows
 
@@ -295,6 +300,7 @@ def test_same_table_as_the_local_engine(tmp_path, action_type):
         del stages[engine]["seconds"], stages[engine]["details"]["engine"]
     assert stages["spark"] == stages["local"]
     assert stages["local"]["rows_out"] > 300
+    assert stages["local"]["dropped"]["truncated"] > 10
     schema = timeline_schema(action_type, timeline["n_step"])
     for split in ("train", "eval"):
         local = pq.read_table(tmp_path / "local" / "timeline" / split)

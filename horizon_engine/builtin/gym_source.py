@@ -68,8 +68,12 @@ def collect_rows(
     """Run the environment and yield ``(location, row)``, one pre-timeline row per step.
 
     ``location`` is ``"episode {i} step {t}"``. ``state_features`` is the flattened observation
-    the action was chosen from (a Discrete observation becomes one-hot). The last row of an
-    episode is not marked: the Timeline job knows an episode ends where its rows end.
+    the action was chosen from (a Discrete observation becomes one-hot). The Timeline job knows
+    an episode ends where its rows end, and makes its last row terminal; so the last row of an
+    episode cut by a time limit (the environment's own ``truncated``, or ``max_steps``) carries
+    ``truncated = true``, which tells the timeline that the episode did not end there: a random
+    policy's state at step 500 of Acrobot is not an end state to learn a value of 0 for. A step
+    both terminated and truncated is a real termination.
 
     ``greedy`` maps a flattened observation to the greedy action index; without it,
     ``config.model`` provides one. For discrete actions, ``action_probability`` is the exact
@@ -97,12 +101,13 @@ def collect_rows(
                 state = np.asarray(state, dtype=np.float64).ravel()
                 action, logged, possible, probability = choose(state)
                 observation, reward, terminated, truncated, _ = env.step(action)
-                row = pre_timeline_row(
-                    ds, episode, step, state, logged, probability, reward, possible
-                )
-                yield f"episode {episode} step {step}", row
                 step += 1
-                if terminated or truncated or step == config.max_steps:
+                cut = not terminated and (truncated or step == config.max_steps)
+                row = pre_timeline_row(
+                    ds, episode, step - 1, state, logged, probability, reward, possible, cut
+                )
+                yield f"episode {episode} step {step - 1}", row
+                if terminated or cut:
                     break
     finally:
         env.close()
@@ -271,8 +276,13 @@ def pre_timeline_row(
     action_probability: float,
     reward: float,
     possible_actions: list[Any] | None,
+    truncated: bool = False,
 ) -> dict[str, Any]:
-    """One logged decision as a pre-timeline row; ``horizon gym train -f`` writes the same."""
+    """One logged decision as a pre-timeline row; ``horizon gym train -f`` writes the same.
+
+    ``truncated`` marks the last row of an episode that a time limit cut short; the field is
+    written only then, so rows of episodes that end by themselves look like Horizon's.
+    """
     row = {
         "ds": ds,
         "mdp_id": str(episode),
@@ -286,6 +296,8 @@ def pre_timeline_row(
     }
     if possible_actions is None:
         del row["possible_actions"]
+    if truncated:
+        row["truncated"] = True
     return row
 
 

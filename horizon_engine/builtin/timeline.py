@@ -93,7 +93,7 @@ class LocalTimeline(TimelineTransform):
         sequence = table["sequence_number"].to_numpy()
         kept = np.flatnonzero(~rejections.mask)
         order = kept[sort_episodes(rank[codes[kept]], sequence[kept])]
-        episodes = _Episodes.of(codes[order], sequence[order])
+        episodes = _Episodes.of(codes[order], sequence[order], _truncated(table)[order])
         survives, dropped = self._filters(episodes)
         eval_episode = eval_episodes(run.seed, encoded.dictionary.to_pylist(), config.eval_fraction)
         is_eval = eval_episode[episodes.codes]
@@ -198,7 +198,8 @@ class LocalTimeline(TimelineTransform):
         return bad_rows[:BAD_ROWS_SHOWN]
 
     def _filters(self, episodes: _Episodes) -> tuple[np.ndarray, dict[str, int]]:
-        """Rows that survive the outlier, time-window and terminal-row filters; drops by reason."""
+        """Rows that survive the outlier, time-window, truncation and terminal-row filters; drops
+        by reason."""
         config = self.config
         survives = np.ones(episodes.rows, dtype=bool)
         dropped: dict[str, int] = {}
@@ -214,6 +215,7 @@ class LocalTimeline(TimelineTransform):
             drop(episodes.lengths[episodes.episode] > limit, "outlier_episode")
         if config.time_window_limit is not None:
             drop(episodes.time_since_first > config.time_window_limit, "time_window")
+        drop(episodes.cut, "truncated")
         if not config.add_terminal_state_row:
             drop(~episodes.has_next, "terminal_row")
         return survives, dropped
@@ -264,15 +266,19 @@ class _Episodes:
     starts: np.ndarray
     lengths: np.ndarray
     has_next: np.ndarray
+    cut: np.ndarray
+    """The last row of an episode that a time limit cut short (``truncated``): not terminal,
+    and without a next state, so it is dropped and n-step windows end before it."""
 
     @classmethod
-    def of(cls, codes: np.ndarray, sequence: np.ndarray) -> _Episodes:
+    def of(cls, codes: np.ndarray, sequence: np.ndarray, truncated: np.ndarray) -> _Episodes:
         first = np.ones(len(codes), dtype=bool)
         first[1:] = codes[1:] != codes[:-1]
         starts = np.flatnonzero(first)
         lengths = np.diff(np.append(starts, len(codes)))
         has_next = np.append(~first[1:], False) if len(codes) else first
-        return cls(codes, sequence, np.cumsum(first) - 1, starts, lengths, has_next)
+        cut = truncated & ~has_next
+        return cls(codes, sequence, np.cumsum(first) - 1, starts, lengths, has_next, cut)
 
     @property
     def rows(self) -> int:
@@ -388,7 +394,9 @@ class _TimelineRows:
         import pyarrow as pa
 
         episodes = self.episodes
-        remaining = episodes.lengths[episodes.episode[positions]] - (self.ordinal[positions] - 1)
+        # A cut episode's last row is no step of a window: its next state was never observed.
+        usable = episodes.lengths - episodes.cut[episodes.starts + episodes.lengths - 1]
+        remaining = usable[episodes.episode[positions]] - (self.ordinal[positions] - 1)
         counts = np.minimum(remaining, self.n_step)
         offsets = np.zeros(len(positions) + 1, dtype=np.int32)
         np.cumsum(counts, out=offsets[1:])
@@ -408,6 +416,14 @@ class _TimelineRows:
             possible = self.columns["possible_actions"].take(self._following(flat))
             columns["next_n_possible_next_actions"] = _empty_where_null(possible)
         return {name: pa.ListArray.from_arrays(arrays, values) for name, values in columns.items()}
+
+
+def _truncated(table: pa.Table) -> np.ndarray:
+    """Each input row's ``truncated`` flag (false where absent: rows from before the field)."""
+    if "truncated" not in table.column_names:
+        return np.zeros(table.num_rows, dtype=bool)
+    flags = _single_array(table["truncated"]).fill_null(False)
+    return flags.to_numpy(zero_copy_only=False).astype(bool)
 
 
 def _single_array(column: pa.ChunkedArray) -> pa.Array:
