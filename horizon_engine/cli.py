@@ -12,12 +12,15 @@ import sys
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from horizon_engine import __version__
 from horizon_engine.errors import HorizonError
+
+if TYPE_CHECKING:
+    from horizon_engine.plugins import PluginHost
 
 
 def _user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -30,6 +33,17 @@ def _user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(1)
 
     return wrapper
+
+
+def _plugin_host() -> PluginHost:
+    """The plugin host, after a warning on stderr for each plugin that failed to load: a run
+    without a plugin the user installed must not pass for a run with it."""
+    from horizon_engine.plugins import get_plugin_host
+
+    host = get_plugin_host()
+    for failure in host.failures:
+        click.echo(f"warning: {failure} (see `horizon plugins`)", err=True)
+    return host
 
 
 _set_option = click.option(
@@ -61,7 +75,7 @@ def run(pipeline: Path, overrides: tuple[str, ...], stages: str | None) -> None:
     from horizon_engine.pipeline import Engine
 
     selected = [name.strip() for name in stages.split(",") if name.strip()] if stages else None
-    manifest = Engine().run(pipeline, overrides, selected)
+    manifest = Engine(_plugin_host()).run(pipeline, overrides, selected)
     output_dir = manifest["config"]["pipeline"]["output_dir"]
     for name, report in manifest["stages"].items():
         dropped = sum(report["dropped"].values())
@@ -82,7 +96,7 @@ def validate(pipeline: Path, overrides: tuple[str, ...]) -> None:
     """Check PIPELINE without running it."""
     from horizon_engine.pipeline import Engine
 
-    spec = Engine().validate(pipeline, overrides)
+    spec = Engine(_plugin_host()).validate(pipeline, overrides)
     chosen = ", ".join(
         f"[{name}] {choice.component.label}"
         for name, choice in [*spec.sections.items(), *((c.section, c) for c in spec.evaluation)]
@@ -99,7 +113,7 @@ def plugins(as_json: bool) -> None:
 
     host = get_plugin_host()
     listing = host.describe()
-    failures = [failure.__dict__ for failure in host.failures]
+    failures = host.load_failures()
     if as_json:
         click.echo(json.dumps({"plugins": listing, "failures": failures}, indent=2, default=str))
         return
@@ -134,8 +148,9 @@ def export(run_dir: Path, overrides: tuple[str, ...]) -> None:
     from horizon_engine.online.export import export_gym_run, is_gym_run
     from horizon_engine.pipeline import Engine
 
+    plugins = _plugin_host()
     if is_gym_run(run_dir):
-        exported = export_gym_run(run_dir, overrides)
+        exported = export_gym_run(run_dir, overrides, plugins)
         _echo_export(run_dir, exported["outputs"], exported["details"])
         return
     manifest_path = run_dir / "manifest.json"
@@ -146,7 +161,7 @@ def export(run_dir: Path, overrides: tuple[str, ...]) -> None:
     config["pipeline"]["output_dir"] = str(run_dir)
     config["pipeline"]["stages"] = None
     config.setdefault("export", {"kind": "onnx"})
-    manifest = Engine().run(config, overrides, ["export"])
+    manifest = Engine(plugins).run(config, overrides, ["export"])
     stage = manifest["stages"]["export"]
     _echo_export(run_dir, stage["outputs"], stage["details"])
 
@@ -176,7 +191,11 @@ def gym() -> None:
     type=click.FloatRange(0.0, 1.0),
     help="Chance of a uniform random action; 1.0 is a random policy.",
 )
-@click.option("--model", type=click.Path(dir_okay=False), help="ONNX model to be greedy about.")
+@click.option(
+    "--model",
+    type=click.Path(exists=True, dir_okay=False),
+    help="ONNX model to be greedy about.",
+)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--ds", help="The ds date written into every row (default: today).")
 @click.option(
@@ -201,6 +220,12 @@ def collect(
     from horizon_engine.files import atomic_output
     from horizon_engine.progress import progress_bar
 
+    _check_env_option(env_id)
+    if epsilon < 1.0 and model is None:
+        raise click.UsageError(
+            f"--epsilon {epsilon:g} is epsilon-greedy, which needs --model PATH.onnx to be "
+            "greedy about (--epsilon 1.0 is the uniform random policy)"
+        )
     config = GymSourceConfig(
         env=env_id,
         episodes=episodes,
@@ -220,6 +245,19 @@ def collect(
             count += 1
             advance(int(row["sequence_number"] == 0))
     click.echo(f"wrote {count} rows from {episodes} episodes of {env_id} to {output}")
+
+
+def _check_env_option(env_id: str) -> None:
+    """Make the ``--env`` environment once before collecting, so that an unknown or
+    uninstallable environment is blamed on the option the user typed; the gym source it is
+    collected with would blame a ``[source]`` section the user never wrote."""
+    import gymnasium
+
+    try:
+        environment = gymnasium.make(env_id)
+    except gymnasium.error.Error as exc:
+        raise click.BadParameter(str(exc), param_hint="'--env'") from None
+    environment.close()
 
 
 @gym.command("train")
@@ -264,14 +302,13 @@ def gym_train(
     """Train a policy online in a Gymnasium environment, as GYM_TOML (a gym.toml) says."""
     from horizon_engine.online.config import load_gym_spec
     from horizon_engine.online.runner import train_gym
-    from horizon_engine.plugins import get_plugin_host
 
     settings = list(overrides)
     if score_bar is not None:
         settings.append(f"gym.score_bar={score_bar!r}")
     if output_dir is not None:
         settings.append(f"gym.output_dir={json.dumps(str(output_dir))}")
-    plugins = get_plugin_host()
+    plugins = _plugin_host()
     spec = load_gym_spec(gym_toml, plugins, settings)
     result = train_gym(spec, plugins, rows, reward_history, sys.stdout.isatty())
     click.echo(

@@ -10,6 +10,7 @@ nearest valid key for a misspelt one.
 from __future__ import annotations
 
 import difflib
+import json
 import re
 import tomllib
 import types
@@ -64,6 +65,24 @@ SECTIONS: dict[str, SectionRule] = {
     "export": SectionRule("exporters", "kind"),
 }
 """The component sections, in pipeline order; ``[pipeline]`` is the core's own."""
+
+STAGE_SECTIONS: dict[str, str] = {
+    "source": "source",
+    "timeline": "timeline",
+    "normalization": "normalization",
+    "train": "trainer",
+    "export": "export",
+}
+"""The stages this version runs, in order, and the section configuring each: ``[pipeline]
+stages`` is checked against them when the file is loaded, so that a misspelt stage is reported
+with its line. The pipeline module implements the stages (a test keeps the two in step)."""
+
+
+CONTINUOUS_ACTION_TRAINERS = ("ddpg", "sac", "td3")
+"""Trainers the actor-critic plugin is to provide; a pipeline asking for one that is not
+registered is told where they come from rather than only that the kind is unknown."""
+AC_PACKAGE, AC_PLUGIN = "horizon_plugins_ac", "ac"
+"""The actor-critic plugin package and the entry-point name it is loaded under."""
 
 
 @dataclass(frozen=True)
@@ -229,6 +248,8 @@ class ConfigBuilder:
     def build(self, raw: Mapping[str, Any]) -> PipelineSpec:
         self.check_section_names(raw, ["pipeline", *SECTIONS], "pipeline", PipelineSection)
         pipeline = self.validate("pipeline", PipelineSection, raw.get("pipeline", {}), None)
+        if pipeline is not None:
+            self.check_stages(pipeline.stages, raw)
         spec = PipelineSpec(self.origin, pipeline or PipelineSection())
         for name, rule in SECTIONS.items():
             if name not in raw:
@@ -253,6 +274,24 @@ class ConfigBuilder:
         if self.problems:
             raise ConfigError(self.problems)
         return spec
+
+    def check_stages(self, stages: list[str] | None, raw: Mapping[str, Any]) -> None:
+        """Report each name in ``[pipeline] stages`` that is not a stage, or whose section
+        ``raw`` does not configure."""
+        where = self.locate.where("pipeline", "stages")
+        for name in stages or []:
+            if name not in STAGE_SECTIONS:
+                close = difflib.get_close_matches(name, list(STAGE_SECTIONS), n=1)
+                hint = f"; did you mean '{close[0]}'?" if close else "."
+                self.problems.append(
+                    f"{where}: [pipeline] key 'stages': unknown stage '{name}'{hint} "
+                    f"Stages: {', '.join(STAGE_SECTIONS)}."
+                )
+            elif STAGE_SECTIONS[name] not in raw:
+                self.problems.append(
+                    f"{where}: [pipeline] key 'stages': stage '{name}' has no "
+                    f"[{STAGE_SECTIONS[name]}] section; add the section or leave the stage out"
+                )
 
     def check_section_names(
         self,
@@ -310,11 +349,36 @@ class ConfigBuilder:
             else:
                 component = self.plugins.component(rule.family, str(selected))
         except PluginError as exc:
-            self.problems.append(f"{where}: [{label}] {rule.selector} = {selected!r}: {exc}")
+            hint = self._continuous_trainer_hint(str(selected)) if rule.family == "trainers" else ""
+            self.problems.append(f"{where}: [{label}] {rule.selector} = {selected!r}: {exc}{hint}")
             return None
         options = {key: value for key, value in body.items() if key != rule.selector}
         config = self.validate(label, component.cls.Config, options, index, component)
         return Choice(label, component, config) if config is not None else None
+
+    def _continuous_trainer_hint(self, kind: str) -> str:
+        """Where a continuous-action trainer that is not registered comes from, and what that
+        plugin registers in this installation."""
+        if kind not in CONTINUOUS_ACTION_TRAINERS:
+            return ""
+        origin = (
+            f" Continuous-action trainers ({', '.join(CONTINUOUS_ACTION_TRAINERS)}) come from "
+            f"the plugin package {AC_PACKAGE} (plugin '{AC_PLUGIN}')"
+        )
+        plugin = self.plugins.plugins.get(AC_PLUGIN)
+        if plugin is None:
+            if any(failure.name == AC_PLUGIN for failure in self.plugins.failures):
+                return f"{origin}, which failed to load; see `horizon plugins`."
+            return (
+                f"{origin}, which is not loaded here (not installed, or left out by "
+                "HORIZON_DISABLE_PLUGINS or HORIZON_LOAD_PLUGINS)."
+            )
+        trainers = [entry.name for entry in plugin.components if entry.family == "trainers"]
+        if not trainers:
+            return (
+                f"{origin}, which registers no trainer yet: they are not available in this version."
+            )
+        return f"{origin}, which registers {', '.join(trainers)} in this version."
 
     def validate(
         self,
@@ -337,8 +401,38 @@ class ConfigBuilder:
         except ValidationError as exc:
             owner = f" of {component.family} component '{component.label}'" if component else ""
             for error in _merge_union_errors(model, exc.errors(), options):
-                self.problems.append(self._describe(label, section, index, model, error, owner))
+                if error["loc"]:
+                    problem = self._describe(label, section, index, model, error, owner)
+                else:
+                    problem = self._describe_whole(label, section, index, model, error, owner)
+                self.problems.append(problem)
             return None
+
+    def _describe_whole(
+        self,
+        label: str,
+        section: str,
+        index: int | None,
+        model: type[ComponentConfig],
+        error: Any,
+        owner: str,
+    ) -> str:
+        """A model validator's error: it has no field location, so the keys it is about are
+        the section's own keys that its message names; the first of them gives the line."""
+        message = _plain_message(error)
+        written = error["input"] if isinstance(error["input"], dict) else {}
+        involved = [
+            key
+            for key in written
+            if key in model.model_fields and re.search(rf"\b{re.escape(key)}\b", message)
+        ]
+        where = self.locate.where(section, involved[0] if involved else None, index)
+        if not involved:
+            return f"{where}: [{label}] options{owner}: {message}"
+        names = ", ".join(f"'{key}'" for key in involved)
+        found = ", ".join(f"{key} = {_toml_text(written[key])}" for key in involved)
+        plural = "s" if len(involved) > 1 else ""
+        return f"{where}: [{label}] key{plural} {names}{owner}: {message}; found {found}"
 
     def _describe(
         self,
@@ -350,8 +444,8 @@ class ConfigBuilder:
         owner: str,
     ) -> str:
         loc = [str(part) for part in error["loc"]]
-        key = ".".join(loc) if loc else "?"
-        where = self.locate.where(section, loc[0] if loc else None, index)
+        key = ".".join(loc)
+        where = self.locate.where(section, loc[0], index)
         valid = list(model.model_fields)
         if error["type"] == "extra_forbidden":
             close = difflib.get_close_matches(loc[-1], valid, n=1, cutoff=0.6)
@@ -364,7 +458,7 @@ class ConfigBuilder:
             annotation = model.model_fields[loc[0]].annotation if loc[0] in valid else None
             expected = _type_text(annotation)
             return f"{where}: [{label}] missing required key '{key}'{owner} (expected {expected})"
-        message = error["msg"]
+        message = _plain_message(error)
         if message.startswith("Input should be "):
             message = "expected " + message.removeprefix("Input should be ")
         found = error.get("input")
@@ -372,6 +466,25 @@ class ConfigBuilder:
             f"{where}: [{label}] key '{key}'{owner}: {message}; "
             f"found {found!r} ({type(found).__name__})"
         )
+
+
+_PYDANTIC_PREFIX = re.compile(r"^(Value error|Assertion failed), ")
+"""What pydantic puts before the message of a ValueError or AssertionError a validator raised:
+the user wants the validator's own words."""
+
+
+def _plain_message(error: Any) -> str:
+    """A pydantic error's message without pydantic's prefix."""
+    message = _PYDANTIC_PREFIX.sub("", error["msg"]).strip()
+    return message or "the component's check of its options failed without saying why"
+
+
+def _toml_text(value: Any) -> str:
+    """A value as it is written in TOML (``[16]``, ``["relu", "relu"]``, ``false``)."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 def _type_text(annotation: Any) -> str:

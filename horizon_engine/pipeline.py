@@ -544,6 +544,7 @@ class Engine:
             "config_file": run.spec.origin,
             "config": run.spec.resolved(),
             "plugins": self.plugins.versions(),
+            "plugin_failures": self.plugins.load_failures(),
             "stages": earlier_stages,
         }
 

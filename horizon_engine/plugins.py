@@ -23,7 +23,7 @@ import importlib
 import importlib.metadata
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -68,6 +68,9 @@ class PluginFailure:
     name: str
     entry_point: str
     error: str
+
+    def __str__(self) -> str:
+        return f"plugin '{self.name}' ({self.entry_point}) failed to load: {self.error}"
 
 
 @dataclass(frozen=True)
@@ -299,6 +302,11 @@ class PluginHost:
     def versions(self) -> dict[str, str]:
         """Plugin name -> version, as the run manifest records them."""
         return {info.name: info.version for info in self.plugins.values()}
+
+    def load_failures(self) -> list[dict[str, str]]:
+        """Each plugin that failed to load (name, entry point, error), as the run manifest
+        records them: a run without a plugin it was meant to have must say so."""
+        return [asdict(failure) for failure in self.failures]
 
     # The typed façade over the lifecycle hooks: core code calls these, never ``pm.hook``.
 

@@ -349,17 +349,55 @@ def map_entries(array: pa.MapArray) -> tuple[np.ndarray, pa.Array, pa.Array]:
     return parents, array.keys.slice(offsets[0], offsets[-1] - offsets[0]), values
 
 
-def _non_finite_features(array: pa.MapArray) -> dict[int, tuple[str, float]]:
-    """Rows of a feature-map array holding a NaN or infinite value, with the first such feature.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+"""The largest magnitude training's float32 tensors hold (about 3.4e38): a larger finite value
+becomes infinite there, and overflows the statistics normalization computes on the way."""
+
+OUT_OF_RANGE = f"beyond the {FLOAT32_MAX:.2g} in magnitude that training's float32 tensors hold"
+"""Why a finite value too large for float32 is a bad row, as a reason says it."""
+
+
+def _first_features_where(
+    array: pa.MapArray | pa.ListArray, is_bad: Callable[[pa.Array], pa.Array]
+) -> dict[int, tuple[str, float]]:
+    """Rows of a feature-map array (or of an array of lists of feature maps) holding a value
+    ``is_bad`` flags, with the first such feature.
 
     The feature is named in the reason, so that a user can find it among hundreds.
     """
-    parents, keys, values = map_entries(array)
-    finite = pc.fill_null(pc.is_finite(values), True).to_numpy(zero_copy_only=False)
     found: dict[int, tuple[str, float]] = {}
-    for entry in np.flatnonzero(~finite):
+    if not isinstance(array, pa.MapArray):
+        # A list of feature maps (parametric possible actions): a row owns its maps' finds.
+        rows, maps = list_entries(array)
+        for index, feature in _first_features_where(maps, is_bad).items():
+            found.setdefault(int(rows[index]), feature)
+        return found
+    parents, keys, values = map_entries(array)
+    bad = pc.fill_null(is_bad(values), False).to_numpy(zero_copy_only=False)
+    for entry in np.flatnonzero(bad):
         found.setdefault(int(parents[entry]), (keys[entry].as_py(), values[entry].as_py()))
     return found
+
+
+FEATURE_COLUMNS = (
+    "state_features",
+    "next_state_features",
+    "metrics",
+    "action",
+    "next_action",
+    "possible_actions",
+    "possible_next_actions",
+)
+"""Columns whose values are checked where they hold feature maps (or lists of them, as the
+possible actions of parametric rows do): these values become training's tensors."""
+
+
+def _is_non_finite(values: pa.Array) -> pa.Array:
+    return pc.invert(pc.is_finite(values))
+
+
+def _is_beyond_float32(values: pa.Array) -> pa.Array:
+    return pc.greater(pc.abs(values), FLOAT32_MAX)
 
 
 class RowChecker:
@@ -384,25 +422,22 @@ class RowChecker:
             if col.required:
                 missing = np.flatnonzero(table[col.name].is_null().to_numpy(zero_copy_only=False))
                 reject(missing, "missing_field", f"missing field '{col.name}'")
-        for name in ("state_features", "next_state_features", "metrics", "action", "next_action"):
+        for name in FEATURE_COLUMNS:
             if name not in table.column_names or not table.num_rows:
                 continue
-            if pa.types.is_map(table.schema.field(name).type):
-                found = _non_finite_features(table[name].chunk(0))
-                reject(
-                    found,
-                    "non_finite",
-                    lambda row, name=name, found=found: (
-                        f"'{name}' feature {found[row][0]!r} is {found[row][1]!r}"
-                    ),
-                )
+            if table.schema.field(name).type in (FEATURES, pa.list_(FEATURES)):
+                self._check_feature_values(name, table[name].chunk(0), reject)
         reward = table["reward"]
-        finite = pc.fill_null(pc.is_finite(reward), True).to_numpy(zero_copy_only=False)
-        reject(
-            np.flatnonzero(~finite),
-            "non_finite",
-            lambda row: f"'reward' is {reward[row].as_py()!r}",
-        )
+        for kind, is_bad, beyond in (
+            ("non_finite", _is_non_finite, ""),
+            ("out_of_range", _is_beyond_float32, f", {OUT_OF_RANGE}"),
+        ):
+            flagged = pc.fill_null(is_bad(reward), False).to_numpy(zero_copy_only=False)
+            reject(
+                np.flatnonzero(flagged),
+                kind,
+                lambda row, beyond=beyond: f"'reward' is {reward[row].as_py()!r}{beyond}",
+            )
         self._check_probability(table, reject)
         self._check_action_possible(table, reject)
         self._check_duplicates(table, reasons, reject)
@@ -422,6 +457,25 @@ class RowChecker:
         keep = np.ones(table.num_rows, dtype=bool)
         keep[bad_index] = False
         return table.filter(pa.array(keep)), bad_rows
+
+    @staticmethod
+    def _check_feature_values(
+        name: str, array: pa.MapArray | pa.ListArray, reject: Callable
+    ) -> None:
+        """Reject rows of the feature-map column ``name`` (or list of feature maps) holding a
+        NaN or infinite value, or a finite one too large for training's float32 tensors."""
+        for kind, is_bad, beyond in (
+            ("non_finite", _is_non_finite, ""),
+            ("out_of_range", _is_beyond_float32, f", {OUT_OF_RANGE}"),
+        ):
+            found = _first_features_where(array, is_bad)
+            reject(
+                found,
+                kind,
+                lambda row, found=found, beyond=beyond: (
+                    f"'{name}' feature {found[row][0]!r} is {found[row][1]!r}{beyond}"
+                ),
+            )
 
     def _check_probability(self, table: pa.Table, reject: Callable) -> None:
         probability = table["action_probability"].to_numpy(zero_copy_only=False).astype(np.float64)

@@ -39,8 +39,9 @@ def test_gym_collect_writes_rows_that_validate_with_exact_propensities(tmp_path)
     rows = [json.loads(line) for line in output.read_text().splitlines()]
     assert f"wrote {len(rows)} rows from 4 episodes" in result.output
     layout = RowLayout(RowFormat.PRE_TIMELINE, ActionType.DISCRETE)
-    # Every column of the pre-timeline schema, and nothing else.
-    assert set(rows[0]) == {column.name for column in layout.columns}
+    # Every column of the pre-timeline schema, and nothing else; ``truncated`` is written only
+    # on the last row of an episode a time limit cut, which random CartPole episodes never reach.
+    assert set(rows[0]) == {column.name for column in layout.columns} - {"truncated"}
     shaped = RowShaper(layout).shape((f"{output}:{i + 1}", row) for i, row in enumerate(rows))
     good, bad = RowChecker(layout).check(shaped.table, shaped.locations)
     assert shaped.bad_rows == [] and bad == []
@@ -54,11 +55,35 @@ def test_gym_collect_epsilon_below_one_without_model_is_a_clear_error(tmp_path):
     result = CliRunner().invoke(
         main, ["gym", "collect", "--epsilon", "0.1", "-o", str(tmp_path / "rows.jsonl")]
     )
-    assert result.exit_code == 1
-    assert "needs a model" in result.output
+    assert result.exit_code == 2
+    assert "Error: --epsilon 0.1 is epsilon-greedy, which needs --model PATH.onnx" in result.output
+    assert "[source]" not in result.output
     assert "Traceback" not in result.output
-    assert not (tmp_path / "rows.jsonl").exists()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_gym_collect_unknown_env_blames_the_env_option(tmp_path):
+    result = CliRunner().invoke(
+        main, ["gym", "collect", "--env", "NoSuchEnv-v0", "-o", str(tmp_path / "rows.jsonl")]
+    )
+    assert result.exit_code == 2
+    assert "Error: Invalid value for '--env': Environment `NoSuchEnv` doesn't exist." in (
+        result.output
+    )
+    assert "[source]" not in result.output
+    assert "Traceback" not in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_gym_collect_model_that_does_not_exist_blames_the_model_option(tmp_path):
+    missing = tmp_path / "model.onnx"
+    result = CliRunner().invoke(
+        main,
+        ["gym", "collect", "--epsilon", "0.1", "--model", str(missing), "-o", str(tmp_path / "r")],
+    )
+    assert result.exit_code == 2
+    assert f"Invalid value for '--model': File '{missing}' does not exist." in result.output
+    assert "[source]" not in result.output
 
 
 def test_run_prints_stage_summary_and_writes_manifest(tmp_path):

@@ -7,14 +7,19 @@ register do not change the messages asserted here.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Self
+
 import pytest
 from click.testing import CliRunner
+from pydantic import field_validator, model_validator
 
 from horizon_engine.cli import main
-from horizon_engine.config import build_spec, parse_override
+from horizon_engine.components import ComponentConfig
+from horizon_engine.config import STAGE_SECTIONS, ConfigBuilder, build_spec, parse_override
 from horizon_engine.errors import ConfigError
-from horizon_engine.pipeline import Engine
-from horizon_engine.plugins import PluginHost
+from horizon_engine.pipeline import STAGES, Engine
+from horizon_engine.plugins import PluginHost, RegisteredComponent
 
 GOOD = """\
 [pipeline]
@@ -259,3 +264,147 @@ def test_cli_validate_with_override(tmp_path):
     result = CliRunner().invoke(main, ["validate", str(path), "--set", "source.epsilon=2"])
     assert result.exit_code == 1
     assert result.stderr.startswith(f"error: {path} (--set source.epsilon): [source] key")
+
+
+# Errors of a model validator, which pydantic gives no field location ---------------------
+
+
+class RangeConfig(ComponentConfig):
+    """A component config whose model validator checks two keys together."""
+
+    low: int = 0
+    high: int = 10
+    step: int = 1
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.low >= self.high:
+            raise ValueError(f"low must be below high, found {self.low} >= {self.high}")
+        if self.step >= self.high - self.low:
+            # As an ``assert`` would, but pytest rewrites the message of a test module's assert.
+            raise AssertionError("the range holds less than one step")
+        return self
+
+
+class SilentConfig(ComponentConfig):
+    """A component config whose model validator fails without a message."""
+
+    level: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.level <= 0:
+            raise AssertionError
+        return self
+
+
+RANGE_TOML = "[pipeline]\nseed = 1\n\n[trainer]\nstep = 1\nhigh = 2\nlow = 5\n"
+
+
+def model_problems(model: type[ComponentConfig], plugins: PluginHost, **options) -> list[str]:
+    builder = ConfigBuilder(plugins, "pipeline.toml", RANGE_TOML)
+    assert builder.validate("trainer", model, options) is None
+    return builder.problems
+
+
+def test_model_validator_error_names_the_keys_it_is_about_and_their_line(builtin_plugins):
+    assert model_problems(RangeConfig, builtin_plugins, step=1, high=2, low=5) == [
+        "pipeline.toml:6: [trainer] keys 'high', 'low': low must be below high, found 5 >= 2; "
+        "found high = 2, low = 5"
+    ]
+
+
+def test_model_validator_assertion_without_pydantic_prefix(builtin_plugins):
+    assert model_problems(RangeConfig, builtin_plugins, step=3, high=2, low=0) == [
+        "pipeline.toml:5: [trainer] key 'step': the range holds less than one step; found step = 3"
+    ]
+
+
+def test_model_validator_error_naming_no_key_points_at_the_section(builtin_plugins):
+    assert model_problems(SilentConfig, builtin_plugins, level=0) == [
+        "pipeline.toml:4: [trainer] options: "
+        "the component's check of its options failed without saying why"
+    ]
+
+
+def test_field_validator_error_has_no_pydantic_prefix(builtin_plugins):
+    class EvenConfig(ComponentConfig):
+        step: int = 2
+
+        @field_validator("step")
+        @classmethod
+        def _even(cls, step: int) -> int:
+            if step % 2:
+                raise ValueError("must be even")
+            return step
+
+    assert model_problems(EvenConfig, builtin_plugins, step=1) == [
+        "pipeline.toml:5: [trainer] key 'step': must be even; found 1 (int)"
+    ]
+
+
+def test_a_trainer_option_mismatch_shows_no_question_mark_nor_pydantic_prefix(tmp_path):
+    path = tmp_path / "pipeline.toml"
+    path.write_text(
+        GOOD + '\n[trainer]\nkind = "dqn"\nlayers = [16]\nactivations = ["relu", "relu"]\n'
+    )
+    with pytest.raises(ConfigError) as caught:
+        build_spec(path, PluginHost(env={"HORIZON_LOAD_PLUGINS": "dqn"}))
+    [problem] = caught.value.problems
+    assert problem.startswith(f"{path}:11: [trainer] keys 'layers', 'activations' of trainers")
+    assert "'?'" not in problem
+    assert "Value error" not in problem
+
+
+# [pipeline] stages ---------------------------------------------------------------------------
+
+
+def test_unknown_stage_names_file_line_and_the_nearest_stage(problems):
+    path, found = problems(GOOD.replace("seed = 0", 'seed = 0\nstages = ["source", "trian"]'))
+    assert found == [
+        f"{path}:4: [pipeline] key 'stages': unknown stage 'trian'; did you mean 'train'? "
+        "Stages: source, timeline, normalization, train, export."
+    ]
+
+
+def test_stage_without_its_section_names_file_and_line(problems):
+    path, found = problems(GOOD.replace("seed = 0", 'seed = 0\nstages = ["train"]'))
+    assert found == [
+        f"{path}:4: [pipeline] key 'stages': stage 'train' has no [trainer] section; "
+        "add the section or leave the stage out"
+    ]
+
+
+def test_stage_names_are_the_stages_the_pipeline_runs():
+    assert [(stage.name, stage.section) for stage in STAGES] == list(STAGE_SECTIONS.items())
+
+
+# Continuous-action trainers ------------------------------------------------------------------
+
+SAC = GOOD + '\n[trainer]\nkind = "sac"\n'
+
+
+def test_continuous_action_trainer_says_which_plugin_provides_it(problems):
+    path, found = problems(SAC)
+    assert found == [
+        f"{path}:10: [trainer] kind = 'sac': no trainers component 'sac' is registered. "
+        "Available: none. Continuous-action trainers (ddpg, sac, td3) come from the plugin "
+        "package horizon_plugins_ac (plugin 'ac'), which is not loaded here (not installed, or "
+        "left out by HORIZON_DISABLE_PLUGINS or HORIZON_LOAD_PLUGINS)."
+    ]
+
+
+def test_continuous_action_trainer_says_what_the_ac_plugin_registers(tmp_path):
+    path = tmp_path / "pipeline.toml"
+    path.write_text(SAC.replace('"sac"', '"td3"'))
+    host = PluginHost(env={"HORIZON_LOAD_PLUGINS": "ac"})
+    with pytest.raises(ConfigError) as caught:
+        build_spec(path, host)
+    assert caught.value.problems[0].endswith(
+        "(plugin 'ac'), which registers no trainer yet: they are not available in this version."
+    )
+    ddpg = SimpleNamespace(family="trainers", name="ddpg")
+    host.plugins["ac"].components.append(RegisteredComponent(ddpg, "ac"))
+    with pytest.raises(ConfigError) as caught:
+        build_spec(path, host)
+    assert caught.value.problems[0].endswith("(plugin 'ac'), which registers ddpg in this version.")

@@ -242,6 +242,48 @@ def test_horizon_plugins_reports_a_plugin_that_fails_to_import(site):
     assert "constant 0.3.1  [horizon-plugin-constant (horizon_plugin_constant)]" in result.stdout
 
 
+def test_load_failures_are_listed_for_the_manifest(site):
+    install_module(site, "broken", "raise RuntimeError('needs a GPU driver')")
+
+    host = only("broken", "constant")
+
+    assert host.load_failures() == [
+        {
+            "name": "broken",
+            "entry_point": "horizon_plugin_broken",
+            "error": "import failed: RuntimeError: needs a GPU driver",
+        }
+    ]
+    assert only("constant").load_failures() == []
+
+
+def test_horizon_run_and_validate_warn_of_a_plugin_that_fails_to_load(site, tmp_path):
+    install_module(site, "broken", "raise RuntimeError('needs a GPU driver')")
+    pipeline = tmp_path / "pipeline.toml"
+    pipeline.write_text(
+        f'[pipeline]\noutput_dir = "{tmp_path / "run"}"\n\n[source]\nkind = "constant_rows"\n'
+    )
+    warning = (
+        "warning: plugin 'broken' (horizon_plugin_broken) failed to load: import failed: "
+        "RuntimeError: needs a GPU driver (see `horizon plugins`)"
+    )
+
+    for command in ("validate", "run"):
+        result = horizon(site, command, str(pipeline), HORIZON_LOAD_PLUGINS="broken,constant")
+        assert result.returncode == 0, result.stderr
+        assert result.stderr.splitlines() == [warning]
+
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["status"] == "succeeded"
+    assert manifest["plugin_failures"] == [
+        {
+            "name": "broken",
+            "entry_point": "horizon_plugin_broken",
+            "error": "import failed: RuntimeError: needs a GPU driver",
+        }
+    ]
+
+
 def test_registering_a_built_in_component_name_is_an_error_naming_both_plugins(site):
     install_module(
         site,

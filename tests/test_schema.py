@@ -277,6 +277,50 @@ def test_nan_in_a_continuous_action():
     assert (bad.location, bad.reason) == ("data.jsonl:2", "'action' feature '3' is nan")
 
 
+BEYOND_FLOAT32 = "beyond the 3.4e+38 in magnitude that training's float32 tensors hold"
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"state_features": {"0": 1.0, "1": 1e308}}, "'state_features' feature '1' is 1e+308"),
+        ({"next_state_features": {"0": -4e38}}, "'next_state_features' feature '0' is -4e+38"),
+        ({"metrics": {"reward": 1e300}}, "'metrics' feature 'reward' is 1e+300"),
+        ({"reward": -1e39}, "'reward' is -1e+39"),
+    ],
+)
+def test_finite_values_too_large_for_float32(changes, reason):
+    bad = only_bad(TIMELINE_DISCRETE, [timeline_row(), timeline_row(sequence_number=2, **changes)])
+    assert (bad.location, bad.reason, bad.kind) == (
+        "data.jsonl:2",
+        f"{reason}, {BEYOND_FLOAT32}",
+        "out_of_range",
+    )
+
+
+def test_the_largest_float32_is_fine():
+    largest = 3.4028234663852886e38
+    good, bad = validate(TIMELINE_DISCRETE, [timeline_row(state_features={"0": -largest})])
+    assert (good.num_rows, bad) == (1, [])
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "kind"),
+    [
+        ("possible_actions", float("nan"), "non_finite"),
+        ("possible_next_actions", 1e39, "out_of_range"),
+    ],
+)
+def test_parametric_candidates_are_checked_like_features(column, value, kind):
+    candidates = [{"4": 1.0}, {"5": 1.0, "6": value}]
+    bad = only_bad(
+        TIMELINE_PARAMETRIC,
+        [parametric_row(), parametric_row(sequence_number=2, **{column: candidates})],
+    )
+    assert (bad.location, bad.kind) == ("data.jsonl:2", kind)
+    assert bad.reason.startswith(f"'{column}' feature '6' is {value!r}")
+
+
 @pytest.mark.parametrize(
     ("probability", "reason"),
     [

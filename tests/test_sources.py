@@ -10,6 +10,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -400,3 +401,45 @@ def test_bad_rows_quarantined_with_their_reasons(tmp_path):
     assert quarantined[2]["row"]["state_features"] == {"0": 0.0, "1": -0.5}
     on_disk = json.loads((output / "manifest.json").read_text())
     assert on_disk["stages"]["source"]["dropped"] == source["dropped"]
+
+
+# Values too large for training's float32 tensors -------------------------------------------
+
+HUGE = 1e308
+"""Finite in float64, the JSON reader's type; infinite once training makes it float32."""
+
+
+def rows_with_a_huge_feature() -> list[dict[str, Any]]:
+    """Ten episodes of eight steps; line 20 (episode 2, step 3) holds a huge state feature."""
+    rows = [decision(str(episode), step) for episode in range(10) for step in range(8)]
+    rows[19]["state_features"] = {"0": 0.3, "1": HUGE}
+    return rows
+
+
+def test_a_value_too_large_for_float32_fails_naming_its_row_and_feature(tmp_path):
+    path = write_jsonl(tmp_path / "rows.jsonl", rows_with_a_huge_feature())
+    with pytest.raises(BadRowsError) as caught:
+        run_source(tmp_path / "run", "jsonl", path)
+    assert str(caught.value).splitlines()[:2] == [
+        "1 bad rows (out_of_range: 1):",
+        f"  {path}:20: 'state_features' feature '1' is 1e+308, beyond the 3.4e+38 in magnitude "
+        "that training's float32 tensors hold",
+    ]
+
+
+def test_a_value_too_large_for_float32_is_quarantined_and_training_warns_nothing(tmp_path):
+    path = write_jsonl(tmp_path / "rows.jsonl", rows_with_a_huge_feature())
+    config = {
+        "pipeline": {"output_dir": str(tmp_path / "run"), "on_bad_rows": "quarantine"},
+        "source": {"kind": "jsonl", "path": str(path)},
+        "timeline": {"actions": ["0", "1"]},
+        "normalization": {},
+        "trainer": {"kind": "dqn", "epochs": 1, "minibatch_size": 16},
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        manifest = Engine(show_progress=False).run(config)
+    assert manifest["status"] == "succeeded"
+    assert manifest["stages"]["source"]["dropped"] == {"out_of_range": 1}
+    [quarantined] = (tmp_path / "run" / "source" / "quarantine.jsonl").read_text().splitlines()
+    assert json.loads(quarantined)["location"] == f"{path}:20"
