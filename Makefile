@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 .PHONY: run test lint
 
 run: $(INSTALLED)
-	$(BIN)/horizon run examples/cartpole_dqn.toml
+	$(BIN)/horizon run examples/cartpole_dqn.toml --overwrite
 
 test: $(INSTALLED)
 	$(BIN)/python -m pytest

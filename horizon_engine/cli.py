@@ -67,17 +67,29 @@ def main() -> None:
 @click.option(
     "--stages",
     metavar="A,B",
-    help="Run only these stages (comma-separated), reading earlier stages' files.",
+    help="Run only these stages (comma-separated), continuing the output folder's run: they "
+    "replace their own earlier outputs and read the other stages' files.",
+)
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace an earlier run's outputs in output_dir (files Horizon did not write are kept).",
 )
 @_user_errors
-def run(pipeline: Path, overrides: tuple[str, ...], stages: str | None) -> None:
+def run(pipeline: Path, overrides: tuple[str, ...], stages: str | None, overwrite: bool) -> None:
     """Run the stages configured in PIPELINE (a pipeline.toml)."""
     from horizon_engine.pipeline import Engine
 
     selected = [name.strip() for name in stages.split(",") if name.strip()] if stages else None
-    manifest = Engine(_plugin_host()).run(pipeline, overrides, selected)
+    manifest = Engine(_plugin_host()).run(pipeline, overrides, selected, overwrite)
     output_dir = manifest["config"]["pipeline"]["output_dir"]
+    for warning in manifest["warnings"]:
+        click.echo(f"warning: {warning}")
     for name, report in manifest["stages"].items():
+        if name not in manifest["executed"]:
+            stale = f", stale: {report['stale']}" if report.get("stale") else ""
+            click.echo(f"{name}: not run, outputs of run {report['run_id']}{stale}")
+            continue
         dropped = sum(report["dropped"].values())
         click.echo(
             f"{name}: {report['rows_in']} rows in, {report['rows_out']} out, "

@@ -78,6 +78,11 @@ class DataSource(Component):
         """Yield the rows, batch by batch. Structural problems become ``bad_rows``."""
         raise NotImplementedError
 
+    def problems(self) -> list[str]:
+        """What is wrong before any row is read (a path that matches no file), checked by
+        ``horizon validate`` and before a run's first stage; one message per problem."""
+        return []
+
 
 class Transform(Component):
     """A row transform (the timeline) or a feature transform (a normalization type).

@@ -110,6 +110,12 @@ class PipelineSpec:
     pipeline: PipelineSection
     sections: dict[str, Choice] = field(default_factory=dict)
     evaluation: list[Choice] = field(default_factory=list)
+    locate: _Locator | None = None
+    """Finds a key's line in the file, for checks made after loading (``where``)."""
+
+    def where(self, section: str, key: str | None = None) -> str:
+        """``file:line`` of ``key`` in ``[section]`` (or of the section), for messages."""
+        return self.locate.where(section, key) if self.locate else self.origin
 
     def resolved(self) -> dict[str, Any]:
         """The config as resolved, defaults filled in, as the manifest records it."""
@@ -250,7 +256,7 @@ class ConfigBuilder:
         pipeline = self.validate("pipeline", PipelineSection, raw.get("pipeline", {}), None)
         if pipeline is not None:
             self.check_stages(pipeline.stages, raw)
-        spec = PipelineSpec(self.origin, pipeline or PipelineSection())
+        spec = PipelineSpec(self.origin, pipeline or PipelineSection(), locate=self.locate)
         for name, rule in SECTIONS.items():
             if name not in raw:
                 continue

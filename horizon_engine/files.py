@@ -2,7 +2,9 @@
 
 Every output is written under a temporary name beside its final place and renamed into place
 only once complete. A folder that already exists is moved aside first and removed after the
-new one is in place.
+new one is in place. Temporary names end with the writing process's id (``.NAME.tmp-PID``,
+``.NAME.old-PID``), so that what a killed run left behind can be told apart from anything
+else in the folder (``horizon_engine.run_folder``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 
-def _remove(path: Path) -> None:
+def remove_path(path: Path) -> None:
+    """Remove a file, link or folder (with its contents); nothing when there is none."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
     elif path.exists() or path.is_symlink():
@@ -29,20 +32,49 @@ def atomic_output(path: Path) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    _remove(temporary)
+    remove_path(temporary)
     try:
         yield temporary
     except BaseException:
-        _remove(temporary)
+        remove_path(temporary)
         raise
+    _move_into_place(temporary, path)
+
+
+def _move_into_place(temporary: Path, path: Path) -> None:
+    """Rename ``temporary`` to ``path``; a folder there is moved aside first, then removed."""
     if temporary.is_dir() and path.exists():
         retired = path.with_name(f".{path.name}.old-{os.getpid()}")
-        _remove(retired)
+        remove_path(retired)
         os.replace(path, retired)
         os.replace(temporary, path)
-        _remove(retired)
+        remove_path(retired)
     else:
         os.replace(temporary, path)
+
+
+@contextmanager
+def staged_outputs(folder: Path) -> Iterator[Path]:
+    """Yield a temporary folder inside ``folder`` for several outputs written together.
+
+    On success each entry written there is moved into ``folder``, replacing the entry of the
+    same name; on failure none is. Anything else in ``folder`` (a user's own files) stays as it
+    was, which renaming a whole temporary ``folder`` into place would not allow.
+    """
+    folder = Path(folder)
+    created = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    staging = folder / f".staging.tmp-{os.getpid()}"
+    remove_path(staging)
+    staging.mkdir()
+    try:
+        yield staging
+        for entry in sorted(staging.iterdir()):
+            _move_into_place(entry, folder / entry.name)
+    finally:
+        remove_path(staging)
+        if created and not any(folder.iterdir()):
+            folder.rmdir()
 
 
 def write_json(path: Path, data: Any) -> None:

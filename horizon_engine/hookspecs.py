@@ -93,7 +93,9 @@ def horizon_on_stage_end(run: RunContext, stage: str, report: StageReport) -> No
     """Called after a stage finished, its outputs were renamed into place and the manifest saved.
 
     ``report`` is the stage's ``StageReport``: rows in and out, rows dropped with reasons,
-    files written, seconds taken. Returns nothing.
+    files written, seconds taken. An observer that wrote files into the run folder during the
+    stage appends their run-relative paths to ``report.outputs``: the manifest is saved again
+    after this hook, and the outputs it lists are the run's to replace later. Returns nothing.
     """
 
 

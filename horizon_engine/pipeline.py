@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import re
+import socket
 import sys
 import time
 import uuid
@@ -29,9 +31,19 @@ from horizon_engine.errors import (
     HorizonError,
     PluginError,
 )
-from horizon_engine.files import atomic_output, write_json
+from horizon_engine.files import remove_path, staged_outputs, write_json
+from horizon_engine.normalization import NORMALIZATION_FILE
 from horizon_engine.plugins import PluginHost, get_plugin_host
+from horizon_engine.preflight import check_before_run
 from horizon_engine.progress import progress_bar
+from horizon_engine.run_folder import (
+    MANIFEST,
+    EarlierRun,
+    existing_claims,
+    matches,
+    read_earlier_run,
+    take_over,
+)
 from horizon_engine.training import CHECKPOINTS
 
 if TYPE_CHECKING:
@@ -84,7 +96,8 @@ class Stage:
 
     name: str
     section: str
-    output: str
+    claims: tuple[str, ...]
+    """Every path it writes, run-relative (glob patterns allowed): what it may replace."""
     reads: tuple[str, ...]
     run: Callable[[RunContext, Choice], StageReport]
 
@@ -129,11 +142,14 @@ class BadRowSink:
         return bad_rows_error(self.counts, self.shown)
 
 
+def _counts_text(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{kind}: {count}" for kind, count in sorted(counts.items()))
+
+
 def bad_rows_error(counts: Mapping[str, int], shown: list[BadRow]) -> BadRowsError:
     """The error that stops a run for bad rows: counts by kind, then the first rows."""
     total = sum(counts.values())
-    kinds = ", ".join(f"{kind}: {count}" for kind, count in sorted(counts.items()))
-    lines = [f"{total} bad rows ({kinds}):", *(f"  {row}" for row in shown)]
+    lines = [f"{total} bad rows ({_counts_text(counts)}):", *(f"  {row}" for row in shown)]
     if total > len(shown):
         lines.append(f"  ... and {total - len(shown)} more")
     lines.append('Fix them, or set [pipeline] on_bad_rows = "quarantine" to set them aside.')
@@ -165,10 +181,9 @@ def run_source_stage(run: RunContext, choice: Choice) -> StageReport:
     pending: list[pa.Table] = []
     layout = checker = writer = None
     with (
-        atomic_output(run.output_dir / "source") as folder,
+        staged_outputs(run.output_dir / "source") as folder,
         run.progress("reading rows") as advance,
     ):
-        folder.mkdir()
         sink = BadRowSink(folder / "quarantine.jsonl" if quarantine else None)
         try:
             for batch in source.read(run):
@@ -201,6 +216,15 @@ def run_source_stage(run: RunContext, choice: Choice) -> StageReport:
             raise HorizonError(f"[source] {choice.component.name}: the source yielded no rows")
         if sink.failing:
             raise sink.error()
+        if not report.rows_out:
+            # The quarantine is kept for the user to read; an empty rows file is not written.
+            (folder / "rows.parquet").unlink()
+    if not report.rows_out:
+        raise HorizonError(
+            f"[source] every one of the {report.rows_in} rows read was bad "
+            f"({_counts_text(sink.counts)}), so no rows are left; see "
+            f"{run.output_dir / 'source' / 'quarantine.jsonl'} for each row and its reason"
+        )
     if sink.counts:
         report.outputs.append("source/quarantine.jsonl")
     report.dropped = dict(sink.counts)
@@ -241,8 +265,7 @@ def run_timeline_stage(run: RunContext, choice: Choice) -> StageReport:
         )
     else:
         engine = choice.component.engine
-    with atomic_output(run.output_dir / "timeline") as folder:
-        folder.mkdir()
+    with staged_outputs(run.output_dir / "timeline") as folder:
         if layout.row_format is RowFormat.TIMELINE:
             result = split_timeline_rows(rows, folder, config, run.seed)
         else:
@@ -255,6 +278,13 @@ def run_timeline_stage(run: RunContext, choice: Choice) -> StageReport:
             result = transform.build(run, rows, folder, layout.action_type, quarantine)
         if result.rejected and not quarantine:
             raise bad_rows_error(result.rejected, result.examples)
+        if not result.train_rows:
+            lost = {**result.dropped, **result.rejected}
+            raise HorizonError(
+                f"[timeline] no training rows are left: of the {result.rows_in} rows in "
+                f"{rows}, {result.eval_rows} went to the eval split"
+                + (f" and {sum(lost.values())} were dropped ({_counts_text(lost)})" if lost else "")
+            )
         info = TimelineInfo(
             layout.action_type.value,
             config.actions,
@@ -291,7 +321,6 @@ def run_normalization_stage(run: RunContext, choice: Choice) -> StageReport:
     samples, overrides) become the stage's warnings.
     """
     from horizon_engine.normalization import (
-        NORMALIZATION_FILE,
         FeatureType,
         NormalizationTransform,
         identify_all,
@@ -302,6 +331,10 @@ def run_normalization_stage(run: RunContext, choice: Choice) -> StageReport:
     config = choice.config
     timeline = run.output_dir / "timeline"
     info = TimelineInfo.read(timeline)
+    if not info.train_rows:
+        raise HorizonError(
+            f"[normalization] {timeline / 'train'} holds no rows to fit the normalization on"
+        )
     transform = choice.create()
     if not isinstance(transform, NormalizationTransform):
         raise PluginError(
@@ -356,6 +389,7 @@ def run_train_stage(run: RunContext, choice: Choice) -> StageReport:
         trainer.load_state_dict(load_checkpoint(Path(config.warm_start_from))["trainer"])
     generator = torch.Generator().manual_seed(run.seed)
     history = []
+    checkpoints: list[str] = []
     with run.progress("training", total=config.epochs) as advance:
         for epoch in range(1, config.epochs + 1):
             sums: dict[str, float] = {}
@@ -368,7 +402,10 @@ def run_train_stage(run: RunContext, choice: Choice) -> StageReport:
             if len(splits["eval"]):
                 evaluation = trainer.evaluate(splits["eval"])
                 metrics |= {f"Evaluation/{name}": value for name, value in evaluation.items()}
-            save_checkpoint(run.output_dir / CHECKPOINTS, epoch, {"trainer": trainer.state_dict()})
+            saved = save_checkpoint(
+                run.output_dir / CHECKPOINTS, epoch, {"trainer": trainer.state_dict()}
+            )
+            checkpoints.append(f"{CHECKPOINTS}/{saved.name}")
             run.plugins.on_epoch_end(run, epoch, metrics)
             history.append(metrics)
             advance(1)
@@ -376,7 +413,7 @@ def run_train_stage(run: RunContext, choice: Choice) -> StageReport:
         "train",
         rows_in=len(splits["train"]),
         rows_out=len(splits["train"]),
-        outputs=[f"{CHECKPOINTS}/latest.pt"],
+        outputs=[f"{CHECKPOINTS}/latest.pt", *checkpoints],
         details={
             "device": str(prepared.problem.device),
             "epochs": config.epochs,
@@ -407,23 +444,35 @@ def run_export_stage(run: RunContext, choice: Choice) -> StageReport:
 
 
 STAGES: tuple[Stage, ...] = (
-    Stage("source", "source", "source", (), run_source_stage),
-    Stage("timeline", "timeline", "timeline", ("source/rows.parquet",), run_timeline_stage),
+    Stage(
+        "source",
+        "source",
+        ("source/rows.parquet", "source/quarantine.jsonl"),
+        (),
+        run_source_stage,
+    ),
+    Stage(
+        "timeline",
+        "timeline",
+        ("timeline/train", "timeline/eval", "timeline/timeline.json", "timeline/quarantine"),
+        ("source/rows.parquet",),
+        run_timeline_stage,
+    ),
     Stage(
         "normalization",
         "normalization",
-        "normalization.json",
+        (NORMALIZATION_FILE,),
         ("timeline/timeline.json",),
         run_normalization_stage,
     ),
     Stage(
         "train",
         "trainer",
-        CHECKPOINTS,
-        ("timeline/timeline.json", "normalization.json"),
+        (f"{CHECKPOINTS}/latest.pt", f"{CHECKPOINTS}/epoch-*.pt"),
+        ("timeline/timeline.json", NORMALIZATION_FILE),
         run_train_stage,
     ),
-    Stage("export", "export", "model.onnx", (f"{CHECKPOINTS}/latest.pt",), run_export_stage),
+    Stage("export", "export", ("model.onnx",), (f"{CHECKPOINTS}/latest.pt",), run_export_stage),
 )
 """The stages this version can run, in pipeline order."""
 
@@ -444,9 +493,14 @@ class Engine:
         self.show_progress = sys.stdout.isatty() if show_progress is None else show_progress
 
     def validate(
-        self, config: str | Path | Mapping[str, Any], overrides: Iterable[str] = ()
+        self,
+        config: str | Path | Mapping[str, Any],
+        overrides: Iterable[str] = (),
+        stages: Iterable[str] | None = None,
     ) -> PipelineSpec:
-        """Load and validate a pipeline without running it."""
+        """Load and validate a pipeline without running it: its config, and what can be
+        checked before a stage runs (``horizon_engine.preflight``) for ``stages`` (every
+        configured one by default)."""
         spec = build_spec(config, self.plugins, overrides)
         runnable = {stage.section for stage in STAGES}
         problems = [
@@ -462,6 +516,8 @@ class Engine:
             )
         if problems:
             raise ConfigError(problems)
+        selected = self._select(spec, list(stages) if stages else spec.pipeline.stages)
+        check_before_run(spec, [stage.name for stage in selected])
         return spec
 
     def run(
@@ -469,24 +525,38 @@ class Engine:
         config: str | Path | Mapping[str, Any],
         overrides: Iterable[str] = (),
         stages: Iterable[str] | None = None,
+        overwrite: bool = False,
     ) -> dict[str, Any]:
-        """Run the pipeline's stages (all configured ones, or ``stages``); return the manifest."""
-        spec = self.validate(config, overrides)
-        selected = self._select(spec, list(stages) if stages else spec.pipeline.stages)
+        """Run the pipeline's stages (all configured ones, or ``stages``); return the manifest.
+
+        Without ``stages`` this is a new run: in a folder holding an earlier run's outputs it
+        refuses unless ``overwrite``. With ``stages`` it continues the folder's run: the stages
+        named replace their own earlier outputs and the others are carried over (see
+        ``horizon_engine.run_folder``).
+        """
+        stages = list(stages) if stages else None
+        spec = self.validate(config, overrides, stages)
+        selected = self._select(spec, stages or spec.pipeline.stages)
         output_dir = Path(spec.pipeline.output_dir)
+        earlier = read_earlier_run(output_dir)
+        claims = {stage.name: stage.claims for stage in STAGES}
+        names = [stage.name for stage in selected]
+        resuming = stages is not None
+        notes = take_over(output_dir, earlier, claims, names, resuming, overwrite)
         output_dir.mkdir(parents=True, exist_ok=True)
         run = RunContext(spec, output_dir, self.plugins, uuid.uuid4().hex[:12], self.show_progress)
-        manifest = self._start_manifest(run)
+        manifest = self._start_manifest(run, earlier if resuming else None, notes)
         try:
             for stage in selected:
-                self._check_inputs(run, stage)
+                self._check_inputs(run, stage, manifest)
+                self._clear_stage(run, stage, earlier if resuming else None, manifest)
                 self.plugins.on_stage_start(run, stage.name)
                 started = time.perf_counter()
                 report = stage.run(run, spec.sections[stage.section])
                 report.seconds = round(time.perf_counter() - started, 3)
-                manifest["stages"][stage.name] = asdict(report)
-                write_json(output_dir / "manifest.json", manifest)
+                self._record(run, manifest, stage, report)
                 self.plugins.on_stage_end(run, stage.name, report)
+                self._record(run, manifest, stage, report)
         except BaseException as exc:
             manifest["status"] = "failed"
             manifest["error"] = str(exc) or type(exc).__name__
@@ -517,42 +587,104 @@ class Engine:
             raise ConfigError(problems)
         return [stage for stage in configured if stage.name in names]
 
-    def _check_inputs(self, run: RunContext, stage: Stage) -> None:
+    def _check_inputs(self, run: RunContext, stage: Stage, manifest: dict[str, Any]) -> None:
+        """Every file the stage reads exists and is whole: not left by an interrupted stage."""
         for needed in stage.reads:
+            producer = next(s.name for s in STAGES if matches(needed, s.claims))
+            why = manifest["incomplete_stages"].get(producer)
+            if why:
+                raise HorizonError(
+                    f"stage '{stage.name}' reads {run.output_dir / needed}, which is incomplete: "
+                    f"{why}. Run stage '{producer}' again first (--stages {producer},"
+                    f"{stage.name})"
+                )
             if not (run.output_dir / needed).exists():
-                producer = next(s.name for s in STAGES if needed.startswith(s.output))
                 raise HorizonError(
                     f"stage '{stage.name}' reads {run.output_dir / needed}, which stage "
                     f"'{producer}' writes; run that stage first (or include it in --stages)"
                 )
+            record = manifest["stages"].get(producer, {})
+            if record.get("stale"):
+                manifest["warnings"].append(
+                    f"stage '{stage.name}' reads {needed}, which is stale: {record['stale']}"
+                )
 
-    def _start_manifest(self, run: RunContext) -> dict[str, Any]:
-        earlier_stages: dict[str, Any] = {}
-        previous = run.output_dir / "manifest.json"
-        if previous.exists():
-            try:
-                earlier_stages = json.loads(previous.read_text(encoding="utf-8")).get("stages", {})
-            except (json.JSONDecodeError, OSError):
-                earlier_stages = {}
-        return {
+    def _clear_stage(
+        self,
+        run: RunContext,
+        stage: Stage,
+        earlier: EarlierRun | None,
+        manifest: dict[str, Any],
+    ) -> None:
+        """Before a stage runs: remove what it wrote in an earlier run (checkpoints and event
+        files included, so none outlives its run) and record it as running."""
+        outputs = set(manifest["stages"].get(stage.name, {}).get("outputs", []))
+        if earlier is not None and stage.name in earlier.incomplete_stages():
+            outputs |= set(existing_claims(run.output_dir, stage.claims))
+        for path in sorted(outputs):
+            remove_path(run.output_dir / path)
+        manifest["stages"].pop(stage.name, None)
+        manifest["running_stage"] = stage.name
+        write_json(run.output_dir / MANIFEST, manifest)
+
+    def _record(
+        self, run: RunContext, manifest: dict[str, Any], stage: Stage, report: StageReport
+    ) -> None:
+        """Record a finished stage; carried-over outputs of later stages become stale."""
+        manifest["stages"][stage.name] = {**asdict(report), "run_id": run.run_id}
+        manifest["incomplete_stages"].pop(stage.name, None)
+        if stage.name not in manifest["executed"]:
+            manifest["executed"].append(stage.name)
+        later = [s.name for s in STAGES[STAGES.index(stage) + 1 :]]
+        for name in later:
+            record = manifest["stages"].get(name)
+            if record and record["run_id"] != run.run_id and not record.get("stale"):
+                record["stale"] = (
+                    f"written by run {record['run_id']} from the outputs of stage "
+                    f"'{stage.name}' that run {run.run_id} has since replaced"
+                )
+        manifest["running_stage"] = None
+        write_json(run.output_dir / MANIFEST, manifest)
+
+    def _start_manifest(
+        self, run: RunContext, earlier: EarlierRun | None, notes: list[str]
+    ) -> dict[str, Any]:
+        """The new run's manifest; continuing an earlier run (``earlier``), its stage records
+        are carried over, each naming the run that wrote it."""
+        carried = {}
+        incomplete: dict[str, str] = {}
+        if earlier is not None:
+            incomplete = earlier.incomplete_stages()
+            for name, record in earlier.stages.items():
+                if isinstance(record, dict) and name not in incomplete:
+                    carried[name] = {**record, "run_id": record.get("run_id", earlier.run_id)}
+        manifest = {
             "horizon_version": _horizon_version(),
             "run_id": run.run_id,
             "name": run.spec.pipeline.name,
             "status": "running",
             "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
             "seed": run.seed,
             "config_file": run.spec.origin,
             "config": run.spec.resolved(),
             "plugins": self.plugins.versions(),
             "plugin_failures": self.plugins.load_failures(),
-            "stages": earlier_stages,
+            "executed": [],
+            "running_stage": None,
+            "stages": carried,
+            "incomplete_stages": incomplete,
+            "warnings": list(notes),
         }
+        write_json(run.output_dir / MANIFEST, manifest)
+        return manifest
 
     def _finish(self, run: RunContext, manifest: dict[str, Any]) -> None:
         """Write the final manifest, then tell the plugins; a failing observer is not hidden,
         but on a failed run it must not mask the stage's own error (see ``run``)."""
         manifest["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-        write_json(run.output_dir / "manifest.json", manifest)
+        write_json(run.output_dir / MANIFEST, manifest)
         self.plugins.on_run_end(run, manifest)
 
 
@@ -560,6 +692,7 @@ def run_pipeline(
     config: str | Path | Mapping[str, Any],
     overrides: Iterable[str] = (),
     stages: Iterable[str] | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Shorthand for ``Engine().run(...)``."""
-    return Engine().run(config, overrides, stages)
+    return Engine().run(config, overrides, stages, overwrite)

@@ -73,18 +73,32 @@ def test_warm_start_continues_from_the_earlier_runs_weights(trainer_host, tmp_pa
 
 
 def test_warm_start_without_a_checkpoint_names_the_path(trainer_host, tmp_path):
-    host = trainer_host
+    """Found before the first stage runs, so no earlier stage's output is written for nothing;
+    ``horizon validate`` finds it too."""
+    engine = Engine(plugins=trainer_host, show_progress=False)
     config = pipeline(tmp_path / "run", warm_start_from=str(tmp_path / "nothing"))
-    with pytest.raises(HorizonError, match=r"no checkpoint at .*nothing/checkpoints/latest\.pt"):
-        Engine(plugins=host, show_progress=False).run(config)
+    expected = r"\[trainer\] warm_start_from = '.*nothing' does not exist"
+    with pytest.raises(HorizonError, match=expected):
+        engine.validate(config)
+    with pytest.raises(HorizonError, match=expected):
+        engine.run(config)
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "nothing").mkdir()
+    with pytest.raises(HorizonError, match=r"nothing' has no checkpoints/latest\.pt"):
+        engine.run(config)
 
 
 def test_cuda_without_a_gpu_is_a_clear_error(trainer_host, tmp_path):
     host = trainer_host
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device")
-    with pytest.raises(HorizonError, match="device = 'cuda', but torch sees no CUDA device"):
-        Engine(plugins=host, show_progress=False).run(pipeline(tmp_path, device="cuda"))
+    engine = Engine(plugins=host, show_progress=False)
+    config = pipeline(tmp_path / "run", device="cuda")
+    with pytest.raises(HorizonError, match='device = "cuda", but torch finds no CUDA device'):
+        engine.validate(config)
+    with pytest.raises(HorizonError, match='device = "cuda", but torch finds no CUDA device'):
+        engine.run(config)
+    assert not (tmp_path / "run").exists()
 
 
 def scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:

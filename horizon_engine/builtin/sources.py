@@ -63,6 +63,17 @@ def expand_paths(patterns: str | list[str], suffixes: tuple[str, ...]) -> list[P
     return list(files)
 
 
+def path_problems(patterns: str | list[str], suffixes: tuple[str, ...]) -> list[str]:
+    """Why the configured paths would find nothing to read (each path that matches no file)."""
+    problems = []
+    for pattern in [patterns] if isinstance(patterns, str) else patterns:
+        try:
+            expand_paths(pattern, suffixes)
+        except HorizonError as exc:
+            problems.append(str(exc))
+    return problems
+
+
 def open_text(path: Path) -> IO[str]:
     """Open a plain, ``.bz2`` or ``.gz`` text file."""
     if path.suffix == ".bz2":
@@ -97,6 +108,9 @@ class JsonlSource(DataSource):
     name = "jsonl"
     Config = JsonlSourceConfig
     config: JsonlSourceConfig
+
+    def problems(self) -> list[str]:
+        return path_problems(self.config.path, JSONL_SUFFIXES)
 
     def read(self, run: RunContext) -> Iterator[SourceBatch]:
         from horizon_engine.schema import BadRow, RowShaper, detect_layout
@@ -172,6 +186,9 @@ class ParquetSource(DataSource):
     name = "parquet"
     Config = ParquetSourceConfig
     config: ParquetSourceConfig
+
+    def problems(self) -> list[str]:
+        return path_problems(self.config.path, (".parquet",))
 
     def read(self, run: RunContext) -> Iterator[SourceBatch]:
         import pyarrow as pa

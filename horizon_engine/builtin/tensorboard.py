@@ -4,6 +4,10 @@ A built-in plugin on the lifecycle hooks, as a third-party reporter would be: it
 ``horizon_on_epoch_end`` receives (``Training/td_loss``, ``Evaluation/mc_loss``, CPE figures,
 ...) with the epoch as the step, and closes its writer when the run ends. tensorboardX is
 imported on the first epoch, so listing plugins stays fast.
+
+Each run's event file ends with its run id and is listed among the outputs of the stage that
+wrote it, so the run folder's record says which events are whose: a later run of that stage
+replaces them instead of plotting beside them.
 """
 
 from __future__ import annotations
@@ -13,13 +17,15 @@ from typing import TYPE_CHECKING, Any
 from horizon_engine.hookspecs import hookimpl
 
 if TYPE_CHECKING:
-    from horizon_engine.pipeline import RunContext
+    from horizon_engine.pipeline import RunContext, StageReport
 
 TENSORBOARD = "tensorboard"
 """The run's folder of event files."""
 
 _writers: dict[str, Any] = {}
 """Open writers by run id: a run's epochs append to one event file."""
+_listed: set[str] = set()
+"""Run ids whose event file is listed already, among the outputs of the stage that began it."""
 
 
 @hookimpl
@@ -28,7 +34,9 @@ def horizon_on_epoch_end(run: RunContext, epoch: int, metrics: dict[str, float])
     if writer is None:
         from tensorboardX import SummaryWriter
 
-        writer = SummaryWriter(logdir=str(run.output_dir / TENSORBOARD))
+        writer = SummaryWriter(
+            logdir=str(run.output_dir / TENSORBOARD), filename_suffix=f".{run.run_id}"
+        )
         _writers[run.run_id] = writer
     for name, value in metrics.items():
         writer.add_scalar(name, value, epoch)
@@ -36,7 +44,20 @@ def horizon_on_epoch_end(run: RunContext, epoch: int, metrics: dict[str, float])
 
 
 @hookimpl
+def horizon_on_stage_end(run: RunContext, stage: str, report: StageReport) -> None:
+    if run.run_id not in _writers or run.run_id in _listed:
+        return
+    _listed.add(run.run_id)
+    folder = run.output_dir / TENSORBOARD
+    for path in sorted(folder.glob(f"events.out.tfevents.*.{run.run_id}")):
+        relative = f"{TENSORBOARD}/{path.name}"
+        if relative not in report.outputs:
+            report.outputs.append(relative)
+
+
+@hookimpl
 def horizon_on_run_end(run: RunContext, manifest: dict[str, Any]) -> None:
+    _listed.discard(run.run_id)
     writer = _writers.pop(run.run_id, None)
     if writer is not None:
         writer.close()

@@ -1,0 +1,91 @@
+"""Checks that need more than the config's own types, made before a run's first stage.
+
+A config can be well-formed and still fail an hour in: a source path that matches no file, a
+GPU that is not there, a warm start from a folder that holds no checkpoint, a trainer that
+wants n-step windows the timeline does not build. Each is checked here, from the config and
+what is on disk, so that ``horizon validate`` reports it and ``horizon run`` stops before any
+stage writes an output, with the file and line as config errors have.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from horizon_engine.errors import ConfigError
+from horizon_engine.run_folder import output_dir_problem
+
+if TYPE_CHECKING:
+    from horizon_engine.config import PipelineSpec
+
+CHECKPOINT = "checkpoints/latest.pt"
+TIMELINE_INFO = "timeline/timeline.json"
+
+
+def preflight_problems(spec: PipelineSpec, stages: list[str]) -> list[str]:
+    """Every problem found for running ``stages`` (stage names) of ``spec``."""
+    problems: list[str] = []
+    output_dir = Path(spec.pipeline.output_dir)
+    problem = output_dir_problem(output_dir, spec.where("pipeline", "output_dir"))
+    if problem:
+        problems.append(problem)
+    if "source" in stages and "source" in spec.sections:
+        for problem in spec.sections["source"].create().problems():
+            problems.append(f"{spec.where('source', 'path')}: {problem}")
+    if "trainer" in spec.sections and ({"train", "export"} & set(stages)):
+        problems += _trainer_problems(spec, output_dir, "train" in stages)
+    return problems
+
+
+def _trainer_problems(spec: PipelineSpec, output_dir: Path, training: bool) -> list[str]:
+    config = spec.sections["trainer"].config
+    problems = []
+    device = getattr(config, "device", "auto")
+    if device == "cuda" and not _cuda_available():
+        problems.append(
+            f'{spec.where("trainer", "device")}: [trainer] device = "cuda", but torch finds '
+            'no CUDA device on this machine; use "auto" (a GPU when there is one) or "cpu"'
+        )
+    warm_start = getattr(config, "warm_start_from", None)
+    if training and warm_start and not (Path(warm_start) / CHECKPOINT).is_file():
+        found = "does not exist" if not Path(warm_start).exists() else f"has no {CHECKPOINT}"
+        problems.append(
+            f"{spec.where('trainer', 'warm_start_from')}: [trainer] warm_start_from = "
+            f"{warm_start!r} {found}; it names the output folder of an earlier run"
+        )
+    n_step = getattr(config, "n_step", None)
+    timeline_n_step, origin = _timeline_n_step(spec, output_dir)
+    known = training and isinstance(n_step, int) and timeline_n_step is not None
+    if known and n_step > 1 and n_step != timeline_n_step:
+        problems.append(
+            f"{spec.where('trainer', 'n_step')}: [trainer] n_step = {n_step}, but "
+            f"{origin} has n_step = {timeline_n_step}; set both to the same value"
+        )
+    return problems
+
+
+def _timeline_n_step(spec: PipelineSpec, output_dir: Path) -> tuple[int | None, str]:
+    """The timeline's n_step: from ``[timeline]`` when configured, else from the timeline an
+    earlier run wrote (None when neither says)."""
+    if "timeline" in spec.sections:
+        n_step = getattr(spec.sections["timeline"].config, "n_step", None)
+        return n_step, f"[timeline] ({spec.where('timeline', 'n_step')})"
+    info = output_dir / TIMELINE_INFO
+    try:
+        return int(json.loads(info.read_text(encoding="utf-8"))["n_step"]), str(info)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, ""
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def check_before_run(spec: PipelineSpec, stages: list[str]) -> None:
+    """Raise a ``ConfigError`` listing every preflight problem, if any."""
+    problems = preflight_problems(spec, stages)
+    if problems:
+        raise ConfigError(problems)
