@@ -144,7 +144,7 @@ def test_a_killed_run_is_recognised_its_leftovers_removed_and_its_checkpoint_not
     leftover = run / "checkpoints" / f".latest.pt.tmp-{process.pid}"
     leftover.write_bytes(b"")
     engine = Engine(show_progress=False)
-    with pytest.raises(HorizonError, match="incomplete: run .* was interrupted during it"):
+    with pytest.raises(HorizonError, match=r"incomplete: run .* was interrupted during it"):
         engine.run(dqn_pipeline(run, epochs=2), stages=["export"])
     refused = manifest_of(run)
     assert refused["warnings"] == [
