@@ -121,8 +121,10 @@ def test_continuous_actions_are_dense_action_features(tmp_path):
     data = load_timeline(
         tmp_path / "timeline" / "train", ActionType.CONTINUOUS, ["0", "1", "2"], ["3"]
     )
-    assert data.state.shape == (400, 3)
-    assert data.action.shape == (400, 1)
+    # Both episodes end at Pendulum's 200-step limit: a truncation, whose last row the
+    # timeline drops (its next state was never observed), so every row kept has a next action.
+    assert data.state.shape == (398, 3)
+    assert data.action.shape == (398, 1)
     assert data.action_presence.all()
     assert float(data.action.abs().max()) <= 2.0
     assert data.next_action_presence[:, 0].sum() == 398
