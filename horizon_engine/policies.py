@@ -28,6 +28,32 @@ def masked_scores(scores: torch.Tensor, possible: torch.Tensor) -> torch.Tensor:
     return torch.where(possible > 0, scores, torch.full_like(scores, IMPOSSIBLE))
 
 
+def recorded_possible(possible: torch.Tensor) -> torch.Tensor:
+    """The mask with every action possible on rows that list none (they did not record them)."""
+    import torch
+
+    recorded = possible.sum(dim=1, keepdim=True) > 0
+    return torch.where(recorded, possible, torch.ones_like(possible))
+
+
+def top_two_gap(scores: torch.Tensor, possible: torch.Tensor) -> torch.Tensor:
+    """``[batch]``: how far each row's best possible score is ahead of its second best
+    (``inf`` where only one action is possible).
+
+    How close the greedy choice is to going the other way: an exported model, computing the
+    same scores in another library's float arithmetic, may rank two actions closer than that
+    arithmetic's error the other way round.
+    """
+    import torch
+
+    possible = recorded_possible(possible) > 0
+    masked = torch.where(possible, scores, torch.full_like(scores, -torch.inf))
+    if scores.shape[1] < 2:
+        return torch.full(scores.shape[:1], torch.inf, dtype=scores.dtype)
+    best, second = masked.topk(2, dim=1).values.unbind(dim=1)
+    return torch.where(torch.isfinite(second), best - second, torch.inf)
+
+
 def action_probabilities(
     scores: torch.Tensor,
     possible: torch.Tensor,
@@ -43,9 +69,7 @@ def action_probabilities(
     """
     import torch
 
-    # A row that lists no possible action did not record them: every action is possible.
-    recorded = possible.sum(dim=1, keepdim=True) > 0
-    possible = torch.where(recorded, possible, torch.ones_like(possible))
+    possible = recorded_possible(possible)
     masked = masked_scores(scores, possible)
     allowed = (possible > 0).to(scores.dtype)
     if kind == "softmax":

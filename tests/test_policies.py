@@ -31,3 +31,12 @@ def test_softmax_over_possible_actions_with_temperature():
     assert probabilities[2].tolist() == pytest.approx(
         torch.softmax(SCORES[2] / 0.5, dim=0).tolist()
     )
+
+
+def test_top_two_gap_over_the_possible_actions():
+    from horizon_engine.policies import top_two_gap
+
+    scores = torch.tensor([[1.0, 3.0, 2.0], [5.0, 0.0, 1.0], [0.0, 1.0, 2.0], [4.0, 9.0, 4.0]])
+    possible = torch.tensor([[1.0, 1.0, 1.0], [0.0, 1.0, 1.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    # Row 1 ignores its impossible 5.0; row 2 recorded none, so all count; row 3 has one choice.
+    assert top_two_gap(scores, possible).tolist() == [1.0, 1.0, 1.0, float("inf")]
