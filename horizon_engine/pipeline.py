@@ -114,6 +114,7 @@ class BadRowSink:
         self.quarantine_path = quarantine_path
         self.counts: Counter[str] = Counter()
         self.shown: list[BadRow] = []
+        self.repeats: Counter[str] = Counter()
         self._handle: TextIO | None = None
 
     def add(self, bad_rows: list[BadRow]) -> None:
@@ -121,7 +122,11 @@ class BadRowSink:
         bad_rows = sorted(bad_rows, key=lambda row: _natural_order(row.location))
         self.counts.update(row.kind for row in bad_rows)
         if self.quarantine_path is None:
-            self.shown.extend(bad_rows[: BAD_ROWS_SHOWN - len(self.shown)])
+            for row in bad_rows:
+                if row.reason in self.repeats or any(row.reason == s.reason for s in self.shown):
+                    self.repeats[row.reason] += 1
+                elif len(self.shown) < BAD_ROWS_SHOWN:
+                    self.shown.append(row)
             return
         if bad_rows and self._handle is None:
             self._handle = self.quarantine_path.open("w", encoding="utf-8")
@@ -139,19 +144,37 @@ class BadRowSink:
         return self.quarantine_path is None and bool(self.counts)
 
     def error(self) -> BadRowsError:
-        return bad_rows_error(self.counts, self.shown)
+        return bad_rows_error(self.counts, self.shown, self.repeats)
 
 
 def _counts_text(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{kind}: {count}" for kind, count in sorted(counts.items()))
 
 
-def bad_rows_error(counts: Mapping[str, int], shown: list[BadRow]) -> BadRowsError:
-    """The error that stops a run for bad rows: counts by kind, then the first rows."""
+def bad_rows_error(
+    counts: Mapping[str, int], shown: list[BadRow], repeats: Mapping[str, int] | None = None
+) -> BadRowsError:
+    """The error that stops a run for bad rows: counts by kind, then the first rows, one line
+    per reason (a mistake repeated on every row is one line with its count, not a screenful).
+
+    ``repeats`` counts rows beyond ``shown`` that share a shown row's reason.
+    """
     total = sum(counts.values())
-    lines = [f"{total} bad rows ({_counts_text(counts)}):", *(f"  {row}" for row in shown)]
-    if total > len(shown):
-        lines.append(f"  ... and {total - len(shown)} more")
+    groups: dict[str, list[BadRow]] = {}
+    for row in shown:
+        groups.setdefault(row.reason, []).append(row)
+    lines = [f"{total} bad rows ({_counts_text(counts)}):"]
+    listed = 0
+    for reason, rows in groups.items():
+        more = len(rows) - 1 + (repeats or {}).get(reason, 0)
+        also = ", ".join(row.location for row in rows[1:4])
+        lines.append(
+            f"  {rows[0]}"
+            + (f" (and {more} more rows like it" + (f": {also}" if also else "") + ")") * (more > 0)
+        )
+        listed += 1 + more
+    if total > listed:
+        lines.append(f"  ... and {total - listed} more")
     lines.append('Fix them, or set [pipeline] on_bad_rows = "quarantine" to set them aside.')
     return BadRowsError("\n".join(lines), shown)
 
@@ -175,6 +198,8 @@ def run_source_stage(run: RunContext, choice: Choice) -> StageReport:
     from horizon_engine.schema import RowChecker, derive_not_terminal
 
     source = choice.create()
+    timeline = run.spec.sections.get("timeline")
+    actions = getattr(timeline.config, "actions", None) if timeline else None
     quarantine = run.spec.pipeline.on_bad_rows == "quarantine"
     report = StageReport("source", outputs=["source/rows.parquet"])
     ignored: Counter[str] = Counter()
@@ -188,7 +213,7 @@ def run_source_stage(run: RunContext, choice: Choice) -> StageReport:
         try:
             for batch in source.read(run):
                 if layout is None:
-                    layout, checker = batch.layout, RowChecker(batch.layout)
+                    layout, checker = batch.layout, RowChecker(batch.layout, actions)
                     writer = pq.ParquetWriter(folder / "rows.parquet", layout.schema)
                 elif batch.layout != layout:
                     raise HorizonError(
@@ -247,6 +272,7 @@ def run_timeline_stage(run: RunContext, choice: Choice) -> StageReport:
     """
     import pyarrow.parquet as pq
 
+    from horizon_engine.logged_facts import logged_action_names, timeline_action_names
     from horizon_engine.schema import ActionType, RowFormat, RowLayout
     from horizon_engine.timeline import TimelineInfo, TimelineTransform, split_timeline_rows
 
@@ -254,17 +280,25 @@ def run_timeline_stage(run: RunContext, choice: Choice) -> StageReport:
     layout = RowLayout.from_schema(pq.read_schema(rows), str(rows))
     config = choice.config
     quarantine = run.spec.pipeline.on_bad_rows == "quarantine"
+    where = run.spec.where("timeline", "actions")
+    actions = config.actions
     if layout.row_format is RowFormat.TIMELINE:
         engine = "none: the source rows are timeline rows already"
+        if layout.action_type is ActionType.DISCRETE:
+            actions = timeline_action_names(rows, config.actions, where)
     elif layout.action_type is ActionType.DISCRETE and config.actions is None:
+        logged = logged_action_names(rows)
+        shown = ", ".join(repr(name) for name in logged[:20])
         raise ConfigError(
             [
-                f"{run.spec.origin}: [timeline] needs actions = [...], the discrete action "
-                "names in the order that numbers them, to build a timeline of discrete actions"
+                f"{where}: [timeline] needs actions = [...], the discrete action names in the "
+                f"order that numbers them; the rows log {len(logged)} actions: {shown}"
+                + (" ..." if len(logged) > 20 else "")
             ]
         )
     else:
         engine = choice.component.engine
+    warnings = _reward_weight_warnings(run, rows, config.reward) if config.reward else []
     with staged_outputs(run.output_dir / "timeline") as folder:
         if layout.row_format is RowFormat.TIMELINE:
             result = split_timeline_rows(rows, folder, config, run.seed)
@@ -287,7 +321,7 @@ def run_timeline_stage(run: RunContext, choice: Choice) -> StageReport:
             )
         info = TimelineInfo(
             layout.action_type.value,
-            config.actions,
+            actions,
             config.n_step,
             engine,
             result.train_rows,
@@ -300,8 +334,10 @@ def run_timeline_stage(run: RunContext, choice: Choice) -> StageReport:
         rows_out=result.train_rows + result.eval_rows,
         dropped={**result.dropped, **result.rejected},
         outputs=["timeline/train", "timeline/eval", "timeline/timeline.json"],
+        warnings=warnings,
         details={
             "engine": engine,
+            "actions": actions,
             "train_rows": result.train_rows,
             "eval_rows": result.eval_rows,
             "train_episodes": result.train_episodes,
@@ -311,6 +347,30 @@ def run_timeline_stage(run: RunContext, choice: Choice) -> StageReport:
     if result.rejected:
         report.outputs.append("timeline/quarantine")
     return report
+
+
+def _reward_weight_warnings(run: RunContext, rows: Path, weights: dict[str, float]) -> list[str]:
+    """A weight for a metric no row carries is an error (every reward would lack its term);
+    for one that some rows lack, a warning with the count (it counts as 0 there)."""
+    from horizon_engine.logged_facts import metric_coverage
+
+    coverage = metric_coverage(rows, list(weights))
+    absent = coverage.missing_everywhere()
+    if absent:
+        logged = ", ".join(repr(name) for name in coverage.logged) or "none"
+        raise ConfigError(
+            [
+                f"{run.spec.where('timeline', 'reward')}: [timeline] reward weighs metric "
+                f"{name!r}, which none of the {coverage.rows} rows carries in 'metrics' "
+                f"(the rows carry: {logged})"
+                for name in absent
+            ]
+        )
+    return [
+        f"reward weight {name!r}: {missing} of {coverage.rows} rows carry no {name!r} metric; "
+        "it counts as 0 there"
+        for name, missing in coverage.missing_somewhere().items()
+    ]
 
 
 def run_normalization_stage(run: RunContext, choice: Choice) -> StageReport:

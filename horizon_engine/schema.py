@@ -401,10 +401,18 @@ def _is_beyond_float32(values: pa.Array) -> pa.Array:
 
 
 class RowChecker:
-    """Checks values on whole Arrow tables of one layout; remembers keys to find duplicates."""
+    """Checks values on whole Arrow tables of one layout; remembers keys to find duplicates.
 
-    def __init__(self, layout: RowLayout) -> None:
+    ``actions``, the ``[timeline] actions`` of a pipeline that builds a timeline, makes a
+    logged discrete action (or possible action) outside that list a bad row here, where its
+    file and line are known, rather than in the timeline, which sees only the validated rows.
+    """
+
+    def __init__(self, layout: RowLayout, actions: list[str] | None = None) -> None:
         self.layout = layout
+        discrete = layout.action_type is ActionType.DISCRETE
+        named = discrete and layout.row_format is RowFormat.PRE_TIMELINE
+        self.actions = actions if named else None
         self._seen: set[tuple[str, int]] = set()
 
     def check(self, table: pa.Table, locations: list[str]) -> tuple[pa.Table, list[BadRow]]:
@@ -439,6 +447,7 @@ class RowChecker:
                 lambda row, beyond=beyond: f"'reward' is {reward[row].as_py()!r}{beyond}",
             )
         self._check_probability(table, reject)
+        self._check_action_names(table, reject)
         self._check_action_possible(table, reject)
         self._check_duplicates(table, reasons, reject)
         bad_index = sorted(reasons)
@@ -486,6 +495,34 @@ class RowChecker:
             "bad_probability",
             lambda row: (
                 f"'action_probability' must be in (0, 1], found {float(probability[row])!r}"
+            ),
+        )
+
+    def _check_action_names(self, table: pa.Table, reject: Callable) -> None:
+        """Reject rows whose action, or a possible action, is not one of ``actions``."""
+        if self.actions is None or table.num_rows == 0:
+            return
+        names = pa.array(self.actions, pa.string())
+        action = table["action"].chunk(0)
+        unknown = pc.and_(pc.is_null(pc.index_in(action, value_set=names)), pc.is_valid(action))
+        reject(
+            np.flatnonzero(unknown.to_numpy(zero_copy_only=False)),
+            "unknown_action",
+            lambda row: (
+                f"action {action[row].as_py()!r} is not in [timeline] actions {self.actions}"
+            ),
+        )
+        if "possible_actions" not in table.column_names:
+            return
+        possible = table["possible_actions"].chunk(0)
+        parents, listed = list_entries(possible)
+        outside = pc.is_null(pc.index_in(listed, value_set=names)).to_numpy(zero_copy_only=False)
+        reject(
+            np.unique(parents[outside]),
+            "unknown_action",
+            lambda row: (
+                f"possible_actions {possible[row].as_py()!r} name an action not in "
+                f"[timeline] actions {self.actions}"
             ),
         )
 
