@@ -565,6 +565,87 @@ def test_cli_trains_exports_and_horizon_export_re_exports(tmp_path):
     assert (run / "model.onnx").is_file()
 
 
+def failing_export(message: str, error: type[Exception] = HorizonError):
+    """An ONNX exporter's ``export`` that fails as a real one can."""
+
+    def export(self, run, bundle):
+        raise error(message)
+
+    return export
+
+
+EXPORT_FAILS = "[export] the ONNX model's 'scores' differs from PyTorch's (a test's exporter)"
+
+
+def test_a_failed_export_keeps_the_trainings_record(tmp_path, recorder_host, monkeypatch):
+    """The -r history, the -f rows, the checkpoints and the manifest's result survive an
+    export that fails; the manifest says which stage failed and why."""
+    from horizon_engine.builtin.onnx_export import OnnxExporter
+    from horizon_engine.online.results import ExportAfterTrainingError
+
+    monkeypatch.setattr(OnnxExporter, "export", failing_export(EXPORT_FAILS))
+    config = recorder_config(tmp_path / "run", episodes=5) | {"export": {"kind": "onnx"}}
+    history, rows = tmp_path / "history.csv", tmp_path / "rows.jsonl"
+    spec = load_gym_spec(config, recorder_host)
+    with pytest.raises(ExportAfterTrainingError) as caught:
+        train_gym(spec, recorder_host, rows=rows, reward_history=history)
+    result = caught.value.result
+    assert result.episodes == 5 and result.evaluations
+    with history.open(newline="") as handle:
+        assert len(list(csv.reader(handle))) == 1 + len(result.evaluations)
+    assert len(rows.read_text().splitlines()) == result.steps
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["status"] == "failed"
+    assert manifest["failed_stage"] == "export"
+    assert manifest["error"] == EXPORT_FAILS
+    assert manifest["result"] == result.summary()
+    assert manifest["outputs"] == ["normalization.json", "checkpoints/latest.pt"]
+    assert manifest["reward_history_file"] == str(history)
+    lines = str(caught.value).splitlines()
+    assert lines[0] == "training finished, then the export failed:"
+    assert lines[1].startswith("CartPole-v1: 5 episodes, ")
+    assert lines[-2:] == [f"wrote {history}", EXPORT_FAILS]
+
+
+def test_an_exporters_bug_keeps_its_traceback_and_the_trainings_record(
+    tmp_path, recorder_host, monkeypatch
+):
+    from horizon_engine.builtin.onnx_export import OnnxExporter
+
+    monkeypatch.setattr(OnnxExporter, "export", failing_export("a bug", ZeroDivisionError))
+    config = recorder_config(tmp_path / "run", episodes=3) | {"export": {"kind": "onnx"}}
+    with pytest.raises(ZeroDivisionError, match="a bug"):
+        train_gym(load_gym_spec(config, recorder_host), recorder_host)
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert (manifest["status"], manifest["failed_stage"]) == ("failed", "export")
+    assert manifest["result"]["episodes"] == 3
+
+
+def test_cli_prints_the_training_summary_before_the_export_error(tmp_path, monkeypatch):
+    from horizon_engine.builtin.onnx_export import OnnxExporter
+
+    monkeypatch.setattr(OnnxExporter, "export", failing_export(EXPORT_FAILS))
+    gym_toml = tmp_path / "gym.toml"
+    gym_toml.write_text(
+        GOOD.replace(
+            "episodes = 10",
+            "episodes = 3\ntrain_after_ts = 30\ntest_every_ts = 20\navg_over_num_episodes = 2",
+        )
+        + 'minibatch_size = 16\n\n[export]\nkind = "onnx"\n'
+    )
+    history = tmp_path / "history.csv"
+    args = ["gym", "train", str(gym_toml), "-o", str(tmp_path / "run"), "-r", str(history)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1
+    lines = result.output.splitlines()
+    assert lines[0] == "error: training finished, then the export failed:"
+    assert lines[1].startswith("CartPole-v1: 3 episodes, ")
+    assert lines[2].startswith("mean return over 2 greedy episodes: best ")
+    assert lines[-2:] == [f"wrote {history}", EXPORT_FAILS]
+    assert "Traceback" not in result.output
+    assert history.is_file()
+
+
 def test_cli_reports_a_config_mistake_without_traceback(tmp_path):
     gym_toml = tmp_path / "gym.toml"
     gym_toml.write_text(GOOD.replace("episodes", "epsiodes"))

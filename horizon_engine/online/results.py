@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from horizon_engine.errors import HorizonError
 from horizon_engine.files import atomic_output
 
 REWARD_HISTORY_COLUMNS: tuple[str, ...] = ("timestep", "episode", "mean_return")
@@ -83,6 +85,44 @@ class GymTrainingResult:
                 for e in self.evaluations
             ],
         }
+
+    def report(self, greedy_episodes: int, files: Iterable[Path | None] = ()) -> list[str]:
+        """The lines ``horizon gym train`` ends with: counts, the best and last evaluations
+        (each the mean of ``greedy_episodes``), the score bar, warnings, and the files written
+        (the run folder's, then ``files`` such as the ``-f`` and ``-r`` files)."""
+        lines = [
+            f"{self.env}: {self.episodes} episodes, {self.steps} steps, {self.updates} updates, "
+            f"{len(self.evaluations)} evaluations, {self.seconds:.1f} s"
+        ]
+        best, last = self.best, self.last
+        if best is not None and last is not None:
+            lines.append(
+                f"mean return over {greedy_episodes} greedy episodes: "
+                f"best {best.mean_return:.1f} (step {best.timestep}, episode {best.episode}), "
+                f"last {last.mean_return:.1f} (step {last.timestep}, episode {last.episode})"
+            )
+        if self.score_bar is not None:
+            lines.append(
+                f"score bar {self.score_bar:g}: {'reached' if self.reached else 'not reached'}"
+            )
+        lines += [f"  warning: {warning}" for warning in self.warnings]
+        written = [self.output_dir / output for output in self.outputs]
+        lines += [f"wrote {path}" for path in (*written, *files) if path is not None]
+        return lines
+
+
+class ExportAfterTrainingError(HorizonError):
+    """Training finished and its record stands (checkpoints, ``-r`` history, the manifest's
+    ``result``), but the export at the end of ``horizon gym train`` failed.
+
+    The message is the training's report, then the export's error, so that the command line,
+    which prints a ``HorizonError``'s message, still shows what training achieved.
+    """
+
+    def __init__(self, result: GymTrainingResult, report: list[str], error: str) -> None:
+        self.result = result
+        self.error = error
+        super().__init__("\n".join(["training finished, then the export failed:", *report, error]))
 
 
 def write_reward_history(path: Path, evaluations: list[Evaluation]) -> None:

@@ -19,7 +19,12 @@ from horizon_engine.files import atomic_output, write_json
 from horizon_engine.normalization import NORMALIZATION_FILE, NormalizationConfig
 from horizon_engine.online.config import GymSpec, epsilon_at
 from horizon_engine.online.replay_buffer import ReplayBuffer, one_hot_actions
-from horizon_engine.online.results import Evaluation, GymTrainingResult, write_reward_history
+from horizon_engine.online.results import (
+    Evaluation,
+    ExportAfterTrainingError,
+    GymTrainingResult,
+    write_reward_history,
+)
 from horizon_engine.training import CHECKPOINTS
 
 if TYPE_CHECKING:
@@ -108,14 +113,26 @@ class OnlineRun:
         self.metric_counts: dict[str, int] = {}
 
     def run(self, rows: Path | None, reward_history: Path | None) -> GymTrainingResult:
+        """Play and train, record the result, then export.
+
+        Training's record does not depend on the export: the ``-r`` history, the manifest's
+        ``result``, ``outputs`` and ``seconds`` are written once training ends. A failed export
+        then leaves the manifest ``"status": "failed"`` with ``"failed_stage": "export"`` and
+        its ``error`` beside that result, and raises ``ExportAfterTrainingError`` (the training
+        report, then the export's error) for a ``HorizonError``, or the exporter's own
+        exception otherwise. A failure before that records ``"failed_stage": "training"``.
+        """
         import torch
 
         started = time.perf_counter()
         self.output_dir.mkdir(parents=True, exist_ok=True)
         manifest = self._start_manifest()
+        manifest["rows_file"] = str(rows) if rows is not None else None
+        manifest["reward_history_file"] = str(reward_history) if reward_history else None
         threads = torch.get_num_threads()
         if self.config.torch_threads is not None:
             torch.set_num_threads(self.config.torch_threads)
+        stage = "training"
         try:
             with ExitStack() as envs:
                 self._open_envs(envs)
@@ -125,42 +142,57 @@ class OnlineRun:
                         temporary = files.enter_context(atomic_output(Path(rows)))
                         handle = files.enter_context(temporary.open("w", encoding="utf-8"))
                     episodes = self._play(handle)
+                if reward_history is not None:
+                    write_reward_history(reward_history, self.evaluations)
+                result = self._result(episodes, started)
+                self._record(manifest, result)
+                stage = "export"
                 exported = self._export() if self.trainer is not None else None
-            result = GymTrainingResult(
-                env=self.config.env,
-                episodes=episodes,
-                steps=self.steps,
-                updates=self.updates,
-                evaluations=self.evaluations,
-                score_bar=self.config.score_bar,
-                output_dir=self.output_dir,
-                outputs=self.outputs,
-                warnings=self.warnings,
-                seconds=round(time.perf_counter() - started, 3),
-            )
-            if reward_history is not None:
-                write_reward_history(reward_history, self.evaluations)
         except BaseException as exc:
             manifest["status"] = "failed"
+            manifest["failed_stage"] = stage
             manifest["error"] = str(exc) or type(exc).__name__
             try:
                 self._finish(manifest)
             except Exception as hook_error:
                 exc.add_note(f"horizon_on_run_end also failed: {hook_error!r}")
+            if stage == "export" and isinstance(exc, HorizonError):
+                report = result.report(self.config.avg_over_num_episodes, (rows, reward_history))
+                raise ExportAfterTrainingError(result, report, str(exc)) from exc
             raise
         finally:
             torch.set_num_threads(threads)
+        result.outputs = list(self.outputs)
+        result.seconds = round(time.perf_counter() - started, 3)
+        self._record(manifest, result)
         manifest["status"] = "succeeded"
-        manifest["result"] = result.summary()
-        manifest["outputs"] = result.outputs
-        manifest["warnings"] = result.warnings
-        manifest["seconds"] = result.seconds
-        manifest["rows_file"] = str(rows) if rows is not None else None
-        manifest["reward_history_file"] = str(reward_history) if reward_history else None
         if exported is not None:
             manifest["export"] = exported
         self._finish(manifest)
         return result
+
+    def _result(self, episodes: int, started: float) -> GymTrainingResult:
+        """What training did, with the files written so far."""
+        return GymTrainingResult(
+            env=self.config.env,
+            episodes=episodes,
+            steps=self.steps,
+            updates=self.updates,
+            evaluations=self.evaluations,
+            score_bar=self.config.score_bar,
+            output_dir=self.output_dir,
+            outputs=list(self.outputs),
+            warnings=self.warnings,
+            seconds=round(time.perf_counter() - started, 3),
+        )
+
+    def _record(self, manifest: dict[str, Any], result: GymTrainingResult) -> None:
+        """The result in the manifest, and the manifest on disk: it survives what follows."""
+        manifest["result"] = result.summary()
+        manifest["outputs"] = result.outputs
+        manifest["warnings"] = result.warnings
+        manifest["seconds"] = result.seconds
+        write_json(self.output_dir / "manifest.json", manifest)
 
     def _open_envs(self, stack: ExitStack) -> None:
         """The training environment and one per evaluation episode, closed by ``stack``; the
