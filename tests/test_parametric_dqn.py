@@ -390,12 +390,64 @@ def test_offline_cartpole_with_one_hot_action_features(tmp_path: Path, seed: int
     assert score >= 150
 
 
+@pytest.fixture
+def one_torch_thread():
+    """Training on one thread, whatever the machine's cores: what torch sums in parallel, and
+    how it splits a sum between threads, then does not depend on the number of cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+PINNED_PARAMETRIC_DQN = {
+    "device": "cpu",
+    "epochs": 300,
+    "minibatch_size": 1024,
+    "gamma": 0.99,
+    "double_q": True,
+    "dueling": False,
+    "n_step": 1,
+    "use_time_diff": False,
+    "loss": "huber",
+    "target_update_rate": 0.01,
+    "maxq_learning": True,
+    "layers": [128, 64],
+    "activations": ["relu", "relu"],
+    "optimizer": "adam",
+    "learning_rate": 0.001,
+    "lr_decay": 1.0,
+    "lr_decay_steps": 1000,
+    "l2": 0.0,
+    "cql_alpha": 1.0,
+}
+"""Every option of the reference test's trainer, so that a change of defaults does not change
+what it measures."""
+
+
 @pytest.mark.slow
-def test_parametric_dqn_on_horizons_parametric_cartpole_data(tmp_path: Path):
+def test_parametric_dqn_on_horizons_parametric_cartpole_data(tmp_path: Path, one_torch_thread):
     """Horizon's own parametric CartPole rows (3,925 post-timeline rows, one-hot actions "4"
-    and "5"): CQL 1.0, 300 epochs of batch 1024. Seeds 0-4 score 436, 334, 357, 440 and 422
-    here (the exported model in onnxruntime); seed 4 is their median. The issue sets no bar
-    for this data; the test holds it to the discrete test's 100.
+    and "5"): CQL 1.0, 300 epochs of batch 1024, every option pinned. The exported model, run by
+    onnxruntime, is held to the discrete test's 100 (the issue sets no bar for this data).
+
+    Why it failed in a fresh clone but passed in CI: the last of the 829 eval rows the export
+    is checked on (row 828, the last of episode 27) recorded no possible actions, so both of its
+    candidate slots are padding, the same features, and score the same up to float rounding.
+    Which of the two wins was decided by rounding: PyTorch's CPU kernels are chosen for the
+    machine's instruction set, and with AVX2 kernels (``ATEN_CPU_CAPABILITY=avx2``) the trained
+    network scores the two slots one float32 step apart (2.5375259 vs 2.5375261), so PyTorch
+    chose slot 1 where onnxruntime, scoring them equal, chose 0, and the export failed
+    ("'probabilities' differs from PyTorch's by 1 at (828, 0)") on every run on such a machine;
+    with AVX-512 kernels, as on the machine these figures come from, the two scores were equal
+    and it passed. Nothing
+    else varies between runs on one machine: two processes, one thread or two, alone or after
+    other tests train the same weights to the bit. The export check now counts such a row as a
+    tie rather than a difference; training on one thread, on the CPU (``device = "auto"`` took
+    a GPU where there was one) and with every option pinned keeps the rest of the machine out.
+    The greedy return of seed 4 is 449.9 with AVX-512 kernels and 448.1 with AVX2 (seeds 0-4
+    scored 436, 334, 357, 440 and 422 when the test was written): training is reproducible on
+    a machine, not between instruction sets, and the bar of 100 leaves room for that.
     """
     if not PARAMETRIC_CARTPOLE.is_file():
         pytest.skip(f"reference data not found: looked for {PARAMETRIC_CARTPOLE}")
@@ -403,14 +455,19 @@ def test_parametric_dqn_on_horizons_parametric_cartpole_data(tmp_path: Path):
         "pipeline": {"output_dir": str(tmp_path), "seed": 4},
         "source": {"kind": "jsonl", "path": str(PARAMETRIC_CARTPOLE)},
         "timeline": {"eval_fraction": 0.1},
-        "normalization": {"quantiles": False},
-        "trainer": {
-            "kind": "parametric_dqn",
-            "cql_alpha": 1.0,
-            "epochs": 300,
-            "minibatch_size": 1024,
+        "normalization": {
+            "num_samples": 100_000,
+            "min_samples": 20,
+            "max_enum_values": 10,
+            "quantiles": False,
+            "max_feature_value": 6.0,
+            "stddev_floor": 1e-6,
         },
-        "export": {"kind": "onnx"},
+        "trainer": {"kind": "parametric_dqn", **PINNED_PARAMETRIC_DQN},
+        "export": {"kind": "onnx", "policy": "greedy"},
     }
-    Engine(show_progress=False).run(config)
+    manifest = Engine(show_progress=False).run(config)
+    export = manifest["stages"]["export"]["details"]
+    assert export["verified_rows"] == 829
+    assert export["tied_rows"] >= 1  # row 828's two padding slots, at least
     assert onnx_greedy_return(tmp_path / "model.onnx") >= 100
