@@ -276,19 +276,21 @@ def test_a_model_onnx_computes_differently_still_fails_and_leaves_no_file(tmp_pa
     assert not (tmp_path / "model.onnx").exists()
 
 
-def test_a_choice_that_differs_on_a_decided_row_fails(tmp_path):
-    """Scores within tolerance cannot rank a clear gap the other way, but a model whose ONNX
-    graph chooses differently (here: the exported model picks the worse action) must fail."""
+def test_a_model_whose_onnx_graph_swaps_the_actions_fails(tmp_path):
+    """An exported model that scores the actions in the other order (here on purpose) would
+    choose the worse action on every decided row: its scores are far outside the tolerance."""
 
-    class WrongChoice(DriftingScores):
+    class Swapped(DriftingScores):
         def forward(self, values, presence):
             scores = super().forward(values, presence)
             if torch.onnx.is_in_onnx_export():
                 return scores.flip(dims=[1])
             return scores
 
-    model = WrongChoice([[1.0, 0.0], [1.0, 1.0]], [1.0, 1.0])
-    with pytest.raises(HorizonError, match="differs from PyTorch's"):
+    model = Swapped([[1.0, 0.0], [1.0, 1.0]], [1.0, 1.0])
+    with pytest.raises(
+        HorizonError, match=r"'scores' differs from PyTorch's by 1 at \(\d+, [01]\)"
+    ):
         export_bundle(tmp_path, model, tied_rows_features())
 
 
