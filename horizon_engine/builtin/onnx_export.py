@@ -231,11 +231,10 @@ class OnnxExporter(ExporterBase):
         within twice a score's bound (each may move that far, in opposite directions) is a
         tie: its chosen action may differ, and so may greedy and epsilon-greedy probabilities,
         which follow the choice; the other rows must choose alike and agree within
-        ``PROBABILITY_TOLERANCE``. Softmax probabilities change smoothly with the scores, by at
-        most half the scores' change over the temperature (the derivative of p_i along any
-        move of the scores is p_i (1 - p_i) <= 1/4 of the move's spread), and are compared on
-        every row within that; its choice is tied where the two largest probabilities are
-        closer than they may move.
+        ``PROBABILITY_TOLERANCE``. Softmax probabilities change smoothly with the scores:
+        moving each score by at most d changes p_i by at most 2 p_i (1 - p_i) d / temperature
+        <= d / (2 temperature), so they are compared on every row within that, and the choice
+        is also tied where the two largest probabilities are closer than twice it.
         """
         import onnxruntime
         import torch
