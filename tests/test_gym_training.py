@@ -581,6 +581,7 @@ def test_a_failed_export_keeps_the_trainings_record(tmp_path, recorder_host, mon
     """The -r history, the -f rows, the checkpoints and the manifest's result survive an
     export that fails; the manifest says which stage failed and why."""
     from horizon_engine.builtin.onnx_export import OnnxExporter
+    from horizon_engine.online.export import export_gym_run
     from horizon_engine.online.results import ExportAfterTrainingError
 
     monkeypatch.setattr(OnnxExporter, "export", failing_export(EXPORT_FAILS))
@@ -605,6 +606,18 @@ def test_a_failed_export_keeps_the_trainings_record(tmp_path, recorder_host, mon
     assert lines[0] == "training finished, then the export failed:"
     assert lines[1].startswith("CartPole-v1: 5 episodes, ")
     assert lines[-2:] == [f"wrote {history}", EXPORT_FAILS]
+
+    # Exported again once the exporter works (here: writes its file), the run is whole.
+    def export(self, run, bundle):
+        (run.output_dir / "model.onnx").write_bytes(b"a model")
+        return ["model.onnx"]
+
+    monkeypatch.setattr(OnnxExporter, "export", export)
+    export_gym_run(tmp_path / "run", plugins=recorder_host)
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["status"] == "succeeded"
+    assert "failed_stage" not in manifest and "error" not in manifest
+    assert manifest["export"]["outputs"] == ["model.onnx"]
 
 
 def test_an_exporters_bug_keeps_its_traceback_and_the_trainings_record(

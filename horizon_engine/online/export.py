@@ -75,7 +75,8 @@ def export_gym_run(
     """``horizon export`` for a ``horizon gym train`` run: its latest checkpoint, set up with
     the run's own config and normalization.json, exported as its ``[export]`` says (ONNX by
     default) and checked on greedy-play states. Returns the exporter's outputs and details,
-    also recorded under ``export`` in the run's manifest.json."""
+    also recorded under ``export`` in the run's manifest.json; a run whose export had failed
+    at the end of training is then marked succeeded."""
     from horizon_engine.normalization import read_normalization
     from horizon_engine.plugins import get_plugin_host
     from horizon_engine.training import load_checkpoint
@@ -98,6 +99,9 @@ def export_gym_run(
         run.trainer.load_state_dict(load_checkpoint(Path(run_dir), "export")["trainer"])
         exported = run._export()
     manifest["export"] = exported
+    if manifest.get("failed_stage") == "export":
+        manifest["status"] = "succeeded"
+        del manifest["failed_stage"], manifest["error"]
     write_json(manifest_path, manifest)
     return exported
 
