@@ -742,3 +742,24 @@ def test_documented_example_plugins_work(plugin_site, tmp_path, capsys):
     x = torch.tensor([[3.0], [-1.0]])
     out = preprocessor(x, torch.ones_like(x))
     assert out.flatten().tolist() == pytest.approx([math.log(4.0) / 2.0, 0.0])
+
+
+def test_a_gym_runs_manifest_records_plugins_that_failed_to_load(site, tmp_path):
+    from horizon_engine.online.config import load_gym_spec
+    from horizon_engine.online.runner import train_gym
+
+    install_module(site, "broken", "raise RuntimeError('needs a GPU driver')")
+    host = only("broken", "dqn")
+    config = {
+        "gym": {
+            "env": "CartPole-v1",
+            "episodes": 2,
+            "train_after_ts": 20,
+            "avg_over_num_episodes": 1,
+            "output_dir": str(tmp_path / "run"),
+        },
+        "trainer": {"kind": "dqn", "minibatch_size": 8},
+    }
+    train_gym(load_gym_spec(config, host), host)
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["plugin_failures"] == host.load_failures() != []

@@ -567,6 +567,7 @@ class OnlineRun:
             "config_file": self.spec.origin,
             "config": self.spec.resolved(),
             "plugins": self.plugins.versions(),
+            "plugin_failures": self.plugins.load_failures(),
         }
         write_json(self.output_dir / "manifest.json", manifest)
         return manifest
