@@ -620,6 +620,11 @@ class Engine:
         except BaseException as exc:
             manifest["status"] = "failed"
             manifest["error"] = str(exc) or type(exc).__name__
+            failed = manifest["running_stage"]
+            if failed:
+                # What the stage wrote before it failed is no stage's whole output.
+                manifest["failed_stage"], manifest["running_stage"] = failed, None
+                manifest["incomplete_stages"][failed] = f"run {run.run_id} failed during it"
             try:
                 self._finish(run, manifest)
             except Exception as hook_error:

@@ -210,3 +210,29 @@ def test_horizon_run_refuses_names_overwrite_and_shows_carried_stages(tmp_path):
     assert replaced.exit_code == 0, replaced.output
     assert "warning: replaced the outputs of run" in replaced.output
     assert "not run" not in replaced.output
+
+
+def test_a_stage_that_failed_midway_is_incomplete_until_run_again(engine, tmp_path):
+    run = tmp_path / "run"
+    engine.run(pipeline(run, epochs=1))
+
+    def failing_epoch_end(run_context, epoch, metrics):
+        if epoch == 2:
+            raise RuntimeError("disk full")
+
+    engine.plugins.on_epoch_end = failing_epoch_end
+    with pytest.raises(RuntimeError, match="disk full"):
+        engine.run(pipeline(run, epochs=3), stages=["train"])
+    failed = manifest_of(run)
+    assert failed["failed_stage"] == "train"
+    assert failed["incomplete_stages"] == {"train": f"run {failed['run_id']} failed during it"}
+    assert "train" not in failed["stages"]
+    del engine.plugins.on_epoch_end
+    # Its checkpoints are the failed run's, so no run recorded them; running it again may
+    # replace them all the same.
+    again = engine.run(pipeline(run, epochs=1), stages=["train"])
+    assert again["incomplete_stages"] == {}
+    assert sorted(path.name for path in (run / "checkpoints").iterdir()) == [
+        "epoch-0001.pt",
+        "latest.pt",
+    ]
