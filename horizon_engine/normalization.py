@@ -125,8 +125,12 @@ class NormalizationConfig(ComponentConfig):
     """Fewer non-missing values than this and a feature is left unnormalized (and reported)."""
     max_enum_values: int = Field(default=10, ge=1)
     """Non-negative integer features with at most this many distinct values are enums."""
-    quantiles: bool = True
-    """Use the quantile type for features that stay far from normal (Horizon's K^2 > 1000)."""
+    quantiles: bool = False
+    """Use the quantile type for features that stay far from normal (Horizon's K^2 > 1000).
+    Off by default: a quantile maps every value past the sample's range to one value, and
+    logged data rarely covers the states a better policy reaches (random CartPole stays near
+    the middle of the track); with it, offline CartPole, Acrobot and LunarLander learned worse
+    in benchmarks/defaults_sweep.py (README, "Defaults")."""
     quantile_buckets: int = Field(default=20, ge=2)
     """Quantile buckets (buckets + 1 boundaries), as Horizon's 20."""
     max_feature_value: float = Field(default=6.0, gt=0)

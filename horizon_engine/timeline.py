@@ -28,7 +28,8 @@ Semantics, per episode (``mdp_id``) ordered by ``sequence_number``:
   interpolation, as numpy's and Spark's exact ``percentile``) of episode length;
   ``time_window_limit`` drops rows with ``time_since_first`` above it. Both are applied after
   the next-row columns are computed, so a kept row keeps its real next state;
-- ``n_step = k > 1`` adds, for j = 0..k-1 while the episode lasts, the values of row t+j:
+- ``n_step = k > 1`` (by default 3, ``DEFAULT_N_STEP``) adds, for j = 0..k-1 while the
+  episode lasts, the values of row t+j:
   ``next_n_rewards``, ``next_n_time_diffs``, ``next_n_state_features``, ``next_n_not_terminal``
   and (discrete, parametric) ``next_n_possible_next_actions``, so n-step returns can be
   computed for any gamma at training time;
@@ -69,6 +70,12 @@ N_STEP_COLUMNS = (
 )
 """The n-step array columns, in schema order; the last one only for discrete and parametric."""
 
+DEFAULT_N_STEP = 3
+"""The n-step window of a timeline whose ``n_step`` is not set. The Q-learning trainers' default
+takes the timeline's window, and 3-step returns learned offline CartPole from random play
+better than one step: mean returns 368 against 301 with CQL, 341 against 240 without
+(README, "Defaults")."""
+
 TIMELINE_INFO = "timeline.json"
 """The file beside ``train/`` and ``eval/`` saying what the Parquet files hold."""
 
@@ -86,10 +93,17 @@ class TimelineConfig(ComponentConfig):
     """Drop episodes longer than this percentile of episode length."""
     time_window_limit: int | None = Field(default=None, ge=0)
     """Keep only rows whose time_since_first is at most this."""
-    n_step: int = Field(default=1, ge=1)
-    """Add arrays of the next n rows' rewards, next states and time_diffs (1 = none)."""
+    n_step: int | None = Field(default=None, ge=1)
+    """Add arrays of the next n rows' rewards, next states and time_diffs (1 = none). Not set:
+    3 (``DEFAULT_N_STEP``) for logged decisions, none for Horizon's timeline rows, which
+    cannot hold them; the trainers' default n_step follows whichever was built."""
     eval_fraction: float = Field(default=0.1, ge=0, lt=1)
     """Share of episodes held out for evaluation, chosen by a hash of mdp_id and the seed."""
+
+    @property
+    def window(self) -> int:
+        """The n-step window to build from pre-timeline rows."""
+        return DEFAULT_N_STEP if self.n_step is None else self.n_step
 
 
 @dataclass
@@ -107,6 +121,8 @@ class TimelineResult:
     """Rows the transform could not use (unknown_action, missing_reward), by kind."""
     examples: list[BadRow] = field(default_factory=list)
     """The first rejected rows (at most ``BAD_ROWS_SHOWN``), for the error message."""
+    n_step: int | None = None
+    """The n-step window the rows were built with (1: none); None leaves it to the config."""
 
 
 class TimelineTransform(Transform):
@@ -310,7 +326,7 @@ def split_timeline_rows(
 
     from horizon_engine.errors import HorizonError
 
-    if config.n_step > 1:
+    if config.n_step is not None and config.n_step > 1:
         raise HorizonError(
             f"[timeline] n_step = {config.n_step}: the source rows are timeline rows already "
             "and have no n-step arrays; give pre-timeline rows, or n_step = 1"
@@ -336,4 +352,5 @@ def split_timeline_rows(
         eval_rows=len(evaluation),
         train_episodes=int((~eval_episode).sum()),
         eval_episodes=int(eval_episode.sum()),
+        n_step=1,
     )

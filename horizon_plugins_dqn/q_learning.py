@@ -103,19 +103,26 @@ class QLearningTrainer(TrainerBase):
                 group["lr"] = rate
 
     def bootstrap(self, batch: dict[str, torch.Tensor], boost: torch.Tensor | float) -> Bootstrap:
-        """The reward part of the target (plus ``boost``) and where it bootstraps from."""
+        """The reward part of the target (plus ``boost``) and where it bootstraps from.
+
+        With ``n_step = 0`` the data decides: the timeline's n-step windows where it has them
+        (Q-learning only: SARSA needs the action logged where a window ends, which the
+        timeline does not keep), one step otherwise.
+        """
         from horizon_plugins_dqn.targets import n_step_return, one_step_discount
 
         config = self.config
-        if config.n_step == 1:
+        windows = "next_n_rewards" in batch
+        follows = config.n_step == 0 and windows and config.maxq_learning
+        if config.n_step == 1 or (config.n_step == 0 and not follows):
             discount = one_step_discount(
                 batch["not_terminal"], batch["time_diff"], config.gamma, config.use_time_diff
             )
             return Bootstrap(batch["reward"] + boost, discount, "", "next_state")
-        if "next_n_rewards" not in batch:
+        if not windows:
             raise HorizonError(n_step_mismatch(config.n_step, "no n-step arrays (n_step = 1)"))
         rewards = batch["next_n_rewards"]
-        if rewards.shape[1] > config.n_step:
+        if not follows and rewards.shape[1] > config.n_step:
             raise HorizonError(
                 n_step_mismatch(config.n_step, f"windows of up to {rewards.shape[1]} steps")
             )

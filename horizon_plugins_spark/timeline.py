@@ -122,6 +122,7 @@ class SparkTimeline(TimelineTransform):
             dropped=dropped,
             rejected=rejected,
             examples=examples,
+            n_step=self.config.window,
         )
 
 
@@ -249,7 +250,7 @@ class _TimelinePlan:
         truncated = F.col("truncated") if "truncated" in rows.columns else F.lit(None)
         columns[CUT] = ~not_terminal & F.coalesce(truncated.cast("boolean"), F.lit(False))
         rows = rows.select("*", *(value.alias(name) for name, value in columns.items()))
-        if self.config.n_step > 1:
+        if self.config.window > 1:
             rows = self._n_step(rows, episode)
         # Only what is written and what the filters read: the frame is cached as it is.
         renamed = {"action": ACTION, "reward": REWARD, "possible_actions": POSSIBLE}
@@ -269,7 +270,7 @@ class _TimelinePlan:
         """
         from pyspark.sql import functions as F
 
-        frame = episode.rowsBetween(0, self.config.n_step - 1)
+        frame = episode.rowsBetween(0, self.config.window - 1)
         steps = {
             "next_n_rewards": REWARD,
             "next_n_time_diffs": "time_diff",
@@ -326,7 +327,7 @@ class _TimelinePlan:
 
         from horizon_engine.timeline import timeline_schema
 
-        return from_arrow_schema(timeline_schema(self.action_type, self.config.n_step))
+        return from_arrow_schema(timeline_schema(self.action_type, self.config.window))
 
     def write(self, rows: DataFrame, folder: Path) -> None:
         """Write rows in the timeline schema, sorted by (mdp_id, sequence_number) across files.

@@ -197,6 +197,42 @@ def test_n_step_with_time_diff_discounts_by_elapsed_time():
     assert dqn.td_target(rows).tolist() == [1 + 0.5**2 * 2 + 0.5**5 * 4]
 
 
+def test_default_n_step_follows_the_timelines_windows():
+    """n_step = 0 (the default): the timeline's 3-step windows where the batch has them, one
+    step where it has none (Horizon's timeline rows), and one step for SARSA."""
+    gamma = 0.9
+    table = [[0, 0, 0], [2, 2, 2], [0, 0, 0], [0, 0, 0], [5, 5, 5]]
+    windows = {
+        "next_n_rewards": [[1.0, 2.0, 3.0]],
+        "next_n_time_diffs": [[1.0, 1.0, 1.0]],
+        "next_n_not_terminal": [[1.0, 1.0, 1.0]],
+        "next_n_length": [3],
+        "next_n_state": [[4.0]],
+        "next_n_possible_next_actions": [[1, 1, 1]],
+    }
+    dqn = trainer(gamma=gamma)
+    assert dqn.config.n_step == 0
+    with_tables(dqn, online=table, target=table)
+    three_steps = 1 + gamma * 2 + gamma**2 * 3 + gamma**3 * 5
+    assert dqn.td_target(batch(reward=[1.0], **windows)).tolist() == pytest.approx([three_steps])
+    assert dqn.td_target(batch(reward=[1.0])).tolist() == pytest.approx([1 + gamma * 2])
+    sarsa = trainer(gamma=gamma, maxq_learning=False)
+    with_tables(sarsa, online=table, target=table)
+    rows = batch(reward=[1.0], **windows)
+    assert sarsa.td_target(rows).tolist() == pytest.approx([1 + gamma * 2])
+
+
+def test_layers_alone_get_a_relu_for_each_layer():
+    from horizon_plugins_dqn import ParametricDqnConfig
+
+    assert DqnConfig(layers=[16]).activations == ["relu"]
+    assert ParametricDqnConfig(layers=[32, 16, 8]).activations == ["relu"] * 3
+    assert DqnConfig().activations == ["relu", "relu"]
+    assert DqnConfig(layers=[16], activations=["tanh"]).activations == ["tanh"]
+    dqn = trainer(layers=[16])
+    assert [type(layer).__name__ for layer in dqn.q_network.modules()].count("ReLU") == 1
+
+
 def test_n_step_needs_a_timeline_with_the_same_n_step():
     dqn = trainer(n_step=3)
     with pytest.raises(HorizonError, match=r"\[timeline\] n_step = 3.*no n-step arrays"):
@@ -237,7 +273,8 @@ def test_cql_regularizer_on_a_tiny_case():
 
 def test_train_step_reports_the_losses_of_the_options_in_use():
     rows = batch(reward=[1.0, 0.0], state=[[0.0], [1.0]], action=[0, 2])
-    assert set(trainer().train_step(rows)) == {"td_loss"}
+    assert set(trainer(cql_alpha=0.0).train_step(rows)) == {"td_loss"}
+    assert set(trainer().train_step(rows)) == {"td_loss", "cql_loss"}  # CQL is on by default
     assert set(trainer(cql_alpha=1.0, bcq_threshold=0.3).train_step(rows)) == {
         "td_loss",
         "cql_loss",

@@ -19,10 +19,10 @@ REFERENCE = Path(
 CARTPOLE = REFERENCE / "reagent" / "discrete_action" / "cartpole_training.json.bz2"
 
 
-def onnx_greedy_return(model: Path, episodes: int = 20) -> float:
-    """Mean return of the exported model's chosen action over CartPole-v1 episodes of fixed
+def onnx_greedy_return(model: Path, episodes: int = 20, env_id: str = "CartPole-v1") -> float:
+    """Mean return of the exported model's chosen action over ``env_id`` episodes of fixed
     seeds, the model run by onnxruntime on raw observations. A parametric model is offered
-    both actions as one-hot candidates, in the order of its ``action_feature_ids``."""
+    every action as one-hot candidates, in the order of its ``action_feature_ids``."""
     import gymnasium
     import onnxruntime
 
@@ -36,7 +36,7 @@ def onnx_greedy_return(model: Path, episodes: int = 20) -> float:
             "candidate_presence": offered,
             "candidate_mask": np.ones(offered.shape[:2], dtype=np.float32),
         }
-    env = gymnasium.make("CartPole-v1")
+    env = gymnasium.make(env_id)
     returns = []
     for episode in range(episodes):
         observation, _ = env.reset(seed=1000 + episode)

@@ -56,7 +56,7 @@ EXPECTED = {
 @pytest.mark.parametrize("feature", list(EXPECTED))
 def test_identifies_horizons_synthetic_features(feature):
     values = horizon_style_features()[feature]
-    parameters, note = identify(values, NormalizationConfig(), feature)
+    parameters, note = identify(values, NormalizationConfig(quantiles=True), feature)
     assert parameters.feature_type == EXPECTED[feature]
     assert note is None
     assert (parameters.min_value, parameters.max_value) == (values.min(), values.max())
@@ -64,7 +64,7 @@ def test_identifies_horizons_synthetic_features(feature):
 
 def test_fitted_parameters():
     features = horizon_style_features()
-    config = NormalizationConfig()
+    config = NormalizationConfig(quantiles=True)
     normal, _ = identify(features["normal"], config, "normal")
     assert normal.mean == pytest.approx(features["normal"].mean())
     assert normal.stddev == pytest.approx(features["normal"].std())
@@ -88,10 +88,11 @@ def test_more_enum_values_than_allowed_is_not_an_enum():
     assert identify(values, wider, "f")[0].feature_type == FeatureType.ENUM
 
 
-def test_quantiles_can_be_switched_off():
+def test_quantiles_are_off_unless_switched_on():
     values = horizon_style_features()["mixed"]
-    config = NormalizationConfig(quantiles=False)
-    assert identify(values, config, "mixed")[0].feature_type == FeatureType.CONTINUOUS
+    assert identify(values, NormalizationConfig(), "mixed")[0].feature_type == "continuous"
+    config = NormalizationConfig(quantiles=True)
+    assert identify(values, config, "mixed")[0].feature_type == FeatureType.QUANTILE
 
 
 def test_constant_feature_is_one_where_present_and_reported():
@@ -300,7 +301,7 @@ def identified(tmp_path_factory: pytest.TempPathFactory):
                 "pipeline": {"output_dir": str(output)},
                 "source": {"kind": "jsonl", "path": str(reference(relative))},
                 "timeline": {"eval_fraction": 0.0},
-                "normalization": {},
+                "normalization": {"quantiles": True},  # Horizon's rules, as its files were made
             }
             Engine(show_progress=False).run(config)
             runs[relative] = read_normalization(output / "normalization.json")

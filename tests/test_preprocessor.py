@@ -67,7 +67,7 @@ EXPECTED_TYPES = {
 def fitted(host):
     """The features, their identified parameters, and the preprocessor's output on them."""
     data = horizon_features()
-    config = NormalizationConfig()
+    config = NormalizationConfig(quantiles=True)
     parameters = {feature: identify(values, config, feature)[0] for feature, values in data.items()}
     preprocessor = build_preprocessor(list(data), parameters, MAX_FEATURE_VALUE, host)
     x = np.stack(list(data.values()), axis=1).astype(np.float32)

@@ -102,7 +102,7 @@ class LocalTimeline(TimelineTransform):
         builder = _TimelineRows(
             _in_episode_order(table, order, action_type),
             action_type,
-            config.n_step,
+            config.window,
             episodes,
             reward[order],
             sorted_actions,
@@ -119,6 +119,7 @@ class LocalTimeline(TimelineTransform):
             dropped=dropped,
             rejected={str(kind): int(count) for kind, count in zip(kinds, counts, strict=True)},
             examples=examples,
+            n_step=config.window,
         )
 
     def _reward(self, table: pa.Table, rejections: _Rejections) -> np.ndarray:

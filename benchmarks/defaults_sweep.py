@@ -1,0 +1,354 @@
+"""Which trainer and normalization defaults learn offline: a sweep over logged datasets.
+
+    .venv/bin/python benchmarks/defaults_sweep.py                       # everything (long)
+    .venv/bin/python benchmarks/defaults_sweep.py --datasets cartpole acrobot \\
+        --settings old chosen --seeds 0 1 2                              # a subset, minutes
+    .venv/bin/python benchmarks/defaults_sweep.py --list                # datasets and settings
+
+Each run goes through the real pipeline (``Engine().run``): the logged rows, the timeline, the
+normalization, the trainer and the ONNX export; the exported ``model.onnx`` then plays the
+dataset's environment greedily, run by onnxruntime on raw observations, over fixed episode
+seeds. The table gives each dataset x setting's mean return over the seeds and every seed's.
+
+The datasets: uniformly random play in CartPole-v1 (1,370 episodes, about 30k transitions),
+Acrobot-v1 (60 episodes, about 30k) and LunarLander-v3 (300 episodes, about 27k; needs
+``pip install "gymnasium[box2d]"``, skipped without it), collected once per seed by the gym
+source, and Horizon's own discrete and parametric CartPole rows
+(``reference-data/reagent/{discrete_action,parametric_action}``, or
+``$HORIZON_REFERENCE_DATA``). Those are timeline rows already, which hold no n-step windows:
+there a setting's ``n_step`` is 1, as the default trainer then does by itself.
+
+Settings name their options explicitly, so a row of the table means the same whatever the
+defaults are; ``defaults`` alone names only the trainer's kind. One thread per run
+(``torch.set_num_threads(1)``, as the learning tests), ``--jobs`` runs in parallel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REFERENCE = Path(
+    os.environ.get("HORIZON_REFERENCE_DATA")
+    or Path(__file__).resolve().parents[2] / "shared" / "reference-data"
+)
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Logged rows to learn from and the environment the learned policy is played in."""
+
+    env: str
+    actions: list[str] | None
+    """Discrete action names; None for Horizon's parametric rows."""
+    episodes: int = 0
+    """Random episodes the gym source logs; 0 for a file of Horizon's rows."""
+    path: Path | None = None
+    parametric: bool = False
+    eval_episodes: int = 20
+    cut_as_terminal: bool = False
+    """A control: log time-limit truncations as ends of the task (no ``truncated`` field), as
+    the gym source did before it marked them."""
+
+    @property
+    def timeline_rows(self) -> bool:
+        """Horizon's rows went through its Timeline job: no n-step windows can be built."""
+        return self.path is not None
+
+
+DATASETS = {
+    "cartpole": Dataset("CartPole-v1", ["0", "1"], episodes=1370),
+    "acrobot": Dataset("Acrobot-v1", ["0", "1", "2"], episodes=60, eval_episodes=10),
+    "acrobot_cut_as_terminal": Dataset(
+        "Acrobot-v1", ["0", "1", "2"], episodes=60, eval_episodes=10, cut_as_terminal=True
+    ),
+    "lunarlander": Dataset("LunarLander-v3", ["0", "1", "2", "3"], episodes=300),
+    "horizon_discrete": Dataset(
+        "CartPole-v1",
+        ["0", "1"],
+        path=REFERENCE / "reagent" / "discrete_action" / "cartpole_training.json.bz2",
+    ),
+    "horizon_parametric": Dataset(
+        "CartPole-v1",
+        None,
+        path=REFERENCE / "reagent" / "parametric_action" / "cartpole_training.json.bz2",
+        parametric=True,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A candidate: the ``[trainer]`` options and the ``[normalization]`` section.
+
+    ``n_step`` goes to the trainer and the timeline alike (1 on timeline rows)."""
+
+    trainer: dict[str, Any] = field(default_factory=dict)
+    normalization: dict[str, Any] = field(default_factory=dict)
+    n_step: int | None = None
+
+
+OLD = {"quantiles": True}
+CONTINUOUS = {"quantiles": False}
+SHORT = {"minibatch_size": 1024, "epochs": 20}
+BATCH_256 = {"minibatch_size": 256, "epochs": 20}
+
+SETTINGS = {
+    "defaults": Setting(),
+    "old": Setting({"cql_alpha": 0.0, **SHORT}, OLD, n_step=1),
+    "quantiles_off": Setting({"cql_alpha": 0.0, **SHORT}, CONTINUOUS, n_step=1),
+    "b256": Setting({"cql_alpha": 0.0, **BATCH_256}, CONTINUOUS, n_step=1),
+    "b256_quantiles": Setting({"cql_alpha": 0.0, **BATCH_256}, OLD, n_step=1),
+    "n3": Setting({"cql_alpha": 0.0, **BATCH_256}, CONTINUOUS, n_step=3),
+    "cql": Setting({"cql_alpha": 1.0, **BATCH_256}, CONTINUOUS, n_step=1),
+    "n3_cql": Setting({"cql_alpha": 1.0, **BATCH_256}, CONTINUOUS, n_step=3),
+    "n3_cql_quantiles": Setting({"cql_alpha": 1.0, **BATCH_256}, OLD, n_step=3),
+    "n3_cql_e60": Setting(
+        {"cql_alpha": 1.0, "minibatch_size": 256, "epochs": 60}, CONTINUOUS, n_step=3
+    ),
+    "n3_cql_lr3e-4": Setting(
+        {"cql_alpha": 1.0, "learning_rate": 3e-4, **BATCH_256}, CONTINUOUS, n_step=3
+    ),
+    "n3_cql_tau0.005": Setting(
+        {"cql_alpha": 1.0, "target_update_rate": 0.005, **BATCH_256}, CONTINUOUS, n_step=3
+    ),
+    "n3_cql0.5": Setting({"cql_alpha": 0.5, **BATCH_256}, CONTINUOUS, n_step=3),
+    "n3_tau0.05": Setting(
+        {"cql_alpha": 0.0, "target_update_rate": 0.05, **BATCH_256}, CONTINUOUS, n_step=3
+    ),
+    "n3_cql0.5_tau0.05": Setting(
+        {"cql_alpha": 0.5, "target_update_rate": 0.05, **BATCH_256}, CONTINUOUS, n_step=3
+    ),
+    "n3_lr3e-3": Setting(
+        {"cql_alpha": 0.0, "learning_rate": 3e-3, **BATCH_256}, CONTINUOUS, n_step=3
+    ),
+    "n3_cql0.5_tau0.05_e60": Setting(
+        {"cql_alpha": 0.5, "target_update_rate": 0.05, "minibatch_size": 256, "epochs": 60},
+        CONTINUOUS,
+        n_step=3,
+    ),
+    "n10_cql0.5_tau0.05": Setting(
+        {"cql_alpha": 0.5, "target_update_rate": 0.05, **BATCH_256}, CONTINUOUS, n_step=10
+    ),
+    "e150": Setting({"minibatch_size": 256, "epochs": 150}),
+    "e150_plain": Setting(
+        {"cql_alpha": 0.0, "minibatch_size": 256, "epochs": 150}, CONTINUOUS, n_step=1
+    ),
+    "n3_e60_tau0.05": Setting(
+        {"cql_alpha": 0.0, "target_update_rate": 0.05, "minibatch_size": 256, "epochs": 60},
+        CONTINUOUS,
+        n_step=3,
+    ),
+}
+
+
+def pipeline_config(
+    dataset: Dataset, setting: Setting, rows: Path, seed: int, output: Path
+) -> dict[str, Any]:
+    """The pipeline of one run, as a user would write it in pipeline.toml."""
+    timeline: dict[str, Any] = {"eval_fraction": 0.1}
+    if dataset.actions is not None:
+        timeline["actions"] = dataset.actions
+    trainer = {"kind": "parametric_dqn" if dataset.parametric else "dqn", **setting.trainer}
+    if setting.n_step is not None:
+        n_step = 1 if dataset.timeline_rows else setting.n_step
+        timeline["n_step"] = trainer["n_step"] = n_step
+    return {
+        "pipeline": {"output_dir": str(output), "seed": seed},
+        "source": {"kind": "jsonl", "path": str(rows)},
+        "timeline": timeline,
+        "normalization": dict(setting.normalization),
+        "trainer": trainer,
+        "export": {"kind": "onnx"},
+    }
+
+
+def logged_rows(name: str, dataset: Dataset, seed: int, folder: Path) -> Path:
+    """The dataset's rows as a file: Horizon's, or random play logged once per seed."""
+    if dataset.path is not None:
+        return dataset.path
+    path = folder / f"{name}-seed{seed}.jsonl"
+    if not path.exists():
+        from horizon_engine.builtin.gym_source import GymSourceConfig, collect_rows
+
+        source = GymSourceConfig(env=dataset.env, episodes=dataset.episodes, ds="2019-01-01")
+        partial = path.with_suffix(".partial")
+        with partial.open("w", encoding="utf-8") as handle:
+            for _, row in collect_rows(source, seed):
+                if dataset.cut_as_terminal:
+                    row.pop("truncated", None)
+                handle.write(json.dumps(row) + "\n")
+        partial.rename(path)
+    return path
+
+
+def greedy_returns(model: Path, env_id: str, episodes: int) -> list[float]:
+    """Returns of the exported model's ``action`` over episodes of seeds 1000, 1001, ...
+
+    A parametric model is offered every action as one-hot candidates, in the order of its
+    ``action_feature_ids`` (the gym source's and Horizon's one-hot actions)."""
+    import gymnasium
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    candidates: dict[str, np.ndarray] = {}
+    if "candidates" in [model_input.name for model_input in session.get_inputs()]:
+        ids = json.loads(session.get_modelmeta().custom_metadata_map["action_feature_ids"])
+        offered = np.eye(len(ids), dtype=np.float32)[None]
+        candidates = {
+            "candidates": offered,
+            "candidate_presence": offered,
+            "candidate_mask": np.ones(offered.shape[:2], dtype=np.float32),
+        }
+    env = gymnasium.make(env_id)
+    returns = []
+    try:
+        for episode in range(episodes):
+            observation, _ = env.reset(seed=1000 + episode)
+            total, done = 0.0, False
+            while not done:
+                features = np.asarray(observation, dtype=np.float32).reshape(1, -1)
+                inputs = {"features": features, "presence": np.ones_like(features), **candidates}
+                action = session.run(["action"], inputs)[0]
+                observation, reward, terminated, truncated, _ = env.step(int(action[0]))
+                total += float(reward)
+                done = terminated or truncated
+            returns.append(total)
+    finally:
+        env.close()
+    return returns
+
+
+@dataclass(frozen=True)
+class Result:
+    dataset: str
+    setting: str
+    seed: int
+    mean_return: float | None
+    mean_q: float | None
+    error: str | None = None
+
+
+def run_one(dataset_name: str, setting_name: str, seed: int, folder: str) -> Result:
+    """One pipeline run and the greedy play of its export (in a worker process)."""
+    import torch
+
+    from horizon_engine.errors import HorizonError
+    from horizon_engine.pipeline import Engine
+
+    torch.set_num_threads(1)
+    dataset, setting = DATASETS[dataset_name], SETTINGS[setting_name]
+    rows = logged_rows(dataset_name, dataset, seed, Path(folder))
+    output = Path(folder) / f"{dataset_name}-{setting_name}-seed{seed}"
+    shutil.rmtree(output, ignore_errors=True)  # the sweep's own run of an earlier sweep
+    config = pipeline_config(dataset, setting, rows, seed, output)
+    try:
+        manifest = Engine(show_progress=False).run(config)
+    except HorizonError as exc:
+        return Result(dataset_name, setting_name, seed, None, None, str(exc).splitlines()[0])
+    returns = greedy_returns(output / "model.onnx", dataset.env, dataset.eval_episodes)
+    return Result(dataset_name, setting_name, seed, float(np.mean(returns)), mean_q(manifest))
+
+
+def mean_q(manifest: dict[str, Any]) -> float | None:
+    """The eval split's mean Q over actions after the last epoch, where the trainer reports it."""
+    last = manifest["stages"]["train"]["details"]["last_epoch"]
+    values = [value for name, value in last.items() if name.startswith("Evaluation/mean_q")]
+    return float(np.mean(values)) if values else None
+
+
+def table(results: Iterable[Result], datasets: list[str], settings: list[str]) -> str:
+    """Markdown: dataset x setting, mean return over seeds and each seed's."""
+    by_key: dict[tuple[str, str], list[Result]] = {}
+    for result in results:
+        by_key.setdefault((result.dataset, result.setting), []).append(result)
+    lines = [
+        "| dataset | setting | mean return | per seed | mean Q |",
+        "|---|---|---:|---|---:|",
+    ]
+    for dataset in datasets:
+        for setting in settings:
+            runs = sorted(by_key.get((dataset, setting), []), key=lambda r: r.seed)
+            if not runs:
+                continue
+            scores = [r.mean_return for r in runs if r.mean_return is not None]
+            errors = [r.error for r in runs if r.error]
+            qs = [r.mean_q for r in runs if r.mean_q is not None]
+            mean = f"{statistics.fmean(scores):.1f}" if scores else "failed"
+            per_seed = ", ".join(
+                f"{r.mean_return:.1f}" if r.mean_return is not None else "error" for r in runs
+            )
+            q = f"{statistics.fmean(qs):.1f}" if qs else ""
+            note = f" ({errors[0]})" if errors else ""
+            lines.append(f"| {dataset} | {setting} | {mean} | {per_seed}{note} | {q} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--jobs", type=int, default=1, help="runs in parallel, one thread each")
+    parser.add_argument("--workdir", type=Path, help="keep rows and runs here (default: temp)")
+    parser.add_argument("--json", type=Path, help="also write every run's result here")
+    parser.add_argument("--list", action="store_true", help="list datasets and settings")
+    args = parser.parse_args(argv)
+    if args.list:
+        for name, dataset in DATASETS.items():
+            print(f"dataset {name}: {dataset}")
+        for name, setting in SETTINGS.items():
+            print(f"setting {name}: {setting}")
+        return 0
+    datasets = [name for name in args.datasets if _available(name)]
+    with tempfile.TemporaryDirectory() as temporary:
+        folder = args.workdir or Path(temporary)
+        folder.mkdir(parents=True, exist_ok=True)
+        # Rows first, once per dataset and seed, so parallel runs never log the same rows twice.
+        for name in datasets:
+            for seed in args.seeds:
+                logged_rows(name, DATASETS[name], seed, folder)
+        jobs = [
+            (dataset, setting, seed, str(folder))
+            for dataset in datasets
+            for setting in args.settings
+            for seed in args.seeds
+        ]
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            results = list(pool.map(run_one, *zip(*jobs, strict=True)))
+    if args.json:
+        args.json.write_text(json.dumps([r.__dict__ for r in results], indent=1) + "\n")
+    print(table(results, datasets, args.settings))
+    return 0
+
+
+def _available(name: str) -> bool:
+    """Whether a dataset can run here: its file exists, its environment can be made."""
+    dataset = DATASETS[name]
+    if dataset.path is not None and not dataset.path.is_file():
+        print(f"skipping {name}: no {dataset.path}", file=sys.stderr)
+        return False
+    import gymnasium
+
+    try:
+        gymnasium.make(dataset.env).close()
+    except (gymnasium.error.Error, ImportError) as exc:
+        print(f"skipping {name}: {exc}", file=sys.stderr)
+        return False
+    return True
+
+
+if __name__ == "__main__":
+    sys.exit(main())
