@@ -488,7 +488,13 @@ def test_constant_reward_learns_q_of_twenty():
     generator = torch.Generator().manual_seed(0)
     data = tensors(2048, 4, generator)
     dqn = DqnTrainer(
-        DqnConfig(gamma=0.95, layers=[32, 32], learning_rate=0.01, target_update_rate=0.2)
+        DqnConfig(
+            gamma=0.95,
+            layers=[32, 32],
+            learning_rate=0.01,
+            target_update_rate=0.2,
+            cql_alpha=0.0,  # Horizon's test is of plain Q-learning
+        )
     )
     dqn.setup(problem(features=4, actions=["a", "b"]))
     for _ in range(30):
