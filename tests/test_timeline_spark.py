@@ -169,6 +169,7 @@ def test_rejected_rows_are_quarantined_with_their_reasons_as_json_lines(tmp_path
         "reward": 1.0,
         "metrics": None,
         "possible_actions": None,
+        "truncated": None,
     }
 
 
