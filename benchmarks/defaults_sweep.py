@@ -1,8 +1,8 @@
 """Which trainer and normalization defaults learn offline: a sweep over logged datasets.
 
-    .venv/bin/python benchmarks/defaults_sweep.py                       # everything (long)
-    .venv/bin/python benchmarks/defaults_sweep.py --datasets cartpole acrobot \\
-        --settings old chosen --seeds 0 1 2                              # a subset, minutes
+    .venv/bin/python benchmarks/defaults_sweep.py                # everything: hours on 2 cores
+    .venv/bin/python benchmarks/defaults_sweep.py --datasets cartpole horizon_discrete \\
+        --settings old n3_cql defaults --seeds 0 1 2 --jobs 2     # a subset, minutes
     .venv/bin/python benchmarks/defaults_sweep.py --list                # datasets and settings
 
 Each run goes through the real pipeline (``Engine().run``): the logged rows, the timeline, the
@@ -142,7 +142,15 @@ SETTINGS = {
     "n10_cql0.5_tau0.05": Setting(
         {"cql_alpha": 0.5, "target_update_rate": 0.05, **BATCH_256}, CONTINUOUS, n_step=10
     ),
-    "e150": Setting({"minibatch_size": 256, "epochs": 150}),
+    # Longer training, for Acrobot: about 16,000 updates.
+    "e150": Setting({"cql_alpha": 1.0, "minibatch_size": 256, "epochs": 150}, CONTINUOUS, n_step=3),
+    "e150_n3": Setting(
+        {"cql_alpha": 0.0, "minibatch_size": 256, "epochs": 150}, CONTINUOUS, n_step=3
+    ),
+    "e150_n3_cql0.1": Setting(
+        {"cql_alpha": 0.1, "minibatch_size": 256, "epochs": 150}, CONTINUOUS, n_step=3
+    ),
+    "n3_cql0.1": Setting({"cql_alpha": 0.1, **BATCH_256}, CONTINUOUS, n_step=3),
     "e150_plain": Setting(
         {"cql_alpha": 0.0, "minibatch_size": 256, "epochs": 150}, CONTINUOUS, n_step=1
     ),
