@@ -322,7 +322,7 @@ def run_timeline_stage(run: RunContext, choice: Choice) -> StageReport:
         info = TimelineInfo(
             layout.action_type.value,
             actions,
-            config.n_step,
+            result.n_step if result.n_step is not None else config.window,
             engine,
             result.train_rows,
             result.eval_rows,

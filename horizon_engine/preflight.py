@@ -34,11 +34,13 @@ def preflight_problems(spec: PipelineSpec, stages: list[str]) -> list[str]:
         for problem in spec.sections["source"].create().problems():
             problems.append(f"{spec.where('source', 'path')}: {problem}")
     if "trainer" in spec.sections and ({"train", "export"} & set(stages)):
-        problems += _trainer_problems(spec, output_dir, "train" in stages)
+        problems += _trainer_problems(spec, output_dir, "train" in stages, "timeline" in stages)
     return problems
 
 
-def _trainer_problems(spec: PipelineSpec, output_dir: Path, training: bool) -> list[str]:
+def _trainer_problems(
+    spec: PipelineSpec, output_dir: Path, training: bool, rebuilding: bool
+) -> list[str]:
     config = spec.sections["trainer"].config
     problems = []
     device = getattr(config, "device", "auto")
@@ -55,22 +57,30 @@ def _trainer_problems(spec: PipelineSpec, output_dir: Path, training: bool) -> l
             f"{warm_start!r} {found}; it names the output folder of an earlier run"
         )
     n_step = getattr(config, "n_step", None)
-    timeline_n_step, origin = _timeline_n_step(spec, output_dir)
+    timeline_n_step, origin = _timeline_n_step(spec, output_dir, rebuilding)
     known = training and isinstance(n_step, int) and timeline_n_step is not None
     if known and n_step > 1 and n_step != timeline_n_step:
         problems.append(
             f"{spec.where('trainer', 'n_step')}: [trainer] n_step = {n_step}, but "
-            f"{origin} has n_step = {timeline_n_step}; set both to the same value"
+            f"{origin} builds n_step = {timeline_n_step}; set both to the same value (or leave "
+            "the trainer's out: it follows the timeline)"
         )
     return problems
 
 
-def _timeline_n_step(spec: PipelineSpec, output_dir: Path) -> tuple[int | None, str]:
-    """The timeline's n_step: from ``[timeline]`` when configured, else from the timeline an
-    earlier run wrote (None when neither says)."""
+def _timeline_n_step(
+    spec: PipelineSpec, output_dir: Path, rebuilding: bool
+) -> tuple[int | None, str]:
+    """The timeline's n-step window: ``[timeline] n_step`` when set, else (the timeline not
+    being built again) what the timeline on disk records; None when neither says. An unset
+    ``n_step`` builds 3-step windows from logged decisions but none from Horizon's timeline
+    rows, so until the timeline is built the trainer's own check has the last word."""
     if "timeline" in spec.sections:
         n_step = getattr(spec.sections["timeline"].config, "n_step", None)
-        return n_step, f"[timeline] ({spec.where('timeline', 'n_step')})"
+        if n_step is not None:
+            return n_step, f"[timeline] ({spec.where('timeline', 'n_step')})"
+    if rebuilding:
+        return None, ""
     info = output_dir / TIMELINE_INFO
     try:
         return int(json.loads(info.read_text(encoding="utf-8"))["n_step"]), str(info)

@@ -466,9 +466,12 @@ def test_truncation_by_max_steps_is_not_terminal(tmp_path, recorder_host):
     rows_file = tmp_path / "rows.jsonl"
     result = train_gym(load_gym_spec(config, recorder_host), recorder_host, rows=rows_file)
     lengths = defaultdict(int)
-    for line in rows_file.read_text().splitlines():
-        lengths[json.loads(line)["mdp_id"]] += 1
+    played = [json.loads(line) for line in rows_file.read_text().splitlines()]
+    for row in played:
+        lengths[row["mdp_id"]] += 1
     assert list(lengths.values()) == [5] * 10 and result.steps == 50
+    # The -f rows say so too: each episode's last row, and only it, is marked truncated.
+    assert [row.get("truncated", False) for row in played] == [step % 5 == 4 for step in range(50)]
     batches = recorder_host.pm.get_plugin("recorder").BATCHES
     assert all(batch["not_terminal"].all() for batch in batches)
     assert all((batch["next_action"] >= 0).all() for batch in batches)
@@ -727,3 +730,16 @@ def test_online_parametric_dqn_with_one_hot_actions(tmp_path):
     print(f"online parametric CartPole: {result.episodes} episodes, onnx {score:.1f}")
     assert result.reached and result.episodes <= 300
     assert score >= 150
+
+
+def test_a_run_the_score_bar_stops_mid_episode_marks_its_last_row_truncated(
+    tmp_path, recorder_host
+):
+    """Stopped by the bar at step 23, the episode then under way did not end: its last -f row
+    is a truncation, so a timeline built from the rows makes no terminal row of it."""
+    config = recorder_config(tmp_path / "run", score_bar=1.0, test_every_ts=23)
+    rows_file = tmp_path / "rows.jsonl"
+    result = train_gym(load_gym_spec(config, recorder_host), recorder_host, rows=rows_file)
+    played = [json.loads(line) for line in rows_file.read_text().splitlines()]
+    assert result.steps == len(played) == 23
+    assert [index for index, row in enumerate(played) if row.get("truncated")] == [22]

@@ -69,8 +69,8 @@ def test_a_trainer_n_step_the_timeline_does_not_build_is_found_before_running(tm
     with pytest.raises(ConfigError) as caught:
         Engine(show_progress=False).validate(pipeline)
     assert str(caught.value) == (
-        f"{pipeline}:16: [trainer] n_step = 3, but [timeline] ({pipeline}:10) has n_step = 1; "
-        "set both to the same value"
+        f"{pipeline}:16: [trainer] n_step = 3, but [timeline] ({pipeline}:10) builds n_step = 1; "
+        "set both to the same value (or leave the trainer's out: it follows the timeline)"
     )
 
 
@@ -84,5 +84,5 @@ def test_the_n_step_of_a_timeline_on_disk_counts_when_only_training(tmp_path, ro
         "normalization": {},
         "trainer": {"kind": "dqn", "n_step": 2},
     }
-    with pytest.raises(ConfigError, match=f"n_step = 2, but {info} has n_step = 1"):
+    with pytest.raises(ConfigError, match=f"n_step = 2, but {info} builds n_step = 1"):
         Engine(show_progress=False).run(config, stages=["train"])

@@ -68,6 +68,7 @@ def test_horizons_discrete_timeline_rows_need_no_action_names(engine, tmp_path):
     assert manifest["stages"]["timeline"]["details"]["actions"] == ["0", "1"]
     info = json.loads((tmp_path / "run" / "timeline" / "timeline.json").read_text())
     assert info["actions"] == ["0", "1"]
+    assert info["n_step"] == 1  # timeline rows hold no n-step windows
     assert manifest["stages"]["train"]["rows_in"] > 0
     config["timeline"] = {"actions": ["left", "right", "stay"]}
     with pytest.raises(ConfigError, match="names 3 actions, but the rows' possible_actions"):
@@ -104,6 +105,9 @@ def test_a_reward_weight_for_a_metric_some_rows_lack_is_a_warning(engine, tmp_pa
     rows = write_rows(tmp_path / "rows.jsonl", metrics=metrics)
     config = jsonl_pipeline(rows, tmp_path / "run", actions=["0", "1"], reward={"clicks": 1.0})
     manifest = engine.run(config)
+    # The window built by default, recorded for the trainer (and preflight) to follow.
+    info = json.loads((tmp_path / "run" / "timeline" / "timeline.json").read_text())
+    assert info["n_step"] == 3
     assert manifest["stages"]["timeline"]["warnings"] == [
         "reward weight 'clicks': 8 of 20 rows carry no 'clicks' metric; it counts as 0 there"
     ]

@@ -256,12 +256,10 @@ class OnlineRun:
             self.steps += 1
             ended = terminated or truncated or step == config.max_steps
             self.buffer.add(state, action, probability, reward, next_state, terminated, ended)
-            if rows is not None:
-                logged, possible = self._logged(action)
-                row = pre_timeline_row(
-                    ds, episode - 1, step - 1, state, logged, probability, reward, possible
-                )
-                rows.write(json.dumps(row) + "\n")
+            logged, possible = self._logged(action)
+            row = pre_timeline_row(
+                ds, episode - 1, step - 1, state, logged, probability, reward, possible
+            )
             if self.trainer is None and self.steps == config.train_after_ts:
                 self._set_up()
             if not terminated:
@@ -270,10 +268,18 @@ class OnlineRun:
                 # truncation it is drawn for SARSA's sake but not played.
                 action, probability = self._choose(next_state)
                 self.buffer.set_next_action(action)
+            reached = False
             if self.trainer is not None:
                 self._train()
-                if self.steps % config.test_every_ts == 0 and self._evaluate(episode):
-                    return True
+                reached = self.steps % config.test_every_ts == 0 and self._evaluate(episode)
+            if rows is not None:
+                # An episode cut by a time limit, or stopped here by the score bar, did not
+                # end: its last row says so, and the timeline makes no terminal row of it.
+                if not terminated and (ended or reached):
+                    row["truncated"] = True
+                rows.write(json.dumps(row) + "\n")
+            if reached:
+                return True
             if ended:
                 return False
             state = next_state
