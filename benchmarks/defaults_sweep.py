@@ -154,6 +154,12 @@ SETTINGS = {
     "e150_plain": Setting(
         {"cql_alpha": 0.0, "minibatch_size": 256, "epochs": 150}, CONTINUOUS, n_step=1
     ),
+    "e150_cql0.1": Setting(
+        {"cql_alpha": 0.1, "minibatch_size": 256, "epochs": 150}, CONTINUOUS, n_step=1
+    ),
+    "e150_cql0.3": Setting(
+        {"cql_alpha": 0.3, "minibatch_size": 256, "epochs": 150}, CONTINUOUS, n_step=1
+    ),
     "n3_e60_tau0.05": Setting(
         {"cql_alpha": 0.0, "target_update_rate": 0.05, "minibatch_size": 256, "epochs": 60},
         CONTINUOUS,
