@@ -206,12 +206,16 @@ def take_over(
     if present and not overwrite:
         shown = ", ".join(present[:6]) + (f" and {len(present) - 6} more" * (len(present) > 6))
         raise HorizonError(
-            f"{folder} holds the outputs of {earlier.describe()}: {shown}. Run with "
+            f"{folder} holds the outputs of an earlier run ({earlier.describe()} last wrote "
+            f"{MANIFEST}): {shown}. Run with "
             "--overwrite to replace them (files Horizon did not write are kept), use --stages "
             "to continue that run, or choose another output_dir"
         )
     for path in present:
         remove_path(folder / path)
     if present:
-        notes.append(f"replaced the outputs of {earlier.describe()} (--overwrite)")
+        notes.append(
+            f"--overwrite: replaced the outputs of an earlier run ({earlier.describe()} last "
+            f"wrote {MANIFEST})"
+        )
     return notes

@@ -34,12 +34,12 @@ def test_a_new_run_refuses_a_folder_holding_another_runs_outputs(engine, tmp_pat
     (run / "source" / "my_logs.jsonl").write_text("{}\n")
     with pytest.raises(HorizonError, match="--overwrite") as refused:
         engine.run(pipeline(run))
-    assert f"outputs of run {first['run_id']}" in str(refused.value)
+    assert f"outputs of an earlier run (run {first['run_id']} (started" in str(refused.value)
     assert manifest_of(run)["run_id"] == first["run_id"]
     second = engine.run(pipeline(run), overwrite=True)
     assert second["warnings"] == [
-        f"replaced the outputs of run {first['run_id']} (started {first['started_at']}) "
-        "(--overwrite)"
+        f"--overwrite: replaced the outputs of an earlier run (run {first['run_id']} (started "
+        f"{first['started_at']}) last wrote manifest.json)"
     ]
     assert (run / "notes.txt").read_text() == "mine"
     assert (run / "source" / "my_logs.jsonl").read_text() == "{}\n"
@@ -208,7 +208,7 @@ def test_horizon_run_refuses_names_overwrite_and_shows_carried_stages(tmp_path):
     )
     replaced = runner.invoke(main, ["run", str(pipeline_file), "--overwrite"])
     assert replaced.exit_code == 0, replaced.output
-    assert "warning: replaced the outputs of run" in replaced.output
+    assert "warning: --overwrite: replaced the outputs of an earlier run" in replaced.output
     assert "not run" not in replaced.output
 
 
