@@ -25,7 +25,8 @@ ACTIONS = ["left", "right", "stay"]
 
 
 def generated_rows(path: Path) -> None:
-    """Episodes of 1 to 60 rows, sequence numbers with gaps, shuffled, as JSON-free Parquet."""
+    """Episodes of 1 to 60 rows, sequence numbers with gaps, shuffled, as JSON-free Parquet;
+    every fourth episode was cut by a time limit (``truncated`` on its last row)."""
     rng = np.random.default_rng(7)
     lengths = rng.integers(1, 61, size=ROWS)
     lengths = lengths[: np.searchsorted(np.cumsum(lengths), ROWS) + 1]
@@ -51,6 +52,8 @@ def generated_rows(path: Path) -> None:
     action = [
         rng.choice(ACTIONS) if choices is None else rng.choice(choices) for choices in possible
     ]
+    last = step_in_episode == lengths[episode] - 1
+    truncated = np.where(last & (episode % 4 == 0), True, None)
     layout = RowLayout(RowFormat.PRE_TIMELINE, ActionType.DISCRETE)
     table = pa.Table.from_arrays(
         [
@@ -63,6 +66,7 @@ def generated_rows(path: Path) -> None:
             pa.array(rng.normal(size=ROWS)),
             metrics,
             pa.array(possible, pa.list_(pa.string())),
+            pa.array(truncated, pa.bool_()),
         ],
         schema=layout.schema,
     )
@@ -102,6 +106,6 @@ def test_local_and_spark_build_the_same_table(tmp_path, spark):
         assert on_spark[split].equals(local[split]), split
     local_stage, spark_stage = local["manifest"], on_spark["manifest"]
     assert spark_stage["dropped"] == local_stage["dropped"]
-    assert set(local_stage["dropped"]) == {"outlier_episode", "time_window"}
+    assert set(local_stage["dropped"]) == {"outlier_episode", "time_window", "truncated"}
     for key in ("train_rows", "eval_rows", "train_episodes", "eval_episodes"):
         assert spark_stage["details"][key] == local_stage["details"][key], key
