@@ -323,22 +323,5 @@ def gym_train(
     plugins = _plugin_host()
     spec = load_gym_spec(gym_toml, plugins, settings)
     result = train_gym(spec, plugins, rows, reward_history, sys.stdout.isatty())
-    click.echo(
-        f"{result.env}: {result.episodes} episodes, {result.steps} steps, "
-        f"{result.updates} updates, {len(result.evaluations)} evaluations, {result.seconds:.1f} s"
-    )
-    best, last = result.best, result.last
-    if best is not None and last is not None:
-        click.echo(
-            f"mean return over {spec.gym.avg_over_num_episodes} greedy episodes: "
-            f"best {best.mean_return:.1f} (step {best.timestep}, episode {best.episode}), "
-            f"last {last.mean_return:.1f} (step {last.timestep}, episode {last.episode})"
-        )
-    if result.score_bar is not None:
-        verdict = "reached" if result.reached else "not reached"
-        click.echo(f"score bar {result.score_bar:g}: {verdict}")
-    for warning in result.warnings:
-        click.echo(f"  warning: {warning}")
-    for path in (*(result.output_dir / output for output in result.outputs), rows, reward_history):
-        if path is not None:
-            click.echo(f"wrote {path}")
+    for line in result.report(spec.gym.avg_over_num_episodes, (rows, reward_history)):
+        click.echo(line)
