@@ -61,10 +61,6 @@ class EarlierRun:
             for path in report.get("outputs", [])
         }
 
-    def stage_outputs(self, stage: str) -> list[str]:
-        report = self.stages.get(stage)
-        return list(report.get("outputs", [])) if isinstance(report, dict) else []
-
     @property
     def running_stage(self) -> str | None:
         return self.manifest.get("running_stage")
