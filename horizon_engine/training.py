@@ -128,16 +128,29 @@ def save_checkpoint(folder: Path, epoch: int, state: dict[str, Any]) -> Path:
 
 def load_checkpoint(run_folder: Path, purpose: str = "warm start") -> dict[str, Any]:
     """The latest checkpoint of a run: an earlier one for a warm start, or this one for an
-    export (``purpose`` = "export"), named in the error when there is none."""
+    export (``purpose`` = "export"), named in the error when there is none.
+
+    Checkpoints hold tensors and plain data only, and are read with ``weights_only``: a file
+    from elsewhere (``warm_start_from`` may name any folder) is data, never code to run.
+    """
+    import pickle
+
     import torch
 
     path = Path(run_folder) / CHECKPOINTS / "latest.pt"
+    where = f"[trainer] warm_start_from = {str(run_folder)!r}"
+    if purpose != "warm start":
+        where = f"{purpose} of {run_folder}"
     if not path.is_file():
-        where = f"[trainer] warm_start_from = {str(run_folder)!r}"
-        if purpose != "warm start":
-            where = f"{purpose} of {run_folder}"
         raise HorizonError(f"{where}: no checkpoint at {path}")
-    return torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise HorizonError(
+            f"{where}: {path} holds more than tensors and plain data, and is not loaded "
+            f"(it could run code): {reason}"
+        ) from None
 
 
 @dataclass

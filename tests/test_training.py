@@ -11,6 +11,7 @@ import torch
 
 from horizon_engine.errors import HorizonError
 from horizon_engine.pipeline import Engine
+from horizon_engine.training import load_checkpoint
 
 
 def pipeline(output: Path, **trainer: object) -> dict:
@@ -127,3 +128,19 @@ def test_tensorboard_event_files_hold_every_epochs_metrics(trainer_host, tmp_pat
     assert [step for step, _ in written["Training/loss"]] == [1, 2, 3]
     last = manifest["stages"]["train"]["details"]["last_epoch"]
     assert written["Evaluation/mc_loss"][-1][1] == pytest.approx(last["Evaluation/mc_loss"])
+
+
+class _RunsCodeWhenLoaded:
+    """Unpickling this calls ``print``: a checkpoint holding it would run code when loaded."""
+
+    def __reduce__(self):
+        return (print, ("a checkpoint ran code",))
+
+
+def test_a_checkpoint_holding_code_is_refused_not_run(tmp_path, capsys):
+    folder = tmp_path / "elsewhere" / "checkpoints"
+    folder.mkdir(parents=True)
+    torch.save({"epoch": 1, "trainer": _RunsCodeWhenLoaded()}, folder / "latest.pt")
+    with pytest.raises(HorizonError, match="holds more than tensors and plain data"):
+        load_checkpoint(tmp_path / "elsewhere")
+    assert "a checkpoint ran code" not in capsys.readouterr().out
