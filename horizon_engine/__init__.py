@@ -23,10 +23,11 @@ from horizon_engine.errors import HorizonError
 from horizon_engine.hookspecs import hookimpl
 from horizon_engine.normalization import NormalizationParameters
 from horizon_engine.preprocessor import FeatureTransform, feature_module
+from horizon_engine.run_context import RunContext, StageReport
 from horizon_engine.training import TrainerBase, TrainerConfig, TrainingProblem
 
 if TYPE_CHECKING:
-    from horizon_engine.pipeline import Engine, RunContext, StageReport, run_pipeline
+    from horizon_engine.pipeline import Engine, run_pipeline
 
 __version__ = "0.1.0"
 
@@ -54,7 +55,7 @@ __all__ = [
     "run_pipeline",
 ]
 
-_LAZY = {"Engine", "RunContext", "StageReport", "run_pipeline"}
+_LAZY = {"Engine", "run_pipeline"}
 
 
 def __getattr__(name: str) -> Any:

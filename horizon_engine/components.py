@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from horizon_engine.pipeline import RunContext
+    from horizon_engine.run_context import RunContext
     from horizon_engine.schema import BadRow, RowLayout
 
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import torch
 
     from horizon_engine.config import Choice
-    from horizon_engine.pipeline import RunContext
+    from horizon_engine.run_context import RunContext
 
 VERIFY_ROWS = 1024
 """Eval rows an exported model is checked on (all of them when there are fewer)."""

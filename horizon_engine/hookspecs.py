@@ -18,7 +18,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from horizon_engine.components import Component
-    from horizon_engine.pipeline import RunContext, StageReport
+    from horizon_engine.run_context import RunContext, StageReport
 
 Register = Callable[[type["Component"]], None]
 """The callback a ``horizon_register_*`` hook receives: call it once per component class."""

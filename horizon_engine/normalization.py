@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
-    from horizon_engine.pipeline import RunContext
+    from horizon_engine.run_context import RunContext
 
 MISSING_VALUE = -1337.1337
 """Horizon's sentinel for a missing feature in dense arrays; our tensors carry a presence mask."""

@@ -18,8 +18,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -35,7 +34,7 @@ from horizon_engine.files import remove_path, staged_outputs, write_json
 from horizon_engine.normalization import NORMALIZATION_FILE
 from horizon_engine.plugins import PluginHost, get_plugin_host
 from horizon_engine.preflight import check_before_run
-from horizon_engine.progress import progress_bar
+from horizon_engine.run_context import RunContext, StageReport
 from horizon_engine.run_folder import (
     MANIFEST,
     EarlierRun,
@@ -53,41 +52,6 @@ if TYPE_CHECKING:
 ROW_GROUP_ROWS = 256_000
 """Rows gathered before the source stage writes a Parquet row group: sources yield small
 batches, and a file of many small row groups reads back as many chunks, slow to gather."""
-
-
-@dataclass
-class StageReport:
-    """What a stage did: rows in and out, rows dropped by reason, files written, time taken."""
-
-    stage: str
-    rows_in: int = 0
-    rows_out: int = 0
-    dropped: dict[str, int] = field(default_factory=dict)
-    outputs: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    details: dict[str, Any] = field(default_factory=dict)
-    seconds: float = 0.0
-
-
-@dataclass
-class RunContext:
-    """What a stage gets: the validated config, the run's folder, its seed and the plugins."""
-
-    spec: PipelineSpec
-    output_dir: Path
-    plugins: PluginHost
-    run_id: str
-    show_progress: bool = False
-
-    @property
-    def seed(self) -> int:
-        return self.spec.pipeline.seed
-
-    def progress(
-        self, description: str, total: int | None = None
-    ) -> AbstractContextManager[Callable[[int], None]]:
-        """A progress bar on a terminal, nothing otherwise; yields ``advance(amount)``."""
-        return progress_bar(description, total, self.show_progress)
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from horizon_engine.components import (
 from horizon_engine.errors import PluginError
 
 if TYPE_CHECKING:
-    from horizon_engine.pipeline import RunContext, StageReport
+    from horizon_engine.run_context import RunContext, StageReport
 
 ENTRY_POINT_GROUP = "horizon"
 

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
-    from horizon_engine.pipeline import RunContext
+    from horizon_engine.run_context import RunContext
     from horizon_engine.schema import ActionType, BadRow
 
 N_STEP_COLUMNS = (

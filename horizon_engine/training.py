@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from horizon_engine.config import Choice
     from horizon_engine.dataset import TimelineTensors
-    from horizon_engine.pipeline import RunContext
+    from horizon_engine.run_context import RunContext
     from horizon_engine.schema import ActionType
 
 CHECKPOINTS = "checkpoints"

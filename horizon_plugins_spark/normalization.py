@@ -21,7 +21,7 @@ from horizon_plugins_spark.session import SparkOptions, hadoop_path, spark_sessi
 if TYPE_CHECKING:
     import numpy as np
 
-    from horizon_engine.pipeline import RunContext
+    from horizon_engine import RunContext
 
 OVERSAMPLING = 1.2
 """Bernoulli sampling draws about fraction * rows; asking for a little more makes it rare to

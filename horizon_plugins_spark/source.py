@@ -20,7 +20,7 @@ from horizon_plugins_spark.session import SparkOptions, spark_session
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from horizon_engine.pipeline import RunContext
+    from horizon_engine import RunContext
     from horizon_engine.schema import RowLayout
 
 BATCH_ROWS = 10_000

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, WindowSpec
     from pyspark.sql.types import StructType
 
-    from horizon_engine.pipeline import RunContext
+    from horizon_engine import RunContext
 
 ROW_INDEX = "_row_index"
 REJECT_KIND = "_reject_kind"

@@ -20,7 +20,7 @@ from horizon_engine.normalization import (
 if TYPE_CHECKING:
     import numpy as np
 
-    from horizon_engine.pipeline import RunContext
+    from horizon_engine.run_context import RunContext
 
 
 class LocalNormalization(NormalizationTransform):

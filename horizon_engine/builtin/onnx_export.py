@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     import onnx
     import torch
 
-    from horizon_engine.pipeline import RunContext
+    from horizon_engine.run_context import RunContext
 
 MODEL_FILE = "model.onnx"
 OPSET = 17

@@ -24,7 +24,7 @@ from horizon_engine.hookspecs import hookimpl
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from horizon_engine.pipeline import RunContext
+    from horizon_engine.run_context import RunContext
     from horizon_engine.schema import RowLayout
 
 BATCH_ROWS = 10_000

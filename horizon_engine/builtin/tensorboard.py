@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from horizon_engine.hookspecs import hookimpl
 
 if TYPE_CHECKING:
-    from horizon_engine.pipeline import RunContext, StageReport
+    from horizon_engine.run_context import RunContext, StageReport
 
 TENSORBOARD = "tensorboard"
 """The run's folder of event files."""

@@ -34,7 +34,7 @@ from horizon_engine.timeline import (
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from horizon_engine.pipeline import RunContext
+    from horizon_engine.run_context import RunContext
 
 
 @dataclass

@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 
     import torch
 
-    from horizon_engine.pipeline import RunContext
     from horizon_engine.plugins import PluginHost
+    from horizon_engine.run_context import RunContext
 
 
 def export_policy(

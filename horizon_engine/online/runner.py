@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     import torch
 
     from horizon_engine.normalization import NormalizationParameters
-    from horizon_engine.pipeline import RunContext
     from horizon_engine.plugins import PluginHost
+    from horizon_engine.run_context import RunContext
     from horizon_engine.training import TrainerBase
 
 GYM_COMMAND = "horizon gym train"
@@ -85,7 +85,7 @@ class OnlineRun:
     """The state of one ``train_gym`` call: environment, buffer, trainer, counters."""
 
     def __init__(self, spec: GymSpec, plugins: PluginHost, show_progress: bool) -> None:
-        from horizon_engine.pipeline import RunContext
+        from horizon_engine.run_context import RunContext
 
         self.spec = spec
         self.config = spec.gym
