@@ -36,4 +36,5 @@ class BadRowsError(HorizonError):
 
 
 class StageInputError(HorizonError):
-    """A stage's input files, written by an earlier stage, are missing or unreadable."""
+    """A stage's input files, written by an earlier stage, are missing or were left
+    incomplete by a run that was interrupted or failed while writing them."""

@@ -29,6 +29,7 @@ from horizon_engine.errors import (
     ConfigError,
     HorizonError,
     PluginError,
+    StageInputError,
 )
 from horizon_engine.files import remove_path, staged_outputs, write_json
 from horizon_engine.normalization import NORMALIZATION_FILE
@@ -622,13 +623,13 @@ class Engine:
             producer = next(s.name for s in STAGES if matches(needed, s.claims))
             why = manifest["incomplete_stages"].get(producer)
             if why:
-                raise HorizonError(
+                raise StageInputError(
                     f"stage '{stage.name}' reads {run.output_dir / needed}, which is incomplete: "
                     f"{why}. Run stage '{producer}' again first (--stages {producer},"
                     f"{stage.name})"
                 )
             if not (run.output_dir / needed).exists():
-                raise HorizonError(
+                raise StageInputError(
                     f"stage '{stage.name}' reads {run.output_dir / needed}, which stage "
                     f"'{producer}' writes; run that stage first (or include it in --stages)"
                 )

@@ -236,3 +236,15 @@ def test_a_stage_that_failed_midway_is_incomplete_until_run_again(engine, tmp_pa
         "epoch-0001.pt",
         "latest.pt",
     ]
+
+
+def test_a_stage_whose_input_no_stage_wrote_names_the_stage_to_run_first(engine, tmp_path):
+    from horizon_engine.errors import StageInputError
+
+    run = tmp_path / "run"
+    with pytest.raises(StageInputError) as caught:
+        engine.run(pipeline(run), stages=["normalization"])
+    assert str(caught.value) == (
+        f"stage 'normalization' reads {run / 'timeline' / 'timeline.json'}, which stage "
+        "'timeline' writes; run that stage first (or include it in --stages)"
+    )
