@@ -20,10 +20,12 @@ from horizon_engine.components import (
     Transform,
 )
 from horizon_engine.errors import HorizonError
+from horizon_engine.export import ExporterBase, PolicyBundle
 from horizon_engine.hookspecs import hookimpl
-from horizon_engine.normalization import NormalizationParameters
+from horizon_engine.normalization import NormalizationParameters, NormalizationTransform
 from horizon_engine.preprocessor import FeatureTransform, feature_module
 from horizon_engine.run_context import RunContext, StageReport
+from horizon_engine.timeline import TimelineTransform
 from horizon_engine.training import TrainerBase, TrainerConfig, TrainingProblem
 
 if TYPE_CHECKING:
@@ -37,13 +39,17 @@ __all__ = [
     "Engine",
     "Estimator",
     "Exporter",
+    "ExporterBase",
     "FeatureTransform",
     "HorizonError",
     "NormalizationParameters",
+    "NormalizationTransform",
+    "PolicyBundle",
     "RunContext",
     "SourceBatch",
     "SourceConfig",
     "StageReport",
+    "TimelineTransform",
     "Trainer",
     "TrainerBase",
     "TrainerConfig",

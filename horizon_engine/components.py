@@ -8,6 +8,7 @@ instantiates it with the validated config. Keeping the config model on the class
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args, get_origin
@@ -27,8 +28,11 @@ class ComponentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
-class Component:
-    """What every registered component has: a name, a family, a config model and a docstring."""
+class Component(ABC):
+    """What every registered component has: a name, a family, a config model and a docstring.
+
+    A family's contract marks the methods a component must implement ``abstractmethod``; the
+    plugin host refuses, at registration, a class that leaves one out."""
 
     family: ClassVar[str]
     name: ClassVar[str]
@@ -74,9 +78,9 @@ class DataSource(Component):
     family = "data_sources"
     Config: ClassVar[type[ComponentConfig]] = SourceConfig
 
+    @abstractmethod
     def read(self, run: RunContext) -> Iterator[SourceBatch]:
         """Yield the rows, batch by batch. Structural problems become ``bad_rows``."""
-        raise NotImplementedError
 
     def problems(self) -> list[str]:
         """What is wrong before any row is read (a path that matches no file), checked by

@@ -10,6 +10,7 @@ real candidates) and scores every candidate.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -73,10 +74,10 @@ class ExporterBase(Exporter):
         super().__init__(config)
         self.details: dict[str, Any] = {}
 
+    @abstractmethod
     def export(self, run: RunContext, bundle: PolicyBundle) -> list[str]:
         """Write the model under ``run.output_dir``; return the paths written, run-relative.
         ``details`` may carry figures for the manifest (sizes, the verified difference)."""
-        raise NotImplementedError
 
 
 def policy_bundle(run: RunContext, trainer_choice: Choice) -> PolicyBundle:

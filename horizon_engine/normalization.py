@@ -32,6 +32,7 @@ Decisions where Horizon was unclear or wrong:
 from __future__ import annotations
 
 import json
+from abc import abstractmethod
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -342,13 +343,13 @@ class NormalizationTransform(Transform):
     name = "normalization"
     Config: ClassVar[type[ComponentConfig]] = NormalizationConfig
 
+    @abstractmethod
     def sample(
         self, run: RunContext, train: Path, column: str, num_samples: int
     ) -> dict[str, np.ndarray]:
         """Up to ``num_samples`` rows of the map column ``column`` of the timeline's ``train``
         split, chosen uniformly without replacement (seeded by the run), as feature id -> the
         values those rows hold (a row without the feature contributes nothing)."""
-        raise NotImplementedError
 
 
 def group_map_values(entries: pa.MapArray) -> dict[str, np.ndarray]:

@@ -28,7 +28,6 @@ from horizon_engine.errors import (
     BadRowsError,
     ConfigError,
     HorizonError,
-    PluginError,
     StageInputError,
 )
 from horizon_engine.files import remove_path, staged_outputs, write_json
@@ -239,7 +238,7 @@ def run_timeline_stage(run: RunContext, choice: Choice) -> StageReport:
 
     from horizon_engine.logged_facts import logged_action_names, timeline_action_names
     from horizon_engine.schema import ActionType, RowFormat, RowLayout
-    from horizon_engine.timeline import TimelineInfo, TimelineTransform, split_timeline_rows
+    from horizon_engine.timeline import TimelineInfo, split_timeline_rows
 
     rows = run.output_dir / "source" / "rows.parquet"
     layout = RowLayout.from_schema(pq.read_schema(rows), str(rows))
@@ -269,11 +268,6 @@ def run_timeline_stage(run: RunContext, choice: Choice) -> StageReport:
             result = split_timeline_rows(rows, folder, config, run.seed)
         else:
             transform = choice.create()
-            if not isinstance(transform, TimelineTransform):
-                raise PluginError(
-                    f"plugin '{choice.component.plugin}' registered the timeline transform "
-                    f"{type(transform).__qualname__}, which is not a TimelineTransform"
-                )
             result = transform.build(run, rows, folder, layout.action_type, quarantine)
         if result.rejected and not quarantine:
             raise bad_rows_error(result.rejected, result.examples)
@@ -347,7 +341,6 @@ def run_normalization_stage(run: RunContext, choice: Choice) -> StageReport:
     """
     from horizon_engine.normalization import (
         FeatureType,
-        NormalizationTransform,
         identify_all,
         write_normalization,
     )
@@ -361,14 +354,7 @@ def run_normalization_stage(run: RunContext, choice: Choice) -> StageReport:
             f"[normalization] {timeline / 'train'} holds no rows to fit the normalization on"
         )
     transform = choice.create()
-    if not isinstance(transform, NormalizationTransform):
-        raise PluginError(
-            f"plugin '{choice.component.plugin}' registered the normalization transform "
-            f"{type(transform).__qualname__}, which is not a NormalizationTransform"
-        )
-    known_types = {str(kind) for kind in FeatureType} | {
-        entry.name for entry in run.plugins.components("transforms")
-    }
+    known_types = {str(kind) for kind in FeatureType} | run.plugins.feature_types()
     sets = {"state_features": ("state_features", config.overrides, False)}
     if info.action_type != "discrete":
         continuous = info.action_type == "continuous"
@@ -451,14 +437,9 @@ def run_train_stage(run: RunContext, choice: Choice) -> StageReport:
 
 def run_export_stage(run: RunContext, choice: Choice) -> StageReport:
     """Export the trained policy (the latest checkpoint) with the configured exporter."""
-    from horizon_engine.export import ExporterBase, policy_bundle
+    from horizon_engine.export import policy_bundle
 
     exporter = choice.create()
-    if not isinstance(exporter, ExporterBase):
-        raise PluginError(
-            f"plugin '{choice.component.plugin}' registered the exporter "
-            f"{type(exporter).__qualname__}, which is not an ExporterBase"
-        )
     if "trainer" not in run.spec.sections:
         raise ConfigError(
             [f"{run.spec.origin}: [export] needs the [trainer] section the model was trained with"]

@@ -256,6 +256,17 @@ class PluginHost:
         """Every component registered in ``family``, in registration order."""
         return [entry for (fam, _, _), entry in self._components.items() if fam == family]
 
+    def feature_types(self) -> set[str]:
+        """The normalization types a feature may be given: the transforms that are feature
+        types, not the timeline or normalization engines registered in the same hook."""
+        from horizon_engine.preprocessor import FeatureTransform
+
+        return {
+            entry.name
+            for entry in self.components("transforms")
+            if issubclass(entry.cls, FeatureTransform)
+        }
+
     def component(self, family: str, name: str, engine: str | None = None) -> RegisteredComponent:
         """The component ``name`` of ``family``, or an error listing what is available."""
         found = self._components.get((family, name, engine))
@@ -327,11 +338,28 @@ class PluginHost:
         self.pm.hook.horizon_on_run_end(run=run, manifest=manifest)
 
 
+def family_contract(family: str, name: object) -> type[Component]:
+    """The base class a component of ``family`` named ``name`` must subclass: the family's
+    contract, with its required (abstract) methods. Transforms share one hook but not one
+    contract: ``timeline`` engines build the timeline, ``normalization`` engines sample it, and
+    every other name is a feature type (a normalization ``feature_type``)."""
+    from horizon_engine.export import ExporterBase
+    from horizon_engine.normalization import NormalizationTransform
+    from horizon_engine.preprocessor import FeatureTransform
+    from horizon_engine.timeline import TimelineTransform
+    from horizon_engine.training import TrainerBase
+
+    if family == "transforms":
+        engines = {"timeline": TimelineTransform, "normalization": NormalizationTransform}
+        return engines.get(name, FeatureTransform) if isinstance(name, str) else FeatureTransform
+    return {"trainers": TrainerBase, "exporters": ExporterBase}.get(family, FAMILY_BASES[family])
+
+
 def _component_problem(family: str, cls: object) -> str | None:
     """What is wrong with a class registered in ``family``, or None if it can be used.
 
     Checked at registration so that a plugin's mistake is reported by plugin name when Horizon
-    starts, not as an AttributeError deep inside a run.
+    starts, not as an AttributeError (or a half-built object) deep inside a run.
     """
     base = FAMILY_BASES[family]
     if not (isinstance(cls, type) and issubclass(cls, base)):
@@ -346,6 +374,18 @@ def _component_problem(family: str, cls: object) -> str | None:
     if not (isinstance(cls.Config, type) and issubclass(cls.Config, ComponentConfig)):
         return (
             f"its Config is {cls.Config!r}; expected a subclass of horizon_engine.ComponentConfig"
+        )
+    contract = family_contract(family, name)
+    if not issubclass(cls, contract):
+        return (
+            f"a component named '{name}' in horizon_register_{family} must subclass "
+            f"horizon_engine.{contract.__name__}"
+        )
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if missing:
+        return (
+            f"it does not implement {', '.join(missing)}, which horizon_engine."
+            f"{contract.__name__} requires"
         )
     return None
 

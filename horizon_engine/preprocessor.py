@@ -32,6 +32,7 @@ when a preprocessor is built; they can be imported from here as well.
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -92,6 +93,7 @@ class FeatureTransform(Transform):
         width = self.width(parameters)
         return [feature] if width == 1 else [f"{feature}:{column}" for column in range(width)]
 
+    @abstractmethod
     def module(
         self, parameters: list[NormalizationParameters], max_feature_value: float
     ) -> torch.nn.Module:
@@ -103,7 +105,6 @@ class FeatureTransform(Transform):
         feature's columns are replaced by 0 afterwards, whatever the module made of its value),
         and only ONNX-exportable operations should be used.
         """
-        raise NotImplementedError
 
 
 def feature_module(function: Callable[..., torch.Tensor], **values: Any) -> FeatureModule:

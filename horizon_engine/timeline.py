@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from abc import abstractmethod
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -131,6 +132,7 @@ class TimelineTransform(Transform):
     name = "timeline"
     Config: ClassVar[type[ComponentConfig]] = TimelineConfig
 
+    @abstractmethod
     def build(
         self,
         run: RunContext,
@@ -146,7 +148,6 @@ class TimelineTransform(Transform):
         written, with their reasons, under ``output/quarantine`` (JSON lines). Without it the
         stage stops the run when any were rejected, so an engine may skip writing them.
         """
-        raise NotImplementedError
 
 
 def timeline_schema(action_type: ActionType, n_step: int) -> pa.Schema:

@@ -11,6 +11,7 @@ torch is imported where it is used: the trainers family is listed by ``horizon p
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -76,29 +77,30 @@ class TrainerBase(Trainer):
 
     Config: ClassVar[type[ComponentConfig]] = TrainerConfig
 
+    @abstractmethod
     def setup(self, problem: TrainingProblem) -> None:
         """Build networks and optimizers for ``problem``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         """One update from one minibatch; returns its metrics (e.g. ``td_loss``)."""
-        raise NotImplementedError
 
     def evaluate(self, data: TimelineTensors) -> dict[str, float]:
-        """Metrics on the eval split (e.g. ``mc_loss``), without changing the model."""
-        raise NotImplementedError
+        """Metrics on the eval split (e.g. ``mc_loss``), without changing the model; none by
+        default (the online runner evaluates by playing, and never calls it)."""
+        return {}
 
+    @abstractmethod
     def state_dict(self) -> dict[str, Any]:
         """Everything a checkpoint must hold to resume: weights, optimizer, trainer state."""
-        raise NotImplementedError
 
+    @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict`` returned (a warm start or a resume)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def policy(self) -> torch.nn.Module:
         """The trained model: (values, presence) of the state features -> a score per action."""
-        raise NotImplementedError
 
 
 def resolve_device(choice: str) -> torch.device:
@@ -172,18 +174,12 @@ def prepare_training(run: RunContext, choice: Choice) -> PreparedTraining:
     import torch
 
     from horizon_engine.dataset import load_timeline
-    from horizon_engine.errors import PluginError
     from horizon_engine.normalization import NORMALIZATION_FILE, read_normalization
     from horizon_engine.preprocessor import build_preprocessor
     from horizon_engine.schema import ActionType
     from horizon_engine.timeline import TimelineInfo
 
     trainer = choice.create()
-    if not isinstance(trainer, TrainerBase):
-        raise PluginError(
-            f"plugin '{choice.component.plugin}' registered the trainer "
-            f"{type(trainer).__qualname__}, which is not a TrainerBase"
-        )
     timeline = run.output_dir / "timeline"
     info = TimelineInfo.read(timeline)
     action_type = ActionType(info.action_type)

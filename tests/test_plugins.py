@@ -295,6 +295,9 @@ def test_registering_a_built_in_component_name_is_an_error_naming_both_plugins(s
             '''Another JSONL reader.'''
             name = "jsonl"
 
+            def read(self, run):
+                return iter(())
+
         @hookimpl
         def horizon_register_data_sources(register):
             register(Jsonl)
@@ -324,6 +327,9 @@ def test_two_third_party_plugins_registering_one_name_is_an_error_naming_both(si
         class Rows(DataSource):
             '''Constant rows, again.'''
             name = "constant_rows"
+
+            def read(self, run):
+                return iter(())
 
         @hookimpl
         def horizon_register_data_sources(register):
@@ -495,6 +501,17 @@ BAD_REGISTRATIONS = {
         "Nameless in horizon_register_data_sources: ",
         "it has no name; set the class attribute name = '...'",
     ),
+    "no_read": (
+        """
+        class Silent(DataSource):
+            '''Reads nothing: it never says how.'''
+            name = "silent"
+
+        register(Silent)
+        """,
+        "Silent in horizon_register_data_sources: ",
+        "it does not implement read, which horizon_engine.DataSource requires",
+    ),
     "plain_pydantic_config": (
         """
         from pydantic import BaseModel
@@ -553,28 +570,45 @@ def test_every_family_registers_through_its_own_hook(plugin_site):
         plugin_site,
         "families",
         """
-        from horizon_engine import Estimator, Exporter, Trainer, Transform, hookimpl
+        from horizon_engine import (
+            Estimator,
+            ExporterBase,
+            TimelineTransform,
+            TrainerBase,
+            hookimpl,
+        )
 
-        class LocalTimeline(Transform):
+        class LocalTimeline(TimelineTransform):
             '''The timeline, on this machine.'''
-            name = "toy_timeline"
+            engine = "toy"
 
-        class SparkTimeline(Transform):
+            def build(self, run, rows, output, action_type, quarantine):
+                raise NotImplementedError
+
+        class SparkTimeline(LocalTimeline):
             '''The timeline, on a SparkSession.'''
-            name = "toy_timeline"
-            engine = "spark"
+            engine = "toy_spark"
 
-        class Dqn(Trainer):
+        class Dqn(TrainerBase):
             '''Deep Q-learning.'''
             name = "toy_dqn"
+
+            def setup(self, problem): ...
+            def train_step(self, batch): ...
+            def state_dict(self): ...
+            def load_state_dict(self, state): ...
+            def policy(self): ...
 
         class Ips(Estimator):
             '''Inverse propensity scoring.'''
             name = "toy_ips"
 
-        class Onnx(Exporter):
+        class Onnx(ExporterBase):
             '''ONNX.'''
             name = "toy_onnx"
+
+            def export(self, run, bundle):
+                return []
 
         @hookimpl
         def horizon_register_transforms(register):
@@ -602,16 +636,16 @@ def test_every_family_registers_through_its_own_hook(plugin_site):
         for family in ("transforms", "trainers", "estimators", "exporters")
     }
     assert labels == {
-        "transforms": ["toy_timeline (engine local)", "toy_timeline (engine spark)"],
+        "transforms": ["timeline (engine toy)", "timeline (engine toy_spark)"],
         "trainers": ["toy_dqn"],
         "estimators": ["toy_ips"],
         "exporters": ["toy_onnx"],
     }
-    assert host.component("transforms", "toy_timeline", "spark").cls.__name__ == "SparkTimeline"
+    assert host.component("transforms", "timeline", "toy_spark").cls.__name__ == "SparkTimeline"
     [listing] = [plugin for plugin in host.describe() if plugin["name"] == "families"]
     assert [(c["family"], c["name"], c.get("engine")) for c in listing["components"]] == [
-        ("transforms", "toy_timeline", "local"),
-        ("transforms", "toy_timeline", "spark"),
+        ("transforms", "timeline", "toy"),
+        ("transforms", "timeline", "toy_spark"),
         ("trainers", "toy_dqn", None),
         ("estimators", "toy_ips", None),
         ("exporters", "toy_onnx", None),
@@ -624,12 +658,14 @@ def test_one_transform_name_twice_on_one_engine_is_an_error(plugin_site):
             plugin_site,
             plugin,
             """
-            from horizon_engine import Transform, hookimpl
+            from horizon_engine import TimelineTransform, hookimpl
 
-            class SparkTimeline(Transform):
+            class SparkTimeline(TimelineTransform):
                 '''The timeline, on a SparkSession.'''
-                name = "timeline"
                 engine = "spark"
+
+                def build(self, run, rows, output, action_type, quarantine):
+                    raise NotImplementedError
 
             @hookimpl
             def horizon_register_transforms(register):
@@ -763,3 +799,79 @@ def test_a_gym_runs_manifest_records_plugins_that_failed_to_load(site, tmp_path)
     train_gym(load_gym_spec(config, host), host)
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["plugin_failures"] == host.load_failures() != []
+
+
+CONTRACT_BREACHES = {
+    "trainers": (
+        "HalfDone",
+        """
+        class HalfDone(TrainerBase):
+            '''Sets up, and nothing more.'''
+            name = "half_done"
+
+            def setup(self, problem): ...
+            def state_dict(self): ...
+            def load_state_dict(self, state): ...
+        """,
+        "it does not implement policy, train_step, which horizon_engine.TrainerBase requires",
+    ),
+    "exporters": (
+        "Plain",
+        """
+        class Plain(Exporter):
+            '''The empty family base, not the exporter contract.'''
+            name = "plain"
+        """,
+        "a component named 'plain' in horizon_register_exporters must subclass "
+        "horizon_engine.ExporterBase",
+    ),
+    "transforms": (
+        "NotATimeline",
+        """
+        class NotATimeline(Transform):
+            '''Claims the timeline's name without its contract.'''
+            name = "timeline"
+            engine = "elsewhere"
+        """,
+        "a component named 'timeline' in horizon_register_transforms must subclass "
+        "horizon_engine.TimelineTransform",
+    ),
+}
+
+
+@pytest.mark.parametrize("family", CONTRACT_BREACHES)
+def test_a_component_short_of_its_familys_contract_is_refused_when_plugins_load(
+    plugin_site, family
+):
+    """At load time, naming the plugin and the methods, not as an AttributeError mid-run."""
+    cls, body, problem = CONTRACT_BREACHES[family]
+    source = (
+        "from horizon_engine import Exporter, TrainerBase, Transform, hookimpl\n\n"
+        + textwrap.dedent(body).strip()
+        + f"\n\n@hookimpl\ndef horizon_register_{family}(register):\n    register({cls})\n"
+    )
+    install_module(plugin_site, "breach", source)
+
+    with pytest.raises(PluginError) as error:
+        only("breach")
+
+    message = str(error.value)
+    assert message.startswith(f"plugin 'breach' registered horizon_plugin_breach.{cls} in ")
+    assert message.endswith(problem)
+
+
+def test_engines_are_not_normalization_types(tmp_path):
+    """The timeline engine shares the transforms hook with the feature types, not their
+    namespace: giving a feature its name as a type is a config error at normalization."""
+    config = {
+        "pipeline": {"output_dir": str(tmp_path / "run")},
+        "source": {"kind": "gym", "episodes": 3, "ds": "2019-01-01"},
+        "timeline": {"actions": ["0", "1"]},
+        "normalization": {"overrides": {"0": "timeline"}},
+    }
+    with pytest.raises(HorizonError, match="'timeline'") as error:
+        Engine(show_progress=False).run(config)
+    types = str(error.value).split("types: ")[1]
+    assert "continuous" in types
+    assert "timeline" not in types
+    assert "normalization" not in types

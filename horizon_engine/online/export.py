@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from horizon_engine.config import Choice
-from horizon_engine.errors import HorizonError, PluginError
+from horizon_engine.errors import HorizonError
 from horizon_engine.files import write_json
 from horizon_engine.normalization import NORMALIZATION_FILE
 from horizon_engine.online.config import load_gym_spec
@@ -40,14 +40,9 @@ def export_policy(
     offered as a candidate."""
     import torch
 
-    from horizon_engine.export import ExporterBase, PolicyBundle
+    from horizon_engine.export import PolicyBundle
 
     exporter = choice.create()
-    if not isinstance(exporter, ExporterBase):
-        raise PluginError(
-            f"plugin '{choice.component.plugin}' registered the exporter "
-            f"{type(exporter).__qualname__}, which is not an ExporterBase"
-        )
     values = torch.from_numpy(states.astype(np.float32))
     candidates = None
     if action_feature_ids:

@@ -14,7 +14,7 @@ import numpy as np
 
 from horizon_engine.builtin.gym_source import pre_timeline_row
 from horizon_engine.config import Choice, PipelineSection, PipelineSpec
-from horizon_engine.errors import HorizonError, PluginError
+from horizon_engine.errors import HorizonError
 from horizon_engine.files import atomic_output, write_json
 from horizon_engine.normalization import NORMALIZATION_FILE, NormalizationConfig
 from horizon_engine.online.config import GymSpec, epsilon_at
@@ -420,9 +420,7 @@ class OnlineRun:
             )
             rows = np.sort(chosen)
         states = self.buffer.state[rows]
-        known_types = {str(kind) for kind in FeatureType} | {
-            entry.name for entry in self.plugins.components("transforms")
-        }
+        known_types = {str(kind) for kind in FeatureType} | self.plugins.feature_types()
         samples = {feature: states[:, i] for i, feature in enumerate(self.feature_ids)}
         sets = {"state_features": (samples, config.overrides)}
         if self.action_feature_ids:
@@ -585,12 +583,5 @@ class OnlineRun:
 
 
 def _create_trainer(choice: Choice) -> TrainerBase:
-    from horizon_engine.training import TrainerBase
-
-    trainer = choice.create()
-    if not isinstance(trainer, TrainerBase):
-        raise PluginError(
-            f"plugin '{choice.component.plugin}' registered the trainer "
-            f"{type(trainer).__qualname__}, which is not a TrainerBase"
-        )
-    return trainer
+    """The ``[trainer]`` component: registration made sure it is a ``TrainerBase``."""
+    return choice.create()
