@@ -126,9 +126,14 @@ def plugins(as_json: bool) -> None:
     host = get_plugin_host()
     listing = host.describe()
     failures = host.load_failures()
+    sections = _core_sections()
     if as_json:
-        click.echo(json.dumps({"plugins": listing, "failures": failures}, indent=2, default=str))
+        found = {"sections": sections, "plugins": listing, "failures": failures}
+        click.echo(json.dumps(found, indent=2, default=str))
         return
+    for section in sections:
+        click.echo(f"[{section['section']}]  {section['summary']}")
+        _echo_options(section["options"], "  ")
     for plugin in listing:
         click.echo(f"{plugin['name']} {plugin['version']}  [{plugin['source']}]")
         click.echo(f"  hooks: {', '.join(plugin['hooks']) or 'none'}")
@@ -137,15 +142,38 @@ def plugins(as_json: bool) -> None:
             click.echo(
                 f"  {component['family']}: {component['name']}{engine}  {component['summary']}"
             )
-            for option in component["options"]:
-                default = "required" if option["required"] else f"default {option['default']!r}"
-                click.echo(
-                    f"      {option['name']}: {option['type']} ({default})  {option['help']}"
-                )
+            _echo_options(component["options"], "      ")
     for failure in failures:
         click.echo(
             f"FAILED {failure['name']} [{failure['entry_point']}]: {failure['error']}", err=True
         )
+
+
+def _core_sections() -> list[dict[str, Any]]:
+    """The sections the core itself reads, listed before the plugins' components: every
+    section a user can write is in the listing."""
+    from horizon_engine.components import config_options
+    from horizon_engine.config import PipelineSection
+    from horizon_engine.online.config import GymSection
+
+    return [
+        {
+            "section": "pipeline",
+            "summary": "options of the run as a whole (pipeline.toml)",
+            "options": config_options(PipelineSection),
+        },
+        {
+            "section": "gym",
+            "summary": "online training in a Gymnasium environment (horizon gym train)",
+            "options": config_options(GymSection),
+        },
+    ]
+
+
+def _echo_options(options: list[dict[str, Any]], indent: str) -> None:
+    for option in options:
+        default = "required" if option["required"] else f"default {option['default']!r}"
+        click.echo(f"{indent}{option['name']}: {option['type']} ({default})  {option['help']}")
 
 
 @main.command()

@@ -126,10 +126,16 @@ FAMILIES: tuple[str, ...] = tuple(FAMILY_BASES)
 
 
 def component_options(cls: type[Component]) -> list[dict[str, Any]]:
-    """The options of a component's config model, as ``horizon plugins`` lists them (a
-    docstring written over several lines becomes one line of help)."""
+    """The options of a component's config model, as ``horizon plugins`` lists them."""
+    return config_options(cls.Config)
+
+
+def config_options(model: type[ComponentConfig]) -> list[dict[str, Any]]:
+    """The options of a config model (a component's, or a section of the core's such as
+    ``[pipeline]``), as ``horizon plugins`` lists them (a docstring written over several lines
+    becomes one line of help)."""
     options = []
-    for key, info in cls.Config.model_fields.items():
+    for key, info in model.model_fields.items():
         default = None if info.is_required() else info.get_default(call_default_factory=True)
         options.append(
             {

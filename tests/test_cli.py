@@ -126,3 +126,19 @@ def test_help_and_plugins_do_not_import_heavy_libraries():
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_horizon_plugins_lists_the_cores_own_sections():
+    """Every section a user can write is listed: [pipeline] and [gym] beside the components."""
+    result = CliRunner().invoke(main, ["plugins", "--json"])
+    assert result.exit_code == 0, result.output
+    sections = {
+        section["section"]: {option["name"]: option for option in section["options"]}
+        for section in json.loads(result.output)["sections"]
+    }
+    assert list(sections) == ["pipeline", "gym"]
+    assert sections["pipeline"]["on_bad_rows"]["default"] == "fail"
+    assert sections["gym"]["score_bar"]["help"].startswith("Stop once an evaluation's mean")
+    text = CliRunner().invoke(main, ["plugins"]).output
+    assert text.startswith("[pipeline]  options of the run as a whole (pipeline.toml)\n")
+    assert "\n  torch_threads: int | None (default None)  CPU threads for torch" in text
