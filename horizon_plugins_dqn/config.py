@@ -10,7 +10,7 @@ from typing import Any, Literal, Self
 
 from pydantic import Field, model_validator
 
-from horizon_engine.training import TrainerConfig
+from horizon_engine import TrainerConfig
 
 Activation = Literal["relu", "leaky_relu", "elu", "selu", "gelu", "tanh", "sigmoid", "linear"]
 """The hidden-layer activations a network may use (``linear`` is none)."""

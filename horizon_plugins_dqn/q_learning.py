@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from horizon_engine.errors import HorizonError
-from horizon_engine.training import TrainerBase
+from horizon_engine import HorizonError, TrainerBase
 from horizon_plugins_dqn.config import QLearningConfig
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from horizon_engine.errors import HorizonError
+from horizon_engine import HorizonError
 from horizon_engine.schema import ActionType
 from horizon_engine.training import TrainingProblem
 from horizon_plugins_dqn.config import DqnConfig
