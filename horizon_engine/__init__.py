@@ -1,15 +1,39 @@
 """Horizon Engine: applied reinforcement learning from logged decisions.
 
-The public face for users and plugin authors. A plugin needs ``hookimpl`` and the component
-base classes; a user needs ``Engine`` (or ``run_pipeline``). Everything heavier is imported
-lazily, so ``import horizon_engine`` stays cheap for the command line.
+The public face for users and plugin authors: ``horizon_engine`` is the one public module, and
+the names below are its API (docs/plugins.md describes each contract). Everything under
+``horizon_engine.<module>`` is internal and may change; the in-repo plugins import only these
+names, and an import-linter contract run by ``make test`` holds them to it.
+
+- every plugin: ``hookimpl``, ``Component``, ``ComponentConfig``, ``RunContext``,
+  ``StageReport``, the errors;
+- data sources: ``DataSource``, ``SourceConfig``, ``SourceBatch``, and the row schema
+  (``RowLayout``, ``RowFormat``, ``RowShaper``, ``ActionType``, ``BadRow``, ``detect_layout``);
+- timeline engines: ``TimelineTransform``, ``TimelineConfig``, ``TimelineResult``,
+  ``timeline_schema``;
+- normalization engines: ``NormalizationTransform``, ``NormalizationConfig``,
+  ``group_map_values``; feature types: ``FeatureTransform``, ``NormalizationParameters``,
+  ``feature_module``;
+- trainers: ``TrainerBase``, ``TrainerConfig``, ``TrainingProblem``, the batch schema
+  (``BATCH_SCHEMA``, ``BatchField``, ``batch_fields``, ``check_batch``), ``TimelineTensors``,
+  and the policy helpers (``masked_scores``, ``action_probabilities``);
+- the policy-output type every consumer of a policy reads: ``PolicyOutput``,
+  ``policy_output``, ``ExplorationConfig``;
+- estimators: ``EstimatorBase``, ``EstimatorConfig``, ``EvaluationEpisodes``;
+- exporters: ``ExporterBase``, ``ExportConfig``, ``PolicyBundle``;
+- users: ``Engine`` and ``run_pipeline`` (imported on first use).
+
+``import horizon_engine`` stays cheap for the command line: torch is imported only where a
+tensor is made.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from horizon_engine.batch_schema import BATCH_SCHEMA, BatchField, batch_fields, check_batch
 from horizon_engine.components import (
+    Component,
     ComponentConfig,
     DataSource,
     Estimator,
@@ -19,13 +43,39 @@ from horizon_engine.components import (
     Trainer,
     Transform,
 )
-from horizon_engine.errors import HorizonError
-from horizon_engine.export import ExporterBase, PolicyBundle
+from horizon_engine.dataset import TimelineTensors
+from horizon_engine.errors import (
+    BAD_ROWS_SHOWN,
+    ConfigError,
+    HorizonError,
+    PluginError,
+    StageInputError,
+)
+from horizon_engine.estimation import EstimatorBase, EstimatorConfig, EvaluationEpisodes
+from horizon_engine.export import ExportConfig, ExporterBase, PolicyBundle
 from horizon_engine.hookspecs import hookimpl
-from horizon_engine.normalization import NormalizationParameters, NormalizationTransform
+from horizon_engine.normalization import (
+    NormalizationConfig,
+    NormalizationParameters,
+    NormalizationTransform,
+    group_map_values,
+)
+from horizon_engine.policies import (
+    ExplorationConfig,
+    PolicyOutput,
+    action_probabilities,
+    masked_scores,
+    policy_output,
+)
 from horizon_engine.preprocessor import FeatureTransform, feature_module
 from horizon_engine.run_context import RunContext, StageReport
-from horizon_engine.timeline import TimelineTransform
+from horizon_engine.schema import ActionType, BadRow, RowFormat, RowLayout, RowShaper, detect_layout
+from horizon_engine.timeline import (
+    TimelineConfig,
+    TimelineResult,
+    TimelineTransform,
+    timeline_schema,
+)
 from horizon_engine.training import TrainerBase, TrainerConfig, TrainingProblem
 
 if TYPE_CHECKING:
@@ -34,21 +84,43 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "BAD_ROWS_SHOWN",
+    "BATCH_SCHEMA",
+    "ActionType",
+    "BadRow",
+    "BatchField",
+    "Component",
     "ComponentConfig",
+    "ConfigError",
     "DataSource",
     "Engine",
     "Estimator",
+    "EstimatorBase",
+    "EstimatorConfig",
+    "EvaluationEpisodes",
+    "ExplorationConfig",
+    "ExportConfig",
     "Exporter",
     "ExporterBase",
     "FeatureTransform",
     "HorizonError",
+    "NormalizationConfig",
     "NormalizationParameters",
     "NormalizationTransform",
+    "PluginError",
     "PolicyBundle",
+    "PolicyOutput",
+    "RowFormat",
+    "RowLayout",
+    "RowShaper",
     "RunContext",
     "SourceBatch",
     "SourceConfig",
+    "StageInputError",
     "StageReport",
+    "TimelineConfig",
+    "TimelineResult",
+    "TimelineTensors",
     "TimelineTransform",
     "Trainer",
     "TrainerBase",
@@ -56,9 +128,17 @@ __all__ = [
     "TrainingProblem",
     "Transform",
     "__version__",
+    "action_probabilities",
+    "batch_fields",
+    "check_batch",
+    "detect_layout",
     "feature_module",
+    "group_map_values",
     "hookimpl",
+    "masked_scores",
+    "policy_output",
     "run_pipeline",
+    "timeline_schema",
 ]
 
 _LAZY = {"Engine", "run_pipeline"}

@@ -71,6 +71,7 @@ STAGE_SECTIONS: dict[str, str] = {
     "timeline": "timeline",
     "normalization": "normalization",
     "train": "trainer",
+    "evaluation": "evaluation",
     "export": "export",
 }
 """The stages this version runs, in order, and the section configuring each: ``[pipeline]

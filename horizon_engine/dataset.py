@@ -120,6 +120,8 @@ class TimelineTensors:
     action_probability: torch.Tensor
     action: torch.Tensor
     next_action: torch.Tensor
+    episode_id: torch.Tensor
+    step: torch.Tensor
     action_presence: torch.Tensor | None = None
     next_action_presence: torch.Tensor | None = None
     possible_actions: torch.Tensor | None = None
@@ -158,6 +160,13 @@ class TimelineTensors:
         moved = {name: tensor.to(device) for name, tensor in self.tensors().items()}
         return TimelineTensors(
             **moved, feature_ids=self.feature_ids, action_feature_ids=self.action_feature_ids
+        )
+
+    def take(self, index: torch.Tensor) -> TimelineTensors:
+        """The rows at ``index``, in that order (a reordering or a subset of the split)."""
+        taken = {name: tensor.index_select(0, index) for name, tensor in self.tensors().items()}
+        return TimelineTensors(
+            **taken, feature_ids=self.feature_ids, action_feature_ids=self.action_feature_ids
         )
 
     def minibatches(
@@ -210,6 +219,8 @@ def load_timeline(
         "not_terminal": numbers("not_terminal"),
         "time_diff": numbers("time_diff"),
         "action_probability": numbers("action_probability"),
+        "episode_id": _episode_ids(column["mdp_id"]),
+        "step": numbers("sequence_number", np.int64),
     }
     if action_type is ActionType.DISCRETE:
         loaded["action"] = numbers("action", np.int64)
@@ -234,6 +245,16 @@ def load_timeline(
     return TimelineTensors(
         **loaded, feature_ids=list(feature_ids), action_feature_ids=list(action_feature_ids)
     )
+
+
+def _episode_ids(mdp_ids: pa.Array) -> torch.Tensor:
+    """``[rows]`` int64: each row's episode numbered by its ``mdp_id``'s first appearance in
+    the split, so that rows of one episode share a number (the batch schema's ``episode_id``)."""
+    import pyarrow.compute as pc
+    import torch
+
+    encoded = pc.dictionary_encode(mdp_ids)
+    return torch.from_numpy(encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64))
 
 
 def _n_step_tensors(

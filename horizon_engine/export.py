@@ -14,10 +14,8 @@ from abc import abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import Field
-
 from horizon_engine.components import ComponentConfig, Exporter
-from horizon_engine.policies import PolicyKind
+from horizon_engine.policies import ExplorationConfig
 
 if TYPE_CHECKING:
     import torch
@@ -29,15 +27,8 @@ VERIFY_ROWS = 1024
 """Eval rows an exported model is checked on (all of them when there are fewer)."""
 
 
-class ExportConfig(ComponentConfig):
+class ExportConfig(ExplorationConfig):
     """Options every ``[export]`` section accepts: the policy the exported model applies."""
-
-    policy: PolicyKind = "greedy"
-    """How the model's action probabilities follow from its scores."""
-    epsilon: float = Field(default=0.0, ge=0.0, le=1.0)
-    """For epsilon_greedy: the probability spread uniformly over the possible actions."""
-    temperature: float = Field(default=1.0, gt=0.0)
-    """For softmax: scores are divided by it (lower is greedier)."""
 
 
 @dataclass

@@ -30,6 +30,7 @@ from horizon_engine.errors import (
     HorizonError,
     StageInputError,
 )
+from horizon_engine.evaluation import EVALUATION_FILE, run_evaluation_stage
 from horizon_engine.files import remove_path, staged_outputs, write_json
 from horizon_engine.normalization import NORMALIZATION_FILE
 from horizon_engine.plugins import PluginHost, get_plugin_host
@@ -63,7 +64,16 @@ class Stage:
     claims: tuple[str, ...]
     """Every path it writes, run-relative (glob patterns allowed): what it may replace."""
     reads: tuple[str, ...]
-    run: Callable[[RunContext, Choice], StageReport]
+    run: Callable[[RunContext, Any], StageReport]
+    """Called with the run and the section's ``Choice`` (a list of them for ``[[evaluation]]``)."""
+
+    def configured(self, spec: PipelineSpec) -> bool:
+        return (
+            bool(spec.evaluation) if self.section == "evaluation" else self.section in spec.sections
+        )
+
+    def choice(self, spec: PipelineSpec) -> Choice | list[Choice]:
+        return spec.evaluation if self.section == "evaluation" else spec.sections[self.section]
 
 
 class BadRowSink:
@@ -398,6 +408,16 @@ def run_train_stage(run: RunContext, choice: Choice) -> StageReport:
     trainer, splits = prepared.trainer, prepared.splits
     if config.warm_start_from:
         trainer.load_state_dict(load_checkpoint(Path(config.warm_start_from))["trainer"])
+    epoch_estimators = None
+    if any(choice.config.every_epoch for choice in run.spec.evaluation) and len(splits["eval"]):
+        from horizon_engine.evaluation import EpisodeEvaluation, read_metrics
+
+        epoch_estimators = EpisodeEvaluation(
+            run.spec.evaluation,
+            prepared.problem.action_type,
+            splits["eval"],
+            read_metrics(run.output_dir / "timeline" / "eval"),
+        )
     generator = torch.Generator().manual_seed(run.seed)
     history = []
     checkpoints: list[str] = []
@@ -413,6 +433,8 @@ def run_train_stage(run: RunContext, choice: Choice) -> StageReport:
             if len(splits["eval"]):
                 evaluation = trainer.evaluate(splits["eval"])
                 metrics |= {f"Evaluation/{name}": value for name, value in evaluation.items()}
+            if epoch_estimators is not None:
+                metrics |= epoch_estimators.epoch_metrics(trainer)
             saved = save_checkpoint(
                 run.output_dir / CHECKPOINTS, epoch, {"trainer": trainer.state_dict()}
             )
@@ -477,6 +499,13 @@ STAGES: tuple[Stage, ...] = (
         (f"{CHECKPOINTS}/latest.pt", f"{CHECKPOINTS}/epoch-*.pt"),
         ("timeline/timeline.json", NORMALIZATION_FILE),
         run_train_stage,
+    ),
+    Stage(
+        "evaluation",
+        "evaluation",
+        (EVALUATION_FILE,),
+        ("timeline/timeline.json", NORMALIZATION_FILE, f"{CHECKPOINTS}/latest.pt"),
+        run_evaluation_stage,
     ),
     Stage("export", "export", ("model.onnx",), (f"{CHECKPOINTS}/latest.pt",), run_export_stage),
 )
@@ -558,7 +587,7 @@ class Engine:
                 self._clear_stage(run, stage, earlier if resuming else None, manifest)
                 self.plugins.on_stage_start(run, stage.name)
                 started = time.perf_counter()
-                report = stage.run(run, spec.sections[stage.section])
+                report = stage.run(run, stage.choice(spec))
                 report.seconds = round(time.perf_counter() - started, 3)
                 self._record(run, manifest, stage, report)
                 self.plugins.on_stage_end(run, stage.name, report)
@@ -581,7 +610,7 @@ class Engine:
         return manifest
 
     def _select(self, spec: PipelineSpec, names: list[str] | None) -> list[Stage]:
-        configured = [stage for stage in STAGES if stage.section in spec.sections]
+        configured = [stage for stage in STAGES if stage.configured(spec)]
         if not names:
             return configured
         by_name = {stage.name: stage for stage in STAGES}

@@ -52,6 +52,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "horizon_engine.builtin.tensorboard",
     "horizon_engine.builtin.onnx_export",
     "horizon_engine.builtin.feature_types",
+    "horizon_engine.builtin.estimators",
 )
 """Modules of the core's own plugins, registered under their last dotted name."""
 
@@ -343,6 +344,7 @@ def family_contract(family: str, name: object) -> type[Component]:
     contract, with its required (abstract) methods. Transforms share one hook but not one
     contract: ``timeline`` engines build the timeline, ``normalization`` engines sample it, and
     every other name is a feature type (a normalization ``feature_type``)."""
+    from horizon_engine.estimation import EstimatorBase
     from horizon_engine.export import ExporterBase
     from horizon_engine.normalization import NormalizationTransform
     from horizon_engine.preprocessor import FeatureTransform
@@ -352,7 +354,8 @@ def family_contract(family: str, name: object) -> type[Component]:
     if family == "transforms":
         engines = {"timeline": TimelineTransform, "normalization": NormalizationTransform}
         return engines.get(name, FeatureTransform) if isinstance(name, str) else FeatureTransform
-    return {"trainers": TrainerBase, "exporters": ExporterBase}.get(family, FAMILY_BASES[family])
+    contracts = {"trainers": TrainerBase, "estimators": EstimatorBase, "exporters": ExporterBase}
+    return contracts.get(family, FAMILY_BASES[family])
 
 
 def _component_problem(family: str, cls: object) -> str | None:

@@ -1,8 +1,11 @@
-"""Action probabilities from scores: greedy, epsilon-greedy and softmax.
+"""The policy-output type, and action probabilities from scores: greedy, epsilon-greedy, softmax.
 
 Serving, counterfactual evaluation and the exported model all need the probability of every
-action under the trained policy, not only the chosen action. These are tensor functions with
-export-friendly operations (no data-dependent shapes), shared by trainers and exporters.
+action under the trained policy, not only the chosen action. ``PolicyOutput`` is what a policy
+says about a batch of states for each action kind, and ``policy_output`` computes it from a
+trainer's policy module; exporters and estimators consume only that type. The functions below
+are tensor functions with export-friendly operations (no data-dependent shapes), so that an
+exported model computes its outputs with ``policy_output`` itself.
 Impossible actions (mask 0) get probability 0; the score of an impossible action never wins. A
 row whose mask is all zeros did not record its possible actions, and every action counts as
 possible there (as the row checks and the timeline treat an empty list).
@@ -10,12 +13,98 @@ possible there (as the row checks and the timeline treat an empty list).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field
+
+from horizon_engine.components import ComponentConfig
+from horizon_engine.errors import HorizonError
+from horizon_engine.schema import ActionType
 
 if TYPE_CHECKING:
     import torch
 
 PolicyKind = Literal["greedy", "epsilon_greedy", "softmax"]
+
+
+class ExplorationConfig(ComponentConfig):
+    """How a policy's action probabilities follow from its scores: the options of every
+    section that applies a policy (``[export]``, each ``[[evaluation]]``)."""
+
+    policy: PolicyKind = "greedy"
+    """greedy (the best action), epsilon_greedy or softmax over the scores."""
+    epsilon: float = Field(default=0.0, ge=0.0, le=1.0)
+    """For epsilon_greedy: the probability spread uniformly over the possible actions."""
+    temperature: float = Field(default=1.0, gt=0.0)
+    """For softmax: scores are divided by it (lower is greedier)."""
+
+
+@dataclass
+class PolicyOutput:
+    """What a policy says about a batch of ``B`` states, for each of the three action kinds.
+
+    - discrete: ``scores`` and ``probabilities`` ``[B, A]`` over the actions (0 for an
+      impossible one), ``action`` ``[B]`` int64, the most probable action's index;
+    - parametric: the same over each row's ``K`` candidates (``[B, K]``, padding slots 0);
+    - continuous: ``action`` ``[B, D]``, the action vector in the user's units, and for a
+      stochastic policy ``log_density`` ``[B]``, the log-density of that action.
+    """
+
+    action_type: ActionType
+    action: torch.Tensor
+    scores: torch.Tensor | None = None
+    probabilities: torch.Tensor | None = None
+    log_density: torch.Tensor | None = None
+
+    def probability_of(self, action: torch.Tensor) -> torch.Tensor:
+        """``[B]``: the probability the policy gives each row's ``action`` (an index, as the
+        batch schema's discrete ``action``); for importance weights against the logged one."""
+        if self.probabilities is None:
+            raise HorizonError(
+                f"a {self.action_type.value} policy's output has no action probabilities; "
+                "a continuous policy gives the log-density of its own action"
+            )
+        return self.probabilities.gather(1, action.long().unsqueeze(1)).squeeze(1)
+
+
+def policy_output(
+    model: torch.nn.Module,
+    action_type: ActionType,
+    state: torch.Tensor,
+    state_presence: torch.Tensor,
+    exploration: ExplorationConfig | None = None,
+    possible_actions: torch.Tensor | None = None,
+    candidates: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> PolicyOutput:
+    """The ``PolicyOutput`` of a trainer's policy module (``TrainerBase.policy()``) on states.
+
+    The module takes the raw state ``(values, presence)``, and for parametric actions each
+    row's candidates ``(values, presence)`` ``[B, K, G]`` too; it returns the scores, or for
+    continuous actions the action vector (or ``(action, log_density)`` when stochastic).
+    ``possible_actions`` masks actions (discrete) or marks real candidates (parametric); all
+    possible by default. Probabilities follow ``exploration`` (greedy by default).
+    """
+    import torch
+
+    exploration = exploration or ExplorationConfig()
+    if action_type is ActionType.CONTINUOUS:
+        result = model(state, state_presence)
+        if isinstance(result, tuple):
+            return PolicyOutput(action_type, action=result[0], log_density=result[1])
+        return PolicyOutput(action_type, action=result)
+    if action_type is ActionType.PARAMETRIC:
+        if candidates is None:
+            raise HorizonError("a parametric policy needs each row's candidate actions")
+        scores = model(state, state_presence, *candidates)
+    else:
+        scores = model(state, state_presence)
+    possible = torch.ones_like(scores) if possible_actions is None else possible_actions
+    probabilities = action_probabilities(
+        scores, possible, exploration.policy, exploration.epsilon, exploration.temperature
+    )
+    return PolicyOutput(action_type, probabilities.argmax(dim=1), scores, probabilities)
+
 
 IMPOSSIBLE = -1e9
 """Score given to impossible actions before a max or softmax (Horizon's constant)."""

@@ -100,7 +100,16 @@ class TrainerBase(Trainer):
 
     @abstractmethod
     def policy(self) -> torch.nn.Module:
-        """The trained model: (values, presence) of the state features -> a score per action."""
+        """The trained model: raw ``(values, presence)`` of the state features (and for
+        parametric actions each row's candidates' ``(values, presence)``) -> a score per action
+        or candidate; for continuous actions -> the action vector in the user's units, or
+        ``(action, log_density)`` for a stochastic policy. ``policy_output`` turns it into the
+        ``PolicyOutput`` that export and the estimators read."""
+
+    def evaluation_models(self) -> dict[str, Any]:
+        """Models trained beside the policy that estimators may use (a reward model, the
+        policy's Q), by name; none by default."""
+        return {}
 
 
 def resolve_device(choice: str) -> torch.device:

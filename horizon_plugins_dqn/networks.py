@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from horizon_engine.policies import masked_scores
+from horizon_engine import masked_scores
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
     "relu": nn.ReLU,

@@ -15,16 +15,14 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, ClassVar
 
-from horizon_engine.errors import HorizonError
-from horizon_engine.schema import ActionType
-from horizon_engine.training import TrainingProblem
+from horizon_engine import ActionType, HorizonError, TrainingProblem
 from horizon_plugins_dqn.config import ParametricDqnConfig
 from horizon_plugins_dqn.q_learning import EVAL_CHUNK_ROWS, QLearningTrainer
 
 if TYPE_CHECKING:
     import torch
 
-    from horizon_engine.dataset import TimelineTensors
+    from horizon_engine import TimelineTensors
     from horizon_plugins_dqn.networks import ParametricDqnPolicy
 
 
@@ -94,7 +92,7 @@ class ParametricDqnTrainer(QLearningTrainer):
         loss = td_loss
         metrics: dict[str, float] = {}
         if config.cql_alpha > 0:
-            from horizon_engine.policies import masked_scores
+            from horizon_engine import masked_scores
 
             scores = self.q_network(state, self.candidates(batch, "possible_actions"))
             possible = batch["possible_actions"]
@@ -175,7 +173,7 @@ class ParametricDqnTrainer(QLearningTrainer):
         """
         import torch
 
-        from horizon_engine.policies import masked_scores
+        from horizon_engine import masked_scores
 
         if len(data) == 0:
             return {}

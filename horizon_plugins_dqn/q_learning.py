@@ -17,7 +17,7 @@ from horizon_plugins_dqn.config import QLearningConfig
 if TYPE_CHECKING:
     import torch
 
-    from horizon_engine.dataset import TimelineTensors
+    from horizon_engine import TimelineTensors
 
 EVAL_CHUNK_ROWS = 65_536
 """Rows scored at once during evaluation, bounding its memory on a large eval split."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from horizon_engine.policies import masked_scores
+from horizon_engine import masked_scores
 
 
 def max_next_value(

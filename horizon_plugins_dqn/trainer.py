@@ -13,16 +13,14 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from horizon_engine import HorizonError
-from horizon_engine.schema import ActionType
-from horizon_engine.training import TrainingProblem
+from horizon_engine import ActionType, HorizonError, TrainingProblem
 from horizon_plugins_dqn.config import DqnConfig
 from horizon_plugins_dqn.q_learning import EVAL_CHUNK_ROWS, QLearningTrainer, checkpoint_mismatch
 
 if TYPE_CHECKING:
     import torch
 
-    from horizon_engine.dataset import TimelineTensors
+    from horizon_engine import TimelineTensors
     from horizon_plugins_dqn.networks import DqnPolicy
 
 
@@ -115,7 +113,7 @@ class DqnTrainer(QLearningTrainer):
         """One cross-entropy step of the behaviour model on the logged actions."""
         import torch.nn.functional as F
 
-        from horizon_engine.policies import masked_scores
+        from horizon_engine import masked_scores
 
         logits = masked_scores(self.behaviour(state), batch["possible_actions"])
         loss = F.cross_entropy(logits, batch["action"])
@@ -160,7 +158,7 @@ class DqnTrainer(QLearningTrainer):
         """
         import torch
 
-        from horizon_engine.policies import masked_scores
+        from horizon_engine import masked_scores
         from horizon_plugins_dqn.networks import bcq_allowed
 
         config = self.config

@@ -11,11 +11,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from horizon_engine.normalization import (
-    NormalizationConfig,
-    NormalizationTransform,
-    group_map_values,
-)
+from horizon_engine import NormalizationConfig, NormalizationTransform, group_map_values
 from horizon_plugins_spark.session import SparkOptions, hadoop_path, spark_session
 
 if TYPE_CHECKING:

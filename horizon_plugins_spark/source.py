@@ -20,8 +20,7 @@ from horizon_plugins_spark.session import SparkOptions, spark_session
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from horizon_engine import RunContext
-    from horizon_engine.schema import RowLayout
+    from horizon_engine import RowLayout, RunContext
 
 BATCH_ROWS = 10_000
 
@@ -59,7 +58,7 @@ class SparkTableSource(DataSource):
     def read(self, run: RunContext) -> Iterator[SourceBatch]:
         from pyspark.errors import PySparkException
 
-        from horizon_engine.schema import detect_layout
+        from horizon_engine import detect_layout
 
         origin = self._origin()
         try:

@@ -25,9 +25,14 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from horizon_engine.errors import BAD_ROWS_SHOWN
-from horizon_engine.schema import ActionType, BadRow
-from horizon_engine.timeline import TimelineConfig, TimelineResult, TimelineTransform
+from horizon_engine import (
+    BAD_ROWS_SHOWN,
+    ActionType,
+    BadRow,
+    TimelineConfig,
+    TimelineResult,
+    TimelineTransform,
+)
 from horizon_plugins_spark.session import SparkOptions, hadoop_path, spark_session
 
 if TYPE_CHECKING:
@@ -325,7 +330,7 @@ class _TimelinePlan:
         """The timeline schema, as Spark types."""
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        from horizon_engine.timeline import timeline_schema
+        from horizon_engine import timeline_schema
 
         return from_arrow_schema(timeline_schema(self.action_type, self.config.window))
 

@@ -363,7 +363,7 @@ def test_unknown_stage_names_file_line_and_the_nearest_stage(problems):
     path, found = problems(GOOD.replace("seed = 0", 'seed = 0\nstages = ["source", "trian"]'))
     assert found == [
         f"{path}:4: [pipeline] key 'stages': unknown stage 'trian'; did you mean 'train'? "
-        "Stages: source, timeline, normalization, train, export."
+        "Stages: source, timeline, normalization, train, evaluation, export."
     ]
 
 

@@ -334,6 +334,8 @@ def tensors(rows: int, features: int, generator: torch.Generator, **columns) -> 
         "next_action": torch.randint(0, 2, (rows,), generator=generator),
         "possible_actions": torch.ones(rows, 2),
         "possible_next_actions": torch.ones(rows, 2),
+        "episode_id": torch.zeros(rows, dtype=torch.int64),
+        "step": torch.arange(rows),
     } | columns
     presence = {
         "state_presence": torch.ones(rows, features),

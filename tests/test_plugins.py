@@ -571,7 +571,7 @@ def test_every_family_registers_through_its_own_hook(plugin_site):
         "families",
         """
         from horizon_engine import (
-            Estimator,
+            EstimatorBase,
             ExporterBase,
             TimelineTransform,
             TrainerBase,
@@ -599,9 +599,12 @@ def test_every_family_registers_through_its_own_hook(plugin_site):
             def load_state_dict(self, state): ...
             def policy(self): ...
 
-        class Ips(Estimator):
+        class Ips(EstimatorBase):
             '''Inverse propensity scoring.'''
             name = "toy_ips"
+
+            def estimate(self, episodes):
+                return {}
 
         class Onnx(ExporterBase):
             '''ONNX.'''

@@ -70,16 +70,11 @@ OUTPUTS = ("scores", "probabilities", "action")
 
 
 def _policy_head(bundle: PolicyBundle, config: ExportConfig) -> torch.nn.Module:
-    """The policy model plus its action probabilities and chosen action, as one module."""
+    """The policy model with its ``PolicyOutput`` (scores, probabilities, action) as one module."""
     import torch
 
-    from horizon_engine.policies import action_probabilities
-
-    def outputs(scores: torch.Tensor, possible: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        probabilities = action_probabilities(
-            scores, possible, config.policy, config.epsilon, config.temperature
-        )
-        return scores, probabilities, probabilities.argmax(dim=1)
+    from horizon_engine.policies import policy_output
+    from horizon_engine.schema import ActionType
 
     class PolicyHead(torch.nn.Module):
         def __init__(self) -> None:
@@ -87,8 +82,8 @@ def _policy_head(bundle: PolicyBundle, config: ExportConfig) -> torch.nn.Module:
             self.model = bundle.model
 
         def forward(self, features: torch.Tensor, presence: torch.Tensor) -> tuple:
-            scores = self.model(features, presence)
-            return outputs(scores, torch.ones_like(scores))
+            output = policy_output(self.model, ActionType.DISCRETE, features, presence, config)
+            return output.scores, output.probabilities, output.action
 
     class ParametricPolicyHead(PolicyHead):
         def forward(  # type: ignore[override]
@@ -99,8 +94,16 @@ def _policy_head(bundle: PolicyBundle, config: ExportConfig) -> torch.nn.Module:
             candidate_presence: torch.Tensor,
             candidate_mask: torch.Tensor,
         ) -> tuple:
-            scores = self.model(features, presence, candidates, candidate_presence)
-            return outputs(scores, candidate_mask)
+            output = policy_output(
+                self.model,
+                ActionType.PARAMETRIC,
+                features,
+                presence,
+                config,
+                possible_actions=candidate_mask,
+                candidates=(candidates, candidate_presence),
+            )
+            return output.scores, output.probabilities, output.action
 
     return (ParametricPolicyHead() if bundle.parametric else PolicyHead()).eval()
 

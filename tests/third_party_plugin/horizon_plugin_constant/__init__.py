@@ -1,7 +1,7 @@
 """A third party's Horizon Engine plugin: a data source of constant rows, and a run recorder.
 
-It imports only Horizon Engine's public API (``horizon_engine`` and the row types of
-``horizon_engine.schema``), as any plugin published on its own must. The recorder keeps every
+It imports only Horizon Engine's public API (the names ``horizon_engine`` exports), as any
+plugin published on its own must. The recorder keeps every
 lifecycle hook call in ``CALLS`` so that tests can see what a plugin observes of a run.
 """
 
@@ -12,8 +12,16 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from horizon_engine import ComponentConfig, DataSource, SourceBatch, hookimpl
-from horizon_engine.schema import ActionType, RowFormat, RowLayout, RowShaper
+from horizon_engine import (
+    ActionType,
+    ComponentConfig,
+    DataSource,
+    RowFormat,
+    RowLayout,
+    RowShaper,
+    SourceBatch,
+    hookimpl,
+)
 
 if TYPE_CHECKING:
     from horizon_engine import RunContext, StageReport
