@@ -55,7 +55,31 @@ _set_option = click.option(
 )
 
 
-@click.group()
+class HorizonCli(click.Group):
+    """The ``horizon`` group: the core's commands, and those plugins add through
+    ``horizon_register_commands``, loaded the first time a command is not a core one (or the
+    commands are listed), so that ``horizon run`` never waits for another plugin's command."""
+
+    plugin_commands_loaded = False
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands:
+            self._load_plugin_commands()
+        return super().get_command(ctx, cmd_name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        self._load_plugin_commands()
+        return super().list_commands(ctx)
+
+    def _load_plugin_commands(self) -> None:
+        if not self.plugin_commands_loaded:
+            self.plugin_commands_loaded = True
+            from horizon_engine.plugins import get_plugin_host
+
+            get_plugin_host().register_commands(self)
+
+
+@click.group(cls=HorizonCli)
 @click.version_option(__version__, prog_name="horizon")
 def main() -> None:
     """Horizon Engine: from logged decisions to a trained, evaluated, exported policy."""
@@ -123,6 +147,8 @@ def plugins(as_json: bool) -> None:
     """List plugins, their versions, hooks and components with their options."""
     from horizon_engine.plugins import get_plugin_host
 
+    root = click.get_current_context().find_root()
+    root.command.list_commands(root)
     host = get_plugin_host()
     listing = host.describe()
     failures = host.load_failures()
@@ -137,6 +163,8 @@ def plugins(as_json: bool) -> None:
     for plugin in listing:
         click.echo(f"{plugin['name']} {plugin['version']}  [{plugin['source']}]")
         click.echo(f"  hooks: {', '.join(plugin['hooks']) or 'none'}")
+        if plugin["commands"]:
+            click.echo(f"  commands: {', '.join(f'horizon {name}' for name in plugin['commands'])}")
         for component in plugin["components"]:
             engine = f" (engine {component['engine']})" if "engine" in component else ""
             click.echo(

@@ -1,9 +1,11 @@
 """Every hook Horizon Engine calls, in one place.
 
-Two kinds of hook live here. The five ``horizon_register_*`` families hand the plugin a
+Three kinds of hook live here. The five ``horizon_register_*`` families hand the plugin a
 ``register`` callback, so the core owns naming, duplicate detection and config validation
-(the pattern of ``llm`` and ``tox``). The ``horizon_on_*`` lifecycle hooks observe a run;
-they are called per stage, per epoch or per run, never per row.
+(the pattern of ``llm`` and ``tox``). ``horizon_register_commands`` adds subcommands to the
+``horizon`` command line (``horizon gym`` is one, registered by a built-in plugin). The
+``horizon_on_*`` lifecycle hooks observe a run; they are called per stage, per epoch or per
+run, never per row.
 
 A plugin implements hooks with ``from horizon_engine import hookimpl``. ``docs/plugins.md``
 documents each hook for plugin authors; a meta-test keeps the two in step.
@@ -17,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
+    import click
+
     from horizon_engine.components import Component
     from horizon_engine.run_context import RunContext, StageReport
 
@@ -75,6 +79,18 @@ def horizon_register_exporters(register: Register) -> None:
     Called once, when the plugins are loaded. ``register(cls)`` takes a subclass of
     ``horizon_engine.Exporter``; its ``name`` is what ``[export] kind`` selects.
     Returns nothing.
+    """
+
+
+@hookspec
+def horizon_register_commands(cli: click.Group) -> None:
+    """Add subcommands to the ``horizon`` command line, such as ``gym`` or ``serve``.
+
+    Called once, the first time the command line needs a command it does not have built in
+    (or lists its commands, for ``horizon --help``). ``cli`` is a ``click.Group``: add commands
+    with ``cli.add_command(command)`` or ``@cli.command()``. A command whose name the core or
+    an earlier plugin already uses is refused, and the refusal is reported as a plugin failure
+    by ``horizon plugins``; the plugin's other commands are kept. Returns nothing.
     """
 
 

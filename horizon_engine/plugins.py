@@ -41,6 +41,8 @@ from horizon_engine.components import (
 from horizon_engine.errors import PluginError
 
 if TYPE_CHECKING:
+    import click
+
     from horizon_engine.run_context import RunContext, StageReport
 
 ENTRY_POINT_GROUP = "horizon"
@@ -107,6 +109,7 @@ class PluginInfo:
     source: str
     hooks: list[str] = field(default_factory=list)
     components: list[RegisteredComponent] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)
 
 
 def _split_names(value: str | None) -> set[str] | None:
@@ -297,6 +300,7 @@ class PluginHost:
                     "version": info.version,
                     "source": info.source,
                     "hooks": info.hooks,
+                    "commands": info.commands,
                     "components": [
                         {
                             "family": entry.family,
@@ -319,6 +323,38 @@ class PluginHost:
         """Each plugin that failed to load (name, entry point, error), as the run manifest
         records them: a run without a plugin it was meant to have must say so."""
         return [asdict(failure) for failure in self.failures]
+
+    def register_commands(self, cli: click.Group) -> None:
+        """Add every plugin's ``horizon_register_commands`` commands to ``cli``.
+
+        Each plugin adds to a group of its own, then its commands join ``cli`` one by one: a
+        name already taken (by the core or an earlier plugin) is refused and recorded as a
+        failure, as is a plugin whose hook raised, and the other plugins' commands still load.
+        """
+        import click
+
+        hook = self.pm.hook.horizon_register_commands
+        for impl in hook.get_hookimpls():
+            plugin = impl.plugin_name
+            staging = click.Group(name=cli.name)
+            entry_point = self._entry_point(plugin)
+            try:
+                impl.function(cli=staging)
+            except Exception as exc:
+                error = f"horizon_register_commands raised {type(exc).__name__}: {exc}"
+                self.failures.append(PluginFailure(plugin, entry_point, error))
+                continue
+            for name, command in staging.commands.items():
+                if name in cli.commands:
+                    error = f"its command 'horizon {name}' is refused: the name is taken"
+                    self.failures.append(PluginFailure(plugin, entry_point, error))
+                    continue
+                cli.add_command(command, name)
+                self.plugins[plugin].commands.append(name)
+
+    def _entry_point(self, plugin: str) -> str:
+        source = self.plugins[plugin].source
+        return source[source.find("(") + 1 : -1] if "(" in source else source
 
     # The typed façade over the lifecycle hooks: core code calls these, never ``pm.hook``.
 

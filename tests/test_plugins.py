@@ -878,3 +878,64 @@ def test_engines_are_not_normalization_types(tmp_path):
     assert "continuous" in types
     assert "timeline" not in types
     assert "normalization" not in types
+
+
+# --- Commands -----------------------------------------------------------------------------------
+
+
+def test_a_plugin_adds_commands_and_one_taken_or_raising_is_a_failure(plugin_site):
+    import click
+    from click.testing import CliRunner
+
+    install_module(
+        plugin_site,
+        "greeter",
+        """
+        import click
+        from horizon_engine import hookimpl
+
+        @hookimpl
+        def horizon_register_commands(cli):
+            @cli.command()
+            @click.argument("name")
+            def greet(name):
+                '''Say hello.'''
+                click.echo(f"hello {name}")
+
+            @cli.command("run")
+            def shadow():
+                '''Would replace the core's horizon run.'''
+        """,
+    )
+    install_module(
+        plugin_site,
+        "broken",
+        """
+        from horizon_engine import hookimpl
+
+        @hookimpl
+        def horizon_register_commands(cli):
+            raise RuntimeError("no commands today")
+        """,
+    )
+    host = only("greeter", "broken")
+
+    @click.group()
+    def cli() -> None:
+        """A stand-in for the horizon group."""
+
+    @cli.command("run")
+    def core_run() -> None:
+        click.echo("core run")
+
+    host.register_commands(cli)
+    assert sorted(cli.commands) == ["greet", "run"]
+    assert CliRunner().invoke(cli, ["greet", "ada"]).output == "hello ada\n"
+    assert CliRunner().invoke(cli, ["run"]).output == "core run\n"
+    assert host.plugins["greeter"].commands == ["greet"]
+    assert str(failure_of(host, "greeter")).endswith(
+        "failed to load: its command 'horizon run' is refused: the name is taken"
+    )
+    assert failure_of(host, "broken").error == (
+        "horizon_register_commands raised RuntimeError: no commands today"
+    )
