@@ -1,5 +1,6 @@
 """The house's walls (DESIGN.md), as import-linter contracts in pyproject.toml: the core never
-imports a plugin, plugins never import each other, trainers never import Spark.
+imports a plugin, plugins never import each other, plugins import only the public API (the
+names ``horizon_engine`` exports, never one of its modules), trainers never import Spark.
 
 The contracts are checked on the repository as it is, and on a copy with one deliberately
 broken import, which must fail: a check that cannot fail would prove nothing.
@@ -35,17 +36,23 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
 def test_the_repository_keeps_every_contract():
     result = lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Contracts: 3 kept, 0 broken." in result.stdout
+    assert "Contracts: 4 kept, 0 broken." in result.stdout
+
+
+def copy_with_import(root: Path, module: str, line: str) -> Path:
+    """The packages copied under ``root``, with ``line`` appended to ``module`` (a path)."""
+    for package in PACKAGES:
+        shutil.copytree(
+            ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    shutil.copy(ROOT / "pyproject.toml", root)
+    path = root / module
+    path.write_text(path.read_text() + f"\n{line}  # deliberately\n")
+    return root
 
 
 def test_a_core_module_importing_a_plugin_breaks_the_contract(tmp_path):
-    for package in PACKAGES:
-        shutil.copytree(
-            ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__")
-        )
-    shutil.copy(ROOT / "pyproject.toml", tmp_path)
-    errors = tmp_path / "horizon_engine" / "errors.py"
-    errors.write_text(errors.read_text() + "\nimport horizon_plugins_dqn  # deliberately\n")
+    copy_with_import(tmp_path, "horizon_engine/errors.py", "import horizon_plugins_dqn")
 
     result = lint_imports(tmp_path)
 
@@ -55,4 +62,18 @@ def test_a_core_module_importing_a_plugin_breaks_the_contract(tmp_path):
     # Every plugin imports the core's errors module, so through it the Spark plugin would now
     # reach the DQN plugin too: import-linter follows indirect imports.
     assert "Plugin packages never import each other BROKEN" in result.stdout
-    assert "Contracts: 1 kept, 2 broken." in result.stdout
+    assert "Contracts: 2 kept, 2 broken." in result.stdout
+
+
+def test_a_plugin_importing_a_core_module_breaks_the_public_api_contract(tmp_path):
+    line = "from horizon_engine.schema import ActionType"
+    copy_with_import(tmp_path, "horizon_plugins_dqn/config.py", line)
+
+    result = lint_imports(tmp_path)
+
+    assert result.returncode != 0
+    assert "Plugin packages import only the public API: horizon_engine's own names BROKEN" in (
+        result.stdout
+    )
+    assert "horizon_plugins_dqn.config -> horizon_engine.schema" in result.stdout
+    assert "Contracts: 3 kept, 1 broken." in result.stdout
