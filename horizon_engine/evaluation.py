@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from horizon_engine.errors import ConfigError, HorizonError
+from horizon_engine.errors import HorizonError
 from horizon_engine.run_context import StageReport
 
 if TYPE_CHECKING:
@@ -173,14 +173,7 @@ def run_evaluation_stage(run: RunContext, choices: list[Choice]) -> StageReport:
     from horizon_engine.files import write_json
     from horizon_engine.training import load_checkpoint, prepare_training
 
-    trainer_choice = run.spec.sections.get("trainer")
-    if trainer_choice is None:
-        raise ConfigError(
-            [
-                f"{run.spec.origin}: [[evaluation]] needs the [trainer] section the policy was "
-                "trained with"
-            ]
-        )
+    trainer_choice = run.spec.sections["trainer"]
     prepared = prepare_training(run, trainer_choice)
     prepared.trainer.load_state_dict(load_checkpoint(run.output_dir, "evaluation")["trainer"])
     eval_split = prepared.splits["eval"]

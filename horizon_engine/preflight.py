@@ -33,6 +33,12 @@ def preflight_problems(spec: PipelineSpec, stages: list[str]) -> list[str]:
     if "source" in stages and "source" in spec.sections:
         for problem in spec.sections["source"].create().problems():
             problems.append(f"{spec.where('source', 'path')}: {problem}")
+    for stage, section in (("evaluation", "[[evaluation]]"), ("export", "[export]")):
+        if stage in stages and "trainer" not in spec.sections:
+            problems.append(
+                f"{spec.where(stage)}: {section} needs the [trainer] section the policy was "
+                "trained with (the stage restores its latest checkpoint into that trainer)"
+            )
     if "trainer" in spec.sections and ({"train", "export"} & set(stages)):
         problems += _trainer_problems(spec, output_dir, "train" in stages, "timeline" in stages)
     return problems
