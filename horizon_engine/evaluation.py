@@ -87,7 +87,9 @@ class EpisodeEvaluation:
         self.episode_starts = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
         self.episode_starts = self.episode_starts.cpu()
 
-    def run(self, trainer: TrainerBase, every_epoch_only: bool = False) -> dict[str, dict]:
+    def run(
+        self, trainer: TrainerBase, every_epoch_only: bool = False
+    ) -> dict[str, dict[str, float]]:
         """Each entry's estimates for the trainer's current policy, by label (with
         ``every_epoch_only``, only the entries that run after every epoch)."""
         policy = trainer.policy()
@@ -128,7 +130,9 @@ class EpisodeEvaluation:
             models=models,
         )
 
-    def _policy_output(self, policy: torch.nn.Module, exploration: ExplorationConfig):
+    def _policy_output(
+        self, policy: torch.nn.Module, exploration: ExplorationConfig
+    ) -> PolicyOutput:
         """The policy's output on every row, computed in chunks and joined."""
         import torch
 
