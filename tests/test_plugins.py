@@ -44,8 +44,25 @@ CONSTANT_HOOKS = [
     "horizon_on_run_end",
     "horizon_on_stage_end",
     "horizon_on_stage_start",
+    "horizon_register_commands",
     "horizon_register_data_sources",
+    "horizon_register_estimators",
+    "horizon_register_exporters",
+    "horizon_register_trainers",
+    "horizon_register_transforms",
 ]
+
+CONSTANT_COMPONENTS = [
+    ("data_sources", "constant_rows"),
+    ("data_sources", "reminder_rows"),
+    ("transforms", "timeline"),
+    ("transforms", "log1p"),
+    ("trainers", "small_q"),
+    ("estimators", "one_step_ips"),
+    ("exporters", "torch_program"),
+]
+"""The third-party plugin's components: one of every family (tests/test_third_party_plugin.py
+runs each), by family and name."""
 
 
 @pytest.fixture
@@ -104,9 +121,7 @@ def test_third_party_plugin_is_discovered_through_its_entry_point(site):
     assert info.version == "0.3.1"
     assert info.source == "horizon-plugin-constant (horizon_plugin_constant)"
     assert info.hooks == CONSTANT_HOOKS
-    assert [(entry.family, entry.name) for entry in info.components] == [
-        ("data_sources", "constant_rows")
-    ]
+    assert [(entry.family, entry.name) for entry in info.components] == CONSTANT_COMPONENTS
     assert host.component("data_sources", "constant_rows").plugin == "constant"
     assert "sources" in host.plugins
     assert host.versions()["constant"] == "0.3.1"
@@ -134,8 +149,9 @@ def test_horizon_plugins_lists_the_third_party_plugin(site):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     start = lines.index("constant 0.3.1  [horizon-plugin-constant (horizon_plugin_constant)]")
-    assert lines[start + 1 : start + 6] == [
+    assert lines[start + 1 : start + 7] == [
         f"  hooks: {', '.join(CONSTANT_HOOKS)}",
+        "  commands: horizon reminder-rows",
         "  data_sources: constant_rows  Writes one discrete pre-timeline row, the same each step, "
         "for every step of every episode.",
         "      episodes: int (default 2)  How many episodes to write; with 0 the source yields "
@@ -155,8 +171,9 @@ def test_horizon_plugins_json_lists_the_third_party_plugin(site):
     assert plugin["version"] == "0.3.1"
     assert plugin["source"] == "horizon-plugin-constant (horizon_plugin_constant)"
     assert plugin["hooks"] == CONSTANT_HOOKS
-    [component] = plugin["components"]
-    assert (component["family"], component["name"]) == ("data_sources", "constant_rows")
+    components = plugin["components"]
+    assert [(c["family"], c["name"]) for c in components] == CONSTANT_COMPONENTS
+    component = components[0]
     assert component["summary"].startswith("Writes one discrete pre-timeline row")
     options = {
         option["name"]: (option["type"], option["required"], option["default"])
@@ -383,7 +400,8 @@ def test_built_in_plugin_can_be_disabled(site, tmp_path):
     host = only("constant", HORIZON_DISABLE_PLUGINS="sources")
 
     assert list(host.plugins) == [*(name for name in BUILTINS if name != "sources"), "constant"]
-    assert [entry.name for entry in host.components("data_sources")] == ["constant_rows"]
+    names = [entry.name for entry in host.components("data_sources")]
+    assert names == ["constant_rows", "reminder_rows"]
     config = {"pipeline": {"output_dir": str(tmp_path)}, "source": {"kind": "jsonl", "path": "x"}}
     with pytest.raises(ConfigError, match="no data_sources component 'jsonl' is registered"):
         Engine(plugins=host, show_progress=False).run(config)
@@ -557,7 +575,8 @@ def test_unknown_component_kind_in_a_pipeline_suggests_the_nearest_name(site, tm
     message = str(error.value)
     assert message.startswith(
         "<config>: [source] kind = 'constant_row': no data_sources component 'constant_row' is "
-        "registered; did you mean 'constant_rows'? Available: jsonl, parquet, gym, constant_rows."
+        "registered; did you mean 'constant_rows'? Available: jsonl, parquet, gym, constant_rows, "
+        "reminder_rows."
     )
     assert not (tmp_path / "run").exists()
 

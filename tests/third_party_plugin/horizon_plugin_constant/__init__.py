@@ -1,8 +1,18 @@
-"""A third party's Horizon Engine plugin: a data source of constant rows, and a run recorder.
+"""A third party's Horizon Engine plugin: one component of every family, and a run recorder.
 
-It imports only Horizon Engine's public API (the names ``horizon_engine`` exports), as any
-plugin published on its own must. The recorder keeps every
-lifecycle hook call in ``CALLS`` so that tests can see what a plugin observes of a run.
+- data sources: ``constant_rows`` (below: the same row over and over) and ``reminder_rows``
+  (``reminders``: daily send-or-skip decisions logged at random);
+- a timeline engine, ``[timeline] engine = "one_step"`` (``timeline``), and a feature type,
+  ``log1p`` (``log1p``);
+- a trainer, ``small_q`` (``trainer``: one-step Q-learning, offline and in ``horizon gym``);
+- an estimator, ``one_step_ips`` (``estimator``: inverse propensity scoring);
+- an exporter, ``torch_program`` (``exporter``: a ``torch.export`` program, ``policy.pt2``);
+- a command, ``horizon reminder-rows`` (``commands``).
+
+Every module imports only Horizon Engine's public API (the names ``horizon_engine`` exports),
+as any plugin published on its own must; docs/plugins.md shows each of them. The recorder
+keeps every lifecycle hook call in ``CALLS`` so that tests can see what a plugin observes of a
+run.
 """
 
 from __future__ import annotations
@@ -22,8 +32,16 @@ from horizon_engine import (
     SourceBatch,
     hookimpl,
 )
+from horizon_plugin_constant.estimator import OneStepIps
+from horizon_plugin_constant.exporter import TorchProgram
+from horizon_plugin_constant.log1p import Log1p
+from horizon_plugin_constant.reminders import ReminderRows
+from horizon_plugin_constant.timeline import OneStepTimeline
+from horizon_plugin_constant.trainer import SmallQ
 
 if TYPE_CHECKING:
+    import click
+
     from horizon_engine import RunContext, StageReport
 
 CALLS: list[tuple[str, dict[str, Any]]] = []
@@ -79,6 +97,35 @@ class ConstantRows(DataSource):
 @hookimpl
 def horizon_register_data_sources(register: Callable[[type], None]) -> None:
     register(ConstantRows)
+    register(ReminderRows)
+
+
+@hookimpl
+def horizon_register_transforms(register: Callable[[type], None]) -> None:
+    register(OneStepTimeline)
+    register(Log1p)
+
+
+@hookimpl
+def horizon_register_trainers(register: Callable[[type], None]) -> None:
+    register(SmallQ)
+
+
+@hookimpl
+def horizon_register_estimators(register: Callable[[type], None]) -> None:
+    register(OneStepIps)
+
+
+@hookimpl
+def horizon_register_exporters(register: Callable[[type], None]) -> None:
+    register(TorchProgram)
+
+
+@hookimpl
+def horizon_register_commands(cli: click.Group) -> None:
+    from horizon_plugin_constant.commands import reminder_rows_command
+
+    cli.add_command(reminder_rows_command)
 
 
 @hookimpl
