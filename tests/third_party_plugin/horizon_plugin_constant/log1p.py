@@ -3,7 +3,8 @@
 ``log(1 + max(x, 0)) / log(1 + max_value)``: the log compresses the long tail, and dividing by
 the log of the sample's largest value maps the sample's range onto [0, 1]. ``max_value`` is
 what the normalization stage fits for any plugin type (the sample's minimum and maximum), so
-``overrides = { "hours_away" = "log1p" }`` needs no parameter of its own.
+``overrides = { "hours_away" = "log1p" }`` needs no parameter of its own. A largest value
+below 1 counts as 1, so that the scale stays finite.
 """
 
 from __future__ import annotations
