@@ -18,6 +18,7 @@ import csv
 import json
 import math
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -408,3 +409,29 @@ def test_the_plugins_trainer_learns_cartpole_online_through_horizon_gym_train(ho
     assert int(evaluations[-1]["episode"]) <= 200
     program = torch.export.load(run / "policy.pt2").module()
     assert np.mean(greedy_returns(program, 20)) >= 60
+
+
+# --- docs/plugins.md shows this plugin ----------------------------------------------------------
+
+
+def documented_blocks(language: str) -> list[tuple[str, str]]:
+    """The ```<language> blocks of docs/plugins.md whose first line names a file
+    (``# <path>``), as (path, the rest of the block)."""
+    text = (ROOT / "docs" / "plugins.md").read_text(encoding="utf-8")
+    return re.findall(rf"```{language}\n# (\S+)[^\n]*\n(.*?)```", text, flags=re.S)
+
+
+def test_the_worked_examples_in_the_docs_are_this_plugins_code_and_configs():
+    excerpts = [
+        (path, code)
+        for path, code in documented_blocks("python")
+        if path.startswith("horizon_plugin_constant/")
+    ]
+    shown = {path.removeprefix("horizon_plugin_constant/") for path, _ in excerpts}
+    assert shown == {module.name for module in PACKAGE.glob("*.py")}
+    for path, code in excerpts:
+        source = (PROJECT / path).read_text(encoding="utf-8")
+        assert f"\n{code.strip()}\n" in source, f"docs/plugins.md: {path} is not as documented"
+    configs = dict(documented_blocks("toml"))
+    assert tomllib.loads(configs["reminders.toml"]) == reminder_pipeline(Path("runs/reminders"))
+    assert configs["gym.toml"] == GYM_TOML

@@ -99,11 +99,9 @@ class OneStepTimeline(TimelineTransform):
         action, masks, kinds = self._actions(table)
         bad_rows = _rejected_rows(rows, table, kinds, quarantine, output)
         kept = np.flatnonzero(kinds == "")
-        table = table.take(kept)
-        order = pc.sort_indices(
-            table, sort_keys=[("mdp_id", "ascending"), ("sequence_number", "ascending")]
-        ).to_numpy()
-        table, action, masks = table.take(order), action[kept][order], masks[kept][order]
+        by_episode = [("mdp_id", "ascending"), ("sequence_number", "ascending")]
+        order = kept[pc.sort_indices(table.take(kept), sort_keys=by_episode).to_numpy()]
+        table, action, masks = table.take(order), action[order], masks[order]
 
         episodes = pc.dictionary_encode(table["mdp_id"].combine_chunks())
         codes = episodes.indices.to_numpy()
