@@ -435,3 +435,10 @@ def test_the_worked_examples_in_the_docs_are_this_plugins_code_and_configs():
     configs = dict(documented_blocks("toml"))
     assert tomllib.loads(configs["reminders.toml"]) == reminder_pipeline(Path("runs/reminders"))
     assert configs["gym.toml"] == GYM_TOML
+
+
+def test_the_docs_name_every_public_name():
+    text = (ROOT / "docs" / "plugins.md").read_text(encoding="utf-8")
+    section = text.split("## The public API", 1)[1].split("\n## ", 1)[0]
+    missing = [name for name in horizon_engine.__all__ if f"`{name}`" not in section]
+    assert missing == ["__version__"], f"docs/plugins.md, 'The public API', lacks {missing}"
