@@ -49,6 +49,16 @@ def host(plugin_site: Any) -> PluginHost:
 
 
 @pytest.fixture
+def one_thread() -> Any:
+    """torch on one thread while a test learns, as the figures in its docstring were measured:
+    a sum split over threads adds in another order, and a learning run can drift from it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def horizon(host: PluginHost, monkeypatch: pytest.MonkeyPatch) -> Any:
     """The real ``horizon`` command group, run in-process by click's CliRunner, with ``host``
     as the process's plugin host: its commands are loaded afresh (as the first command a fresh
@@ -120,13 +130,14 @@ def test_every_module_of_the_plugin_imports_only_horizon_engines_public_names():
 # --- Every family in one horizon run ------------------------------------------------------------
 
 
-def test_one_pipeline_runs_every_family_of_the_plugin_and_the_trainer_learns(host, tmp_path):
+def test_one_pipeline_runs_every_family_of_the_plugin_and_the_trainer_learns(
+    host, tmp_path, one_thread
+):
     """Measured (seed 0): the policy sends to the right users on 98.5% of fresh states and
     earns 0.587 per decision (the best policy 0.603 on them, the logger 0.107); one_step_ips
     estimates 0.514 on the 350 eval decisions (its standard error there is about 0.05), the
     logger's value 0.054. The bars leave room: 95%, 0.55, and an estimate above the logger's
     by 0.3 and within 0.2 of the policy's true value."""
-    torch.set_num_threads(1)
     run = tmp_path / "run"
 
     manifest = Engine(plugins=host, show_progress=False).run(reminder_pipeline(run))
@@ -387,7 +398,9 @@ def greedy_returns(program: torch.nn.Module, episodes: int) -> list[float]:
     return returns
 
 
-def test_the_plugins_trainer_learns_cartpole_online_through_horizon_gym_train(horizon, tmp_path):
+def test_the_plugins_trainer_learns_cartpole_online_through_horizon_gym_train(
+    horizon, tmp_path, one_thread
+):
     """The same trainer, fed replay-buffer batches by ``horizon gym train``. A random policy
     lasts 22 steps of CartPole on average. Seeds 0-9 reached the score bar of 100 (a mean over
     10 greedy episodes) after 71 to 102 training episodes (1,500 to 3,000 steps); the exported
