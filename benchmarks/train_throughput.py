@@ -1,12 +1,14 @@
-"""DQN training throughput: the ``dqn`` trainer beside a bare PyTorch double-DQN loop.
+"""DQN training throughput: the train stage's ``dqn`` trainer beside a bare PyTorch double-DQN loop.
 
     .venv/bin/python benchmarks/train_throughput.py
     .venv/bin/python benchmarks/train_throughput.py --episodes 400 --epochs 5 --threads 2
 
 Builds a CartPole timeline from random play through the pipeline (gym source, timeline,
 normalization), then times, on the same rows and the same CPU threads:
-- the ``dqn`` trainer (layers [128, 64], batch 1024, double Q), as the train stage drives it:
-  shuffled minibatches from ``TimelineTensors``, the normalization in every forward pass;
+- the ``dqn`` trainer (layers [128, 64], batch 1024, double Q) driven as the train stage drives
+  it, by the training driver (``horizon_engine.driver``): set up from the run folder, shuffled
+  minibatches from ``TimelineTensors``, each through ``train_batch`` (the update, the metrics'
+  sums), the normalization in every forward pass;
 - a bare loop: the same network and double-DQN update on tensors normalized once beforehand,
   minibatches by a random permutation.
 Prints updates/s and transitions/s of both and the ratio (trainer / bare; the target is 0.85).
@@ -24,27 +26,35 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from horizon_engine.dataset import load_timeline
-from horizon_engine.normalization import read_normalization
+from horizon_engine.config import build_spec
+from horizon_engine.driver import TrainingDriver, load_split, timeline_problem
 from horizon_engine.pipeline import Engine
-from horizon_engine.preprocessor import build_preprocessor
-from horizon_engine.schema import ActionType
-from horizon_engine.training import TrainingProblem
-from horizon_plugins_dqn import DqnConfig, DqnTrainer
+from horizon_engine.run_context import RunContext
 
 BATCH = 1024
 ACTIONS = ["0", "1"]
 
 
-def cartpole_timeline(folder: Path, episodes: int) -> Path:
+def cartpole_run(folder: Path, episodes: int) -> RunContext:
+    """A run folder holding a random CartPole timeline and its normalization, and the run's
+    context with a ``[trainer]`` section for the dqn trainer."""
     config = {
         "pipeline": {"output_dir": str(folder), "seed": 0},
         "source": {"kind": "gym", "episodes": episodes, "ds": "2019-01-01"},
         "timeline": {"actions": ACTIONS, "eval_fraction": 0.0},
         "normalization": {"quantiles": False},
     }
-    Engine(show_progress=False).run(config)
-    return folder
+    engine = Engine(show_progress=False)
+    engine.run(config)
+    config["trainer"] = {
+        "kind": "dqn",
+        "minibatch_size": BATCH,
+        "layers": [128, 64],
+        "double_q": True,
+        "device": "cpu",
+    }
+    spec = build_spec(config, engine.plugins)
+    return RunContext(spec, folder, engine.plugins, "benchmark")
 
 
 def timed(run_epoch: Callable[[], int], epochs: int) -> tuple[float, int]:
@@ -63,34 +73,18 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as temporary:
-        run = cartpole_timeline(Path(temporary), args.episodes)
-        parameters = read_normalization(run / "normalization.json")["state_features"]
-        feature_ids = list(parameters)
-        data = load_timeline(
-            run / "timeline" / "train", ActionType.DISCRETE, feature_ids, actions=ACTIONS
-        )
-    preprocessor = build_preprocessor(feature_ids, parameters)
-    trainer = DqnTrainer(DqnConfig(minibatch_size=BATCH, layers=[128, 64], double_q=True))
-    trainer.setup(
-        TrainingProblem(
-            ActionType.DISCRETE,
-            ACTIONS,
-            preprocessor,
-            len(preprocessor.output_names),
-            None,
-            0,
-            torch.device("cpu"),
-            0,
-        )
-    )
+        run = cartpole_run(Path(temporary), args.episodes)
+        description, normalization = timeline_problem(run)
+        driver = TrainingDriver(run, run.spec.sections["trainer"], description, normalization)
+        data = load_split(run, description, "train", driver.device)
+    preprocessor = driver.problem.state_preprocessor
     generator = torch.Generator().manual_seed(0)
 
     def trainer_epoch() -> int:
-        updates = 0
+        updates = driver.updates
         for batch in data.minibatches(BATCH, generator):
-            trainer.train_step(batch)
-            updates += 1
-        return updates
+            driver.train_batch(batch)
+        return driver.updates - updates
 
     with torch.no_grad():
         states = preprocessor(data.state, data.state_presence)
@@ -135,14 +129,14 @@ def main() -> None:
         f"{torch.get_num_threads()} torch thread(s)"
     )
     results = {}
-    for name, run_epoch in (("dqn trainer", trainer_epoch), ("bare loop", bare_epoch)):
+    for name, run_epoch in (("dqn (driver)", trainer_epoch), ("bare loop", bare_epoch)):
         seconds, updates = timed(run_epoch, args.epochs)
         results[name] = updates / seconds
         print(
             f"{name:>12}: {updates / seconds:8,.0f} updates/s  "
             f"{updates * BATCH / seconds:12,.0f} transitions/s"
         )
-    ratio = results["dqn trainer"] / results["bare loop"]
+    ratio = results["dqn (driver)"] / results["bare loop"]
     print(f"ratio (trainer / bare): {ratio:.2f}  (target 0.85)")
 
 

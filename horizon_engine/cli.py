@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import wraps
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -152,7 +152,7 @@ def plugins(as_json: bool) -> None:
     host = get_plugin_host()
     listing = host.describe()
     failures = host.load_failures()
-    sections = _core_sections()
+    sections = _sections(root.command)
     if as_json:
         found = {"sections": sections, "plugins": listing, "failures": failures}
         click.echo(json.dumps(found, indent=2, default=str))
@@ -177,25 +177,41 @@ def plugins(as_json: bool) -> None:
         )
 
 
-def _core_sections() -> list[dict[str, Any]]:
-    """The sections the core itself reads, listed before the plugins' components: every
-    section a user can write is in the listing."""
+def _sections(cli: click.Group) -> list[dict[str, Any]]:
+    """Every section a user can write, listed before the plugins' components: the core's own
+    ``[pipeline]``, then each section a command reads that no component owns, which the
+    command declares as ``config_sections`` (section name -> its config model), as
+    ``horizon gym train`` declares ``[gym]``."""
     from horizon_engine.components import config_options
     from horizon_engine.config import PipelineSection
-    from horizon_engine.online.config import GymSection
 
-    return [
+    sections = [
         {
             "section": "pipeline",
             "summary": "options of the run as a whole (pipeline.toml)",
             "options": config_options(PipelineSection),
-        },
-        {
-            "section": "gym",
-            "summary": "online training in a Gymnasium environment (horizon gym train)",
-            "options": config_options(GymSection),
-        },
+        }
     ]
+    for path, command in _commands(cli, "horizon"):
+        for name, model in getattr(command, "config_sections", {}).items():
+            summary = (model.__doc__ or name).strip().splitlines()[0].rstrip(".")
+            sections.append(
+                {
+                    "section": name,
+                    "summary": f"{summary[:1].lower()}{summary[1:]} ({path})",
+                    "command": path,
+                    "options": config_options(model),
+                }
+            )
+    return sections
+
+
+def _commands(group: click.Group, path: str) -> Iterator[tuple[str, click.Command]]:
+    """Every command under ``group`` (groups' subcommands too), with its command line."""
+    for name, command in group.commands.items():
+        yield f"{path} {name}", command
+        if isinstance(command, click.Group):
+            yield from _commands(command, f"{path} {name}")
 
 
 def _echo_options(options: list[dict[str, Any]], indent: str) -> None:
@@ -209,23 +225,18 @@ def _echo_options(options: list[dict[str, Any]], indent: str) -> None:
 @_set_option
 @_user_errors
 def export(run_dir: Path, overrides: tuple[str, ...]) -> None:
-    """Export the trained policy of RUN_DIR (the output folder of `horizon run` or of
-    `horizon gym train`) as its [export] says (ONNX by default), from the run's own manifest
-    and latest checkpoint."""
-    from horizon_engine.errors import HorizonError
-    from horizon_engine.online.export import export_gym_run, is_gym_run
+    """Export the trained policy of RUN_DIR (the output folder of `horizon run`, or of a
+    command that trains, such as `horizon gym train`) as its [export] says (ONNX by default),
+    from the run's own manifest and latest checkpoint."""
+    from horizon_engine.export import export_run_folder, read_manifest
     from horizon_engine.pipeline import Engine
 
     plugins = _plugin_host()
-    if is_gym_run(run_dir):
-        exported = export_gym_run(run_dir, overrides, plugins)
+    config = read_manifest(run_dir / "manifest.json")["config"]
+    if "pipeline" not in config:
+        exported = export_run_folder(run_dir, overrides, plugins)
         _echo_export(run_dir, exported["outputs"], exported["details"])
         return
-    manifest_path = run_dir / "manifest.json"
-    try:
-        config = json.loads(manifest_path.read_text(encoding="utf-8"))["config"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise HorizonError(f"{manifest_path}: not a run's manifest ({exc})") from None
     config["pipeline"]["output_dir"] = str(run_dir)
     config["pipeline"]["stages"] = None
     config.setdefault("export", {"kind": "onnx"})
@@ -242,142 +253,3 @@ def _echo_export(run_dir: Path, outputs: list[str], details: dict[str, Any]) -> 
             f"checked on {details['verified_rows']} rows: largest difference from PyTorch "
             f"{details['max_abs_difference']:.2g}"
         )
-
-
-@main.group()
-def gym() -> None:
-    """Work with Gymnasium environments."""
-
-
-@gym.command()
-@click.option("--env", "env_id", default="CartPole-v1", show_default=True, help="Environment id.")
-@click.option("--episodes", default=200, show_default=True, type=click.IntRange(min=1))
-@click.option(
-    "--epsilon",
-    default=1.0,
-    show_default=True,
-    type=click.FloatRange(0.0, 1.0),
-    help="Chance of a uniform random action; 1.0 is a random policy.",
-)
-@click.option(
-    "--model",
-    type=click.Path(exists=True, dir_okay=False),
-    help="ONNX model to be greedy about.",
-)
-@click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--ds", help="The ds date written into every row (default: today).")
-@click.option(
-    "-o",
-    "--output",
-    required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="JSONL file to write the pre-timeline rows to.",
-)
-@_user_errors
-def collect(
-    env_id: str,
-    episodes: int,
-    epsilon: float,
-    model: str | None,
-    seed: int,
-    ds: str | None,
-    output: Path,
-) -> None:
-    """Log a random or epsilon-greedy policy's decisions as pre-timeline JSON rows."""
-    from horizon_engine.builtin.gym_source import GymSourceConfig, collect_rows
-    from horizon_engine.files import atomic_output
-    from horizon_engine.progress import progress_bar
-
-    _check_env_option(env_id)
-    if epsilon < 1.0 and model is None:
-        raise click.UsageError(
-            f"--epsilon {epsilon:g} is epsilon-greedy, which needs --model PATH.onnx to be "
-            "greedy about (--epsilon 1.0 is the uniform random policy)"
-        )
-    config = GymSourceConfig(
-        env=env_id,
-        episodes=episodes,
-        policy="random" if epsilon == 1.0 and model is None else "epsilon_greedy",
-        epsilon=epsilon,
-        model=model,
-        ds=ds,
-    )
-    count = 0
-    with (
-        atomic_output(output) as temporary,
-        temporary.open("w", encoding="utf-8") as handle,
-        progress_bar(f"{env_id} episodes", episodes, sys.stdout.isatty()) as advance,
-    ):
-        for _, row in collect_rows(config, seed):
-            handle.write(json.dumps(row) + "\n")
-            count += 1
-            advance(int(row["sequence_number"] == 0))
-    click.echo(f"wrote {count} rows from {episodes} episodes of {env_id} to {output}")
-
-
-def _check_env_option(env_id: str) -> None:
-    """Make the ``--env`` environment once before collecting, so that an unknown or
-    uninstallable environment is blamed on the option the user typed; the gym source it is
-    collected with would blame a ``[source]`` section the user never wrote."""
-    import gymnasium
-
-    try:
-        environment = gymnasium.make(env_id)
-    except gymnasium.error.Error as exc:
-        raise click.BadParameter(str(exc), param_hint="'--env'") from None
-    environment.close()
-
-
-@gym.command("train")
-@click.argument("gym_toml", type=click.Path(dir_okay=False, path_type=Path))
-@click.option(
-    "--set",
-    "overrides",
-    multiple=True,
-    metavar="SECTION.KEY=VALUE",
-    help="Override a key of the gym file, e.g. --set gym.seed=3.",
-)
-@click.option(
-    "-s", "--score-bar", type=float, help="Stop once an evaluation's mean return reaches it."
-)
-@click.option(
-    "-r",
-    "--reward-history",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="CSV file for the evaluations: timestep, episode, mean_return.",
-)
-@click.option(
-    "-f",
-    "--rows",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="JSONL file for every training transition, as pre-timeline rows.",
-)
-@click.option(
-    "-o",
-    "--output-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="The run's folder (default: [gym] output_dir).",
-)
-@_user_errors
-def gym_train(
-    gym_toml: Path,
-    overrides: tuple[str, ...],
-    score_bar: float | None,
-    reward_history: Path | None,
-    rows: Path | None,
-    output_dir: Path | None,
-) -> None:
-    """Train a policy online in a Gymnasium environment, as GYM_TOML (a gym.toml) says."""
-    from horizon_engine.online.config import load_gym_spec
-    from horizon_engine.online.runner import train_gym
-
-    settings = list(overrides)
-    if score_bar is not None:
-        settings.append(f"gym.score_bar={score_bar!r}")
-    if output_dir is not None:
-        settings.append(f"gym.output_dir={json.dumps(str(output_dir))}")
-    plugins = _plugin_host()
-    spec = load_gym_spec(gym_toml, plugins, settings)
-    result = train_gym(spec, plugins, rows, reward_history, sys.stdout.isatty())
-    for line in result.report(spec.gym.avg_over_num_episodes, (rows, reward_history)):
-        click.echo(line)

@@ -174,13 +174,17 @@ class EpisodeEvaluation:
 def run_evaluation_stage(run: RunContext, choices: list[Choice]) -> StageReport:
     """Run every ``[[evaluation]]`` estimator once on the eval split, for the latest
     checkpoint's policy; write ``evaluation.json``."""
+    from horizon_engine.driver import load_split, restore_trainer, timeline_problem
     from horizon_engine.files import write_json
-    from horizon_engine.training import load_checkpoint, prepare_training
+    from horizon_engine.training import resolve_device
 
     trainer_choice = run.spec.sections["trainer"]
-    prepared = prepare_training(run, trainer_choice)
-    prepared.trainer.load_state_dict(load_checkpoint(run.output_dir, "evaluation")["trainer"])
-    eval_split = prepared.splits["eval"]
+    description, _ = timeline_problem(run)
+    device = resolve_device(trainer_choice.config.device)
+    trainer, _ = restore_trainer(
+        run.output_dir, trainer_choice, description, run.plugins, device, "evaluation"
+    )
+    eval_split = load_split(run, description, "eval", device)
     if not len(eval_split):
         raise HorizonError(
             f"[[evaluation]] {run.output_dir / 'timeline' / 'eval'} holds no rows: the "
@@ -188,11 +192,11 @@ def run_evaluation_stage(run: RunContext, choices: list[Choice]) -> StageReport:
         )
     evaluation = EpisodeEvaluation(
         choices,
-        prepared.problem.action_type,
+        description.action_type,
         eval_split,
         read_metrics(run.output_dir / "timeline" / "eval"),
     )
-    estimates = evaluation.run(prepared.trainer)
+    estimates = evaluation.run(trainer)
     write_json(
         run.output_dir / EVALUATION_FILE,
         {

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from horizon_engine.config import SECTIONS, Choice, PipelineSpec, build_spec
+from horizon_engine.driver import CHECK_ROWS_FILE, PROBLEM_FILE
 from horizon_engine.errors import (
     BAD_ROWS_SHOWN,
     BadRowsError,
@@ -394,63 +395,42 @@ def run_normalization_stage(run: RunContext, choice: Choice) -> StageReport:
 def run_train_stage(run: RunContext, choice: Choice) -> StageReport:
     """Train on ``timeline/train``, evaluate on ``timeline/eval`` after every epoch.
 
-    The timeline is loaded into dense tensors once and moved to the device once; every epoch
-    is one pass of shuffled minibatches (a seeded generator), then the trainer's evaluation, a
-    checkpoint (``checkpoints/epoch-NNNN.pt`` and ``latest.pt``, written atomically) and
-    ``horizon_on_epoch_end`` with the epoch's metrics.
+    The training driver (``horizon_engine.driver``) sets the trainer up for the timeline's
+    problem and drives it: the timeline is loaded into dense tensors once and moved to the
+    device once; every epoch is one pass of shuffled minibatches (a seeded generator), then the
+    trainer's evaluation, the per-epoch estimators, a checkpoint
+    (``checkpoints/epoch-NNNN.pt`` and ``latest.pt``, written atomically) and
+    ``horizon_on_epoch_end`` with the epoch's metrics. The first eval rows (train rows without
+    an eval split) are kept to check the exported model on.
     """
-    import torch
+    from horizon_engine.driver import TrainingDriver, load_split, timeline_problem
 
-    from horizon_engine.training import load_checkpoint, prepare_training, save_checkpoint
-
-    config = choice.config
-    prepared = prepare_training(run, choice)
-    trainer, splits = prepared.trainer, prepared.splits
-    if config.warm_start_from:
-        trainer.load_state_dict(load_checkpoint(Path(config.warm_start_from))["trainer"])
-    epoch_estimators = None
-    if any(choice.config.every_epoch for choice in run.spec.evaluation) and len(splits["eval"]):
+    description, normalization = timeline_problem(run)
+    driver = TrainingDriver(run, choice, description, normalization)
+    train, evaluation = (
+        load_split(run, description, split, driver.device) for split in ("train", "eval")
+    )
+    driver.save_check_rows((evaluation if len(evaluation) else train).tensors())
+    estimators = None
+    if any(entry.config.every_epoch for entry in run.spec.evaluation) and len(evaluation):
         from horizon_engine.evaluation import EpisodeEvaluation, read_metrics
 
-        epoch_estimators = EpisodeEvaluation(
+        estimators = EpisodeEvaluation(
             run.spec.evaluation,
-            prepared.problem.action_type,
-            splits["eval"],
+            description.action_type,
+            evaluation,
             read_metrics(run.output_dir / "timeline" / "eval"),
         )
-    generator = torch.Generator().manual_seed(run.seed)
-    history = []
-    checkpoints: list[str] = []
-    with run.progress("training", total=config.epochs) as advance:
-        for epoch in range(1, config.epochs + 1):
-            sums: dict[str, float] = {}
-            batches = 0
-            for batch in splits["train"].minibatches(config.minibatch_size, generator):
-                for name, value in trainer.train_step(batch).items():
-                    sums[name] = sums.get(name, 0.0) + value
-                batches += 1
-            metrics = {f"Training/{name}": total / batches for name, total in sums.items()}
-            if len(splits["eval"]):
-                evaluation = trainer.evaluate(splits["eval"])
-                metrics |= {f"Evaluation/{name}": value for name, value in evaluation.items()}
-            if epoch_estimators is not None:
-                metrics |= epoch_estimators.epoch_metrics(trainer)
-            saved = save_checkpoint(
-                run.output_dir / CHECKPOINTS, epoch, {"trainer": trainer.state_dict()}
-            )
-            checkpoints.append(f"{CHECKPOINTS}/{saved.name}")
-            run.plugins.on_epoch_end(run, epoch, metrics)
-            history.append(metrics)
-            advance(1)
+    history = driver.train_epochs(train, evaluation, estimators)
     return StageReport(
         "train",
-        rows_in=len(splits["train"]),
-        rows_out=len(splits["train"]),
-        outputs=[f"{CHECKPOINTS}/latest.pt", *checkpoints],
+        rows_in=len(train),
+        rows_out=len(train),
+        outputs=[*driver.outputs, *driver.checkpoints],
         details={
-            "device": str(prepared.problem.device),
-            "epochs": config.epochs,
-            "eval_rows": len(splits["eval"]),
+            "device": str(driver.device),
+            "epochs": choice.config.epochs,
+            "eval_rows": len(evaluation),
             "first_epoch": history[0],
             "last_epoch": history[-1],
         },
@@ -459,16 +439,15 @@ def run_train_stage(run: RunContext, choice: Choice) -> StageReport:
 
 def run_export_stage(run: RunContext, choice: Choice) -> StageReport:
     """Export the trained policy (the latest checkpoint) with the configured exporter."""
-    from horizon_engine.export import policy_bundle
+    from horizon_engine.export import export_policy, trained_policy
 
-    exporter = choice.create()
     if "trainer" not in run.spec.sections:
         raise ConfigError(
             [f"{run.spec.origin}: [export] needs the [trainer] section the model was trained with"]
         )
-    bundle = policy_bundle(run, run.spec.sections["trainer"])
-    outputs = exporter.export(run, bundle)
-    return StageReport("export", outputs=outputs, details=exporter.details)
+    model = trained_policy(run.output_dir, run.spec.sections["trainer"], run.plugins)
+    exported = export_policy(run, choice, model)
+    return StageReport("export", outputs=exported["outputs"], details=exported["details"])
 
 
 STAGES: tuple[Stage, ...] = (
@@ -496,7 +475,12 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "train",
         "trainer",
-        (f"{CHECKPOINTS}/latest.pt", f"{CHECKPOINTS}/epoch-*.pt"),
+        (
+            f"{CHECKPOINTS}/latest.pt",
+            f"{CHECKPOINTS}/epoch-*.pt",
+            PROBLEM_FILE,
+            CHECK_ROWS_FILE,
+        ),
         ("timeline/timeline.json", NORMALIZATION_FILE),
         run_train_stage,
     ),
@@ -507,7 +491,18 @@ STAGES: tuple[Stage, ...] = (
         ("timeline/timeline.json", NORMALIZATION_FILE, f"{CHECKPOINTS}/latest.pt"),
         run_evaluation_stage,
     ),
-    Stage("export", "export", ("model.onnx",), (f"{CHECKPOINTS}/latest.pt",), run_export_stage),
+    Stage(
+        "export",
+        "export",
+        ("model.onnx",),
+        (
+            f"{CHECKPOINTS}/latest.pt",
+            PROBLEM_FILE,
+            CHECK_ROWS_FILE,
+            NORMALIZATION_FILE,
+        ),
+        run_export_stage,
+    ),
 )
 """The stages this version can run, in pipeline order."""
 

@@ -55,6 +55,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "horizon_engine.builtin.onnx_export",
     "horizon_engine.builtin.feature_types",
     "horizon_engine.builtin.estimators",
+    "horizon_engine.builtin.gym",
 )
 """Modules of the core's own plugins, registered under their last dotted name."""
 

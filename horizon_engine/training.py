@@ -1,10 +1,11 @@
-"""The training loop every trainer shares, and the contract a trainer implements.
+"""The contract a trainer implements, and the checkpoints every way of training writes.
 
-The core owns what every trainer needs (DESIGN.md, issue 5): the timeline loaded into dense
-tensors once, shuffled minibatches, epochs, seeds, device choice, checkpoints after every epoch
-(written atomically), warm start from an earlier run, and ``horizon_on_epoch_end`` with each
-epoch's metrics. A trainer implements the math of one update (``train_step``), its evaluation
-on the eval split, and the policy module that export and counterfactual evaluation use.
+The core owns what every trainer needs (DESIGN.md, issue 5), once, in the training driver
+(``horizon_engine.driver``): the problem a trainer is set up for, batches, epochs, seeds,
+device choice, checkpoints after every epoch (written atomically, read back as data only),
+warm start from an earlier run, and ``horizon_on_epoch_end`` with each epoch's metrics. A
+trainer implements the math of one update (``train_step``), its evaluation on the eval split,
+and the policy module that export and counterfactual evaluation use.
 
 torch is imported where it is used: the trainers family is listed by ``horizon plugins``.
 """
@@ -12,7 +13,7 @@ torch is imported where it is used: the trainers family is listed by ``horizon p
 from __future__ import annotations
 
 from abc import abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -24,9 +25,7 @@ from horizon_engine.errors import HorizonError
 if TYPE_CHECKING:
     import torch
 
-    from horizon_engine.config import Choice
     from horizon_engine.dataset import TimelineTensors
-    from horizon_engine.run_context import RunContext
     from horizon_engine.schema import ActionType
 
 CHECKPOINTS = "checkpoints"
@@ -62,16 +61,19 @@ class TrainingProblem:
     action_width: int
     device: torch.device
     seed: int
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Facts a trainer may check: ``n_step``, the timeline's n-step window."""
+    n_step: int | None = None
+    """The data's n-step window: each row's next ``n_step`` steps are in the batch
+    (``next_n_*``) when it is above 1. The timeline's ``[timeline] n_step`` offline, the
+    replay buffer's ``[gym] n_step`` online; a trainer checks its own option against it. The
+    driver always sets it; None (a problem built by hand) leaves the batches to tell."""
 
 
 class TrainerBase(Trainer):
-    """A trainer the core's loop can drive. Subclass it and register it as a trainer.
+    """A trainer the training driver can drive. Subclass it and register it as a trainer.
 
-    The loop calls ``setup`` once, then ``train_step`` for every minibatch (a dict of tensors
-    named as ``TimelineTensors``' fields, already on the device) and ``evaluate`` on the eval
-    split after every epoch; ``state_dict``/``load_state_dict`` make checkpoints and warm
+    The driver calls ``setup`` once, then ``train_step`` for every minibatch (a dict of tensors
+    named as the batch schema says, already on the device) and ``evaluate`` on the eval split
+    after every epoch; ``state_dict``/``load_state_dict`` make checkpoints and warm
     starts; ``policy`` is the trained model for export and evaluation.
     """
 
@@ -87,7 +89,7 @@ class TrainerBase(Trainer):
 
     def evaluate(self, data: TimelineTensors) -> dict[str, float]:
         """Metrics on the eval split (e.g. ``mc_loss``), without changing the model; none by
-        default (the online runner evaluates by playing, and never calls it)."""
+        default (horizon gym train evaluates by playing, and never calls it)."""
         return {}
 
     @abstractmethod
@@ -162,70 +164,3 @@ def load_checkpoint(run_folder: Path, purpose: str = "warm start") -> dict[str, 
             f"{where}: {path} holds more than tensors and plain data, and is not loaded "
             f"(it could run code): {reason}"
         ) from None
-
-
-@dataclass
-class PreparedTraining:
-    """A trainer set up for a run's data, with the data as tensors on its device."""
-
-    trainer: TrainerBase
-    problem: TrainingProblem
-    splits: dict[str, TimelineTensors]
-    feature_ids: list[str]
-
-
-def prepare_training(run: RunContext, choice: Choice) -> PreparedTraining:
-    """Load the run's timeline and normalization, build the preprocessors, set the trainer up.
-
-    Shared by the train stage and the export stage (which restores a checkpoint into the
-    same set-up trainer), so that both see the same features in the same order.
-    """
-    import torch
-
-    from horizon_engine.dataset import load_timeline
-    from horizon_engine.normalization import NORMALIZATION_FILE, read_normalization
-    from horizon_engine.preprocessor import build_preprocessor
-    from horizon_engine.schema import ActionType
-    from horizon_engine.timeline import TimelineInfo
-
-    trainer = choice.create()
-    timeline = run.output_dir / "timeline"
-    info = TimelineInfo.read(timeline)
-    action_type = ActionType(info.action_type)
-    normalization = read_normalization(run.output_dir / NORMALIZATION_FILE)
-    state_parameters = normalization["state_features"]
-    action_parameters = normalization.get("action_features", {})
-    max_feature_value = 6.0
-    if "normalization" in run.spec.sections:
-        max_feature_value = run.spec.sections["normalization"].config.max_feature_value
-    torch.manual_seed(run.seed)
-    device = resolve_device(choice.config.device)
-    feature_ids = list(state_parameters)
-    splits = {
-        split: load_timeline(
-            timeline / split, action_type, feature_ids, list(action_parameters), info.actions or []
-        ).to(device)
-        for split in ("train", "eval")
-    }
-
-    def preprocessor(parameters: dict) -> torch.nn.Module | None:
-        if not parameters:
-            return None
-        built = build_preprocessor(list(parameters), parameters, max_feature_value, run.plugins)
-        return built.to(device)
-
-    state_preprocessor = preprocessor(state_parameters)
-    action_preprocessor = preprocessor(action_parameters)
-    problem = TrainingProblem(
-        action_type=action_type,
-        actions=info.actions or [],
-        state_preprocessor=state_preprocessor,
-        state_width=len(state_preprocessor.output_names),
-        action_preprocessor=action_preprocessor,
-        action_width=len(action_preprocessor.output_names) if action_preprocessor else 0,
-        device=device,
-        seed=run.seed,
-        extra={"n_step": info.n_step},
-    )
-    trainer.setup(problem)
-    return PreparedTraining(trainer, problem, splits, feature_ids)

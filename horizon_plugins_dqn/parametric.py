@@ -52,7 +52,7 @@ class ParametricDqnTrainer(QLearningTrainer):
                 "[trainer] kind = 'parametric_dqn' needs action features in normalization.json "
                 "(action_features); rerun the normalization stage"
             )
-        self.check_n_step(problem.extra.get("n_step"))
+        self.check_n_step(problem.n_step)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(problem.seed)
             self.q_network = ParametricQNetwork(

@@ -63,11 +63,12 @@ class QLearningTrainer(TrainerBase):
         """Every optimizer whose learning rate decays (a subclass adds its extra models')."""
         return [self.optimizer]
 
-    def check_n_step(self, timeline_n_step: int | None) -> None:
-        """``n_step > 1`` needs a timeline with the same n-step window."""
+    def check_n_step(self, data_n_step: int | None) -> None:
+        """``n_step > 1`` needs data with the same n-step window (``TrainingProblem.n_step``;
+        None when the problem does not say, and the batches tell)."""
         n_step = self.config.n_step
-        if n_step > 1 and timeline_n_step is not None and timeline_n_step != n_step:
-            raise HorizonError(n_step_mismatch(n_step, f"n_step = {timeline_n_step}"))
+        if n_step > 1 and data_n_step is not None and data_n_step != n_step:
+            raise HorizonError(n_step_mismatch(n_step, f"n_step = {data_n_step}"))
 
     def td_loss(self, logged: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         import torch.nn.functional as F
@@ -189,7 +190,8 @@ def checkpoint_mismatch(exc: Exception) -> HorizonError:
 
 def n_step_mismatch(n_step: int, found: str) -> str:
     return (
-        f"[trainer] n_step = {n_step} needs a timeline built with [timeline] n_step = {n_step}, "
-        f"which holds each row's next {n_step} steps and the state where they end; this "
+        f"[trainer] n_step = {n_step} needs a timeline built with [timeline] n_step = {n_step} "
+        f"(online: a replay buffer with [gym] n_step = {n_step}), which holds each row's next "
+        f"{n_step} steps and the state where they end; this "
         f"timeline has {found}. Rebuild the timeline (--stages timeline,normalization,train)"
     )

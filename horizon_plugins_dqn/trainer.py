@@ -47,7 +47,7 @@ class DqnTrainer(QLearningTrainer):
                 f"[trainer] kind = 'dqn' trains on discrete actions; the timeline's actions "
                 f"are {problem.action_type.value}"
             )
-        self.check_n_step(problem.extra.get("n_step"))
+        self.check_n_step(problem.n_step)
         unknown = sorted(set(config.reward_boost) - set(problem.actions))
         if unknown:
             raise HorizonError(

@@ -128,15 +128,18 @@ def test_help_and_plugins_do_not_import_heavy_libraries():
     assert result.stdout.strip() == "[]"
 
 
-def test_horizon_plugins_lists_the_cores_own_sections():
-    """Every section a user can write is listed: [pipeline] and [gym] beside the components."""
+def test_horizon_plugins_lists_every_section_beside_the_components():
+    """Every section a user can write is listed: the core's [pipeline], and [gym], which the
+    gym plugin's ``horizon gym train`` declares as a section it reads (``config_sections``)."""
     result = CliRunner().invoke(main, ["plugins", "--json"])
     assert result.exit_code == 0, result.output
+    listed = json.loads(result.output)["sections"]
     sections = {
         section["section"]: {option["name"]: option for option in section["options"]}
-        for section in json.loads(result.output)["sections"]
+        for section in listed
     }
     assert list(sections) == ["pipeline", "gym"]
+    assert listed[1]["command"] == "horizon gym train"
     assert sections["pipeline"]["on_bad_rows"]["default"] == "fail"
     assert sections["gym"]["score_bar"]["help"].startswith("Stop once an evaluation's mean")
     text = CliRunner().invoke(main, ["plugins"]).output

@@ -250,7 +250,7 @@ def test_n_step_needs_a_timeline_with_the_same_n_step():
         dqn.train_step(too_long)
     told = DqnTrainer(DqnConfig(n_step=3))
     timeline = problem()
-    timeline.extra["n_step"] = 2
+    timeline.n_step = 2
     with pytest.raises(HorizonError, match="this timeline has n_step = 2"):
         told.setup(timeline)
 

@@ -80,6 +80,26 @@ def test_export_alone_reads_the_earlier_stages_files(trainer_host, tmp_path):
     assert set(manifest["stages"]) == {"source", "timeline", "normalization", "train", "export"}
 
 
+def test_export_reads_only_the_run_folders_own_files_not_the_timeline(trainer_host, tmp_path):
+    """The training kept what export checks (``problem.json``, ``check_rows.pt``): with the
+    timeline gone, the export is the same model checked on the same first eval rows."""
+    import shutil
+
+    def metadata() -> dict[str, str]:
+        model = onnx.load(str(tmp_path / "model.onnx"))
+        return {entry.key: entry.value for entry in model.metadata_props if entry.key != "run_id"}
+
+    engine = Engine(plugins=trainer_host, show_progress=False)
+    config = pipeline(tmp_path)
+    first = engine.run(config)["stages"]["export"]
+    written = metadata()
+    shutil.rmtree(tmp_path / "timeline")
+    again = engine.run(config, stages=["export"])["stages"]["export"]
+    assert 0 < first["details"]["verified_rows"] <= 1024
+    assert again["details"] == first["details"]
+    assert metadata() == written
+
+
 def test_export_without_a_checkpoint_says_which_stage_writes_it(trainer_host, tmp_path):
     engine = Engine(plugins=trainer_host, show_progress=False)
     with pytest.raises(HorizonError, match="stage 'train' writes"):

@@ -16,14 +16,16 @@ import torch
 from click.testing import CliRunner
 from test_dqn_reference import onnx_greedy_return
 
+from horizon_engine.batch_schema import check_batch
+from horizon_engine.builtin.gym.config import GymSection, epsilon_at, load_gym_spec
+from horizon_engine.builtin.gym.replay_buffer import ReplayBuffer, one_hot_actions
+from horizon_engine.builtin.gym.results import REWARD_HISTORY_COLUMNS
+from horizon_engine.builtin.gym.runner import train_gym
 from horizon_engine.builtin.gym_source import GymSourceConfig, collect_rows
 from horizon_engine.cli import main
+from horizon_engine.dataset import load_timeline
 from horizon_engine.errors import ConfigError, HorizonError
 from horizon_engine.normalization import NormalizationParameters
-from horizon_engine.online.config import GymSection, epsilon_at, load_gym_spec
-from horizon_engine.online.replay_buffer import ReplayBuffer, one_hot_actions
-from horizon_engine.online.results import REWARD_HISTORY_COLUMNS
-from horizon_engine.online.runner import train_gym
 from horizon_engine.pipeline import Engine
 from horizon_engine.plugins import PluginHost
 from horizon_engine.preprocessor import build_preprocessor
@@ -181,6 +183,8 @@ def test_batch_names_shapes_and_dtypes_are_the_timeline_tensors():
         "next_state": ((4, 1), torch.float32),
         "next_state_presence": ((4, 1), torch.float32),
         **{name: ((4,), torch.float32) for name in float_rows},
+        "episode_id": ((4,), torch.int64),
+        "step": ((4,), torch.int64),
         "action": ((4,), torch.int64),
         "next_action": ((4,), torch.int64),
         "possible_actions": ((4, 2), torch.float32),
@@ -196,6 +200,48 @@ def test_batch_names_shapes_and_dtypes_are_the_timeline_tensors():
     assert {name: (tuple(t.shape), t.dtype) for name, t in batch.items()} == expected
     assert batch["time_diff"].tolist() == [1.0] * 4
     assert batch["state_presence"].tolist() == [[1.0]] * 4
+
+
+def test_episodes_are_numbered_in_play_order_and_steps_within_them():
+    buffer = filled(10, [(2, "terminated"), (3, "truncated"), (2, "running")])
+    assert rows(buffer, "episode_id") == [0, 0, 1, 1, 1, 2, 2]
+    assert rows(buffer, "step") == [0, 1, 0, 1, 2, 0, 1]
+
+
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_replay_and_timeline_batches_both_follow_the_batch_schema(tmp_path, n_step):
+    """A trainer cannot tell online from offline training: a replay-buffer batch and a
+    timeline minibatch hold the same tensors (discrete, and parametric as the gym offers it:
+    one-hot actions), by ``check_batch``."""
+    buffer = filled(64, [(30, "terminated"), (20, "truncated"), (10, "running")], n_step)
+    check_batch(buffer.sample(16), ActionType.DISCRETE)
+    parametric = filled(64, [(30, "terminated"), (20, "truncated")], n_step)
+    parametric.one_hot = True
+    check_batch(parametric.sample(16), ActionType.PARAMETRIC)
+
+    for action_type, source, timeline in [
+        (ActionType.DISCRETE, {}, {"actions": ["0", "1"]}),
+        (ActionType.PARAMETRIC, {"parametric_actions": True}, {}),
+    ]:
+        run = tmp_path / action_type.value
+        config = {
+            "pipeline": {"output_dir": str(run), "seed": 0},
+            "source": {"kind": "gym", "episodes": 5, "ds": "2019-01-01", **source},
+            "timeline": {"reward": {"reward": 1.0}, "n_step": n_step, **timeline},
+            "normalization": {},
+        }
+        Engine(show_progress=False).run(config)
+        normalization = json.loads((run / "normalization.json").read_text())
+        data = load_timeline(
+            run / "timeline" / "train",
+            action_type,
+            list(normalization["state_features"]),
+            list(normalization.get("action_features", {})),
+            ["0", "1"] if action_type is ActionType.DISCRETE else [],
+        )
+        batch = next(data.minibatches(16, torch.Generator().manual_seed(0)))
+        check_batch(batch, action_type)
+        assert ("next_n_rewards" in batch) == (n_step > 1)
 
 
 def test_n_step_windows_stop_at_episode_ends_and_at_the_newest_transition():
@@ -566,6 +612,10 @@ def test_cli_trains_exports_and_horizon_export_re_exports(tmp_path):
     assert f"wrote {run / 'model.onnx'}" in again.output
     assert "checked on 1024 rows" in again.output
     assert (run / "model.onnx").is_file()
+    # The run folder exports from its own files: [trainer] and [export] are all it reads.
+    refused = CliRunner().invoke(main, ["export", str(run), "--set", "gym.seed=1"])
+    assert refused.exit_code == 1
+    assert "--set gym.seed: horizon export reads only [trainer] and [export]" in refused.output
 
 
 def failing_export(message: str, error: type[Exception] = HorizonError):
@@ -583,9 +633,9 @@ EXPORT_FAILS = "[export] the ONNX model's 'scores' differs from PyTorch's (a tes
 def test_a_failed_export_keeps_the_trainings_record(tmp_path, recorder_host, monkeypatch):
     """The -r history, the -f rows, the checkpoints and the manifest's result survive an
     export that fails; the manifest says which stage failed and why."""
+    from horizon_engine.builtin.gym.results import ExportAfterTrainingError
     from horizon_engine.builtin.onnx_export import OnnxExporter
-    from horizon_engine.online.export import export_gym_run
-    from horizon_engine.online.results import ExportAfterTrainingError
+    from horizon_engine.export import export_run_folder
 
     monkeypatch.setattr(OnnxExporter, "export", failing_export(EXPORT_FAILS))
     config = recorder_config(tmp_path / "run", episodes=5) | {"export": {"kind": "onnx"}}
@@ -603,7 +653,14 @@ def test_a_failed_export_keeps_the_trainings_record(tmp_path, recorder_host, mon
     assert manifest["failed_stage"] == "export"
     assert manifest["error"] == EXPORT_FAILS
     assert manifest["result"] == result.summary()
-    assert manifest["outputs"] == ["normalization.json", "checkpoints/latest.pt"]
+    # What training wrote, the driver's description of the problem and check rows included,
+    # so that the run folder exports again without the environment.
+    assert manifest["outputs"] == [
+        "normalization.json",
+        "problem.json",
+        "checkpoints/latest.pt",
+        "check_rows.pt",
+    ]
     assert manifest["reward_history_file"] == str(history)
     lines = str(caught.value).splitlines()
     assert lines[0] == "training finished, then the export failed:"
@@ -616,7 +673,7 @@ def test_a_failed_export_keeps_the_trainings_record(tmp_path, recorder_host, mon
         return ["model.onnx"]
 
     monkeypatch.setattr(OnnxExporter, "export", export)
-    export_gym_run(tmp_path / "run", plugins=recorder_host)
+    export_run_folder(tmp_path / "run", plugins=recorder_host)
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["status"] == "succeeded"
     assert "failed_stage" not in manifest and "error" not in manifest

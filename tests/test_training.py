@@ -1,16 +1,22 @@
-"""The core's training loop, driven with a tiny third-party trainer: epochs, checkpoints, warm
-start, ``horizon_on_epoch_end`` and the TensorBoard reporter's event files."""
+"""The core's training driver, driving a tiny third-party trainer: epochs, checkpoints, warm
+start, batch callbacks, the run folder's description of the problem, ``horizon_on_epoch_end``
+and the TensorBoard reporter's event files."""
 
 from __future__ import annotations
 
+import json
 import struct
 from pathlib import Path
 
 import pytest
 import torch
 
+from horizon_engine.config import build_spec
+from horizon_engine.driver import ProblemDescription, TrainingDriver, load_split, timeline_problem
 from horizon_engine.errors import HorizonError
 from horizon_engine.pipeline import Engine
+from horizon_engine.run_context import RunContext
+from horizon_engine.schema import ActionType
 from horizon_engine.training import load_checkpoint
 
 
@@ -42,6 +48,65 @@ def test_epochs_checkpoints_and_epoch_hook(trainer_host, tmp_path):
     epochs = host.pm.get_plugin("mean_reward").EPOCHS
     assert [epoch for epoch, _ in epochs] == [1, 2, 3]
     assert epochs[-1][1] == last
+    assert stage["outputs"][:6] == [  # then the TensorBoard reporter's event file
+        "problem.json",
+        "check_rows.pt",
+        "checkpoints/latest.pt",
+        "checkpoints/epoch-0001.pt",
+        "checkpoints/epoch-0002.pt",
+        "checkpoints/epoch-0003.pt",
+    ]
+
+
+def test_the_run_folder_describes_the_problem_and_keeps_eval_rows_to_check_on(
+    trainer_host, tmp_path
+):
+    """What export needs and nothing more: the problem the trainer was set up for, and the
+    first eval rows' policy inputs (the timeline's n-step window is the data's, 3 by default)."""
+    Engine(plugins=trainer_host, show_progress=False).run(pipeline(tmp_path))
+    assert json.loads((tmp_path / "problem.json").read_text()) == {
+        "action_type": "discrete",
+        "actions": ["0", "1"],
+        "feature_ids": ["0", "1", "2", "3"],
+        "action_feature_ids": [],
+        "n_step": 3,
+        "seed": 1,
+        "max_feature_value": 6.0,
+    }
+    description = ProblemDescription.read(tmp_path)
+    assert description.action_type is ActionType.DISCRETE
+    rows = torch.load(tmp_path / "check_rows.pt", weights_only=True)
+    run = RunContext(build_spec(pipeline(tmp_path), trainer_host), tmp_path, trainer_host, "x")
+    evaluation = load_split(run, description, "eval", torch.device("cpu"))
+    assert sorted(rows) == ["state", "state_presence"]
+    assert torch.equal(rows["state"], evaluation.state[:1024])
+    assert torch.equal(rows["state_presence"], evaluation.state_presence[:1024])
+
+
+def test_batch_callbacks_see_every_batch_and_their_metrics_join_the_epochs(trainer_host, tmp_path):
+    """A model trained beside the policy (here: a count of rows) gets each batch after the
+    trainer's update, and what it returns is averaged into the epoch's metrics."""
+    engine = Engine(plugins=trainer_host, show_progress=False)
+    config = pipeline(tmp_path, epochs=2)
+    engine.run(config, stages=["source", "timeline", "normalization"])
+    run = RunContext(build_spec(config, trainer_host), tmp_path, trainer_host, "callbacks")
+    seen = []
+
+    def rows(batch):
+        seen.append(len(batch["reward"]))
+        return {"rows": float(len(batch["reward"]))}
+
+    description, normalization = timeline_problem(run)
+    driver = TrainingDriver(
+        run, run.spec.sections["trainer"], description, normalization, callbacks=[rows]
+    )
+    train = load_split(run, description, "train", driver.device)
+    history = driver.train_epochs(train)
+    assert sum(seen) == 2 * len(train) and driver.updates == len(seen)
+    per_epoch = len(seen) // 2
+    assert history[0]["Training/rows"] == pytest.approx(sum(seen[:per_epoch]) / per_epoch)
+    assert set(history[0]) == {"Training/loss", "Training/rows"}  # no eval data given
+    assert driver.checkpoints == ["checkpoints/epoch-0001.pt", "checkpoints/epoch-0002.pt"]
 
 
 def test_warm_start_continues_from_the_earlier_runs_weights(trainer_host, tmp_path):

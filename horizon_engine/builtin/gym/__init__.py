@@ -1,8 +1,10 @@
-"""``horizon gym train``: online reinforcement learning in a Gymnasium environment.
+"""The gym plugin: ``horizon gym collect`` and ``horizon gym train`` (online reinforcement
+learning in a Gymnasium environment), a built-in plugin like any other: it adds the ``gym``
+command group through ``horizon_register_commands``, and the core imports none of it.
 
-The successor of Horizon's ``run_gym.py``. The agent plays epsilon-greedy, keeps
-every transition in a replay buffer, trains every ``train_every_ts`` steps once
-``train_after_ts`` warm-up steps of uniform random play are collected, evaluates its greedy
+``horizon gym train`` is the successor of Horizon's ``run_gym.py``. The agent plays
+epsilon-greedy, keeps every transition in a replay buffer, trains every ``train_every_ts`` steps
+once ``train_after_ts`` warm-up steps of uniform random play are collected, evaluates its greedy
 policy every ``test_every_ts`` steps over ``avg_over_num_episodes`` episodes, and stops early
 once their mean return reaches the score bar. The trainers, their ``[trainer]`` options and the
 ``[normalization]`` options are those of pipeline.toml, validated by the same code
@@ -27,9 +29,32 @@ Decisions:
   for the copy that acted.
 - Every collected transition can be written as pre-timeline rows in the gym source's format,
   so the batch pipeline (``[source] kind = "jsonl"``) can train on them offline.
+- Training is the core's training driver (``horizon_engine.driver``), as in ``horizon run``:
+  the runner calls its per-batch step from the environment loop (batches sampled from the
+  replay buffer, whose n-step window is ``[gym] n_step``) and ends an "epoch" at each
+  evaluation. The run folder then describes itself (``problem.json``, and ``check_rows.pt``:
+  greedy-play states), so ``horizon export`` re-exports a gym run as it does any trained run.
 
-torch and gymnasium are imported where they are used, as everywhere in the core.
+torch and gymnasium are imported where they are used, as everywhere in the core: loading this
+plugin (``horizon --help``, ``horizon plugins``) imports neither.
 
-Modules: ``config`` (gym.toml), ``replay_buffer``, ``runner`` (playing, training, evaluating),
-``results`` (evaluations and the reward history) and ``export`` (a gym run's model).
+Modules: ``commands`` (the ``gym`` group), ``config`` (gym.toml), ``replay_buffer``,
+``runner`` (playing, training, evaluating) and ``results`` (evaluations and the reward history).
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from horizon_engine import hookimpl
+
+if TYPE_CHECKING:
+    import click
+
+
+@hookimpl
+def horizon_register_commands(cli: click.Group) -> None:
+    """Add ``horizon gym`` (``collect`` and ``train``)."""
+    from horizon_engine.builtin.gym.commands import gym
+
+    cli.add_command(gym)

@@ -34,7 +34,10 @@ GYM_SECTIONS: tuple[str, ...] = ("gym", "normalization", "trainer", "export")
 
 
 class GymSection(ComponentConfig):
-    """The ``[gym]`` section of gym.toml: the environment, the schedule and the outputs."""
+    """Online training in a Gymnasium environment: the environment, the schedule, the outputs.
+
+    The ``[gym]`` section of gym.toml.
+    """
 
     env: str = "CartPole-v1"
     """The Gymnasium environment id; its action space must be Discrete."""
@@ -46,6 +49,10 @@ class GymSection(ComponentConfig):
     """Most steps per episode (a truncation); None keeps the environment's own time limit."""
     replay_buffer_size: int = Field(default=100_000, ge=1)
     """Transitions the replay buffer holds; the oldest are overwritten first."""
+    n_step: int = Field(default=1, ge=1)
+    """Steps of the multi-step windows the replay buffer gives each transition (1: none), as
+    [timeline] n_step does offline; a trainer with n_step > 1 needs the same value, and the
+    dqn trainers' default (n_step = 0) follows it."""
     train_after_ts: int = Field(default=1000, ge=1)
     """Steps of uniform random play before training: they fit the normalization."""
     train_every_ts: int = Field(default=1, ge=1)
@@ -74,7 +81,8 @@ class GymSection(ComponentConfig):
     """CPU threads for torch during the run (None keeps torch's default, one per core); small
     networks and one-row forward passes are fastest with 1."""
     output_dir: str = "runs/gym"
-    """Folder for normalization.json, checkpoints/, tensorboard/, manifest.json, model.onnx."""
+    """Folder for normalization.json, problem.json, checkpoints/, check_rows.pt, tensorboard/,
+    manifest.json and model.onnx."""
     ds: str | None = None
     """The ``ds`` date written into every -f row; None writes today's date (ISO)."""
 

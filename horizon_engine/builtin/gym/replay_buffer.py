@@ -13,8 +13,12 @@ if TYPE_CHECKING:
 class ReplayBuffer:
     """Preallocated ring arrays of transitions, sampled uniformly into the trainer's batch.
 
-    A batch is a dict of tensors named as ``TimelineTensors``' fields, as the core's training
-    loop passes them, so a trainer cannot tell online from offline training. Transitions are
+    A batch holds the tensors the batch schema (``horizon_engine.batch_schema``) declares, as
+    the timeline's minibatches do, so a trainer cannot tell online from offline training; it is
+    the ``SampledData`` the training driver samples from. ``episode_id`` numbers the episodes
+    in the order they were played and ``step`` is a transition's place in its episode. With
+    ``one_hot`` every action is offered as one-hot action features (``one_hot_actions``): a
+    parametric batch. Transitions are
     written in the order they happen, one environment at a time, so the ring's next slot holds
     the next step of the same episode unless the transition ended its episode or is the
     newest: that is how ``n_step > 1`` windows are gathered. A window is cut short at its
@@ -28,11 +32,18 @@ class ReplayBuffer:
     """
 
     def __init__(
-        self, capacity: int, state_width: int, action_count: int, n_step: int = 1, seed: int = 0
+        self,
+        capacity: int,
+        state_width: int,
+        action_count: int,
+        n_step: int = 1,
+        seed: int = 0,
+        one_hot: bool = False,
     ) -> None:
         import torch
 
         self.capacity, self.action_count, self.n_step = capacity, action_count, n_step
+        self.one_hot = one_hot
         self.state = np.zeros((capacity, state_width), dtype=np.float32)
         self.next_state = np.zeros_like(self.state)
         self.action = np.zeros(capacity, dtype=np.int64)
@@ -41,8 +52,12 @@ class ReplayBuffer:
         self.not_terminal = np.zeros(capacity, dtype=np.float32)
         self.action_probability = np.zeros(capacity, dtype=np.float32)
         self.episode_end = np.zeros(capacity, dtype=bool)
+        self.episode_id = np.zeros(capacity, dtype=np.int64)
+        self.step = np.zeros(capacity, dtype=np.int64)
         self.position = 0
         self.size = 0
+        self.episode = 0
+        self.episode_step = 0
         self.generator = torch.Generator().manual_seed(seed)
         # Tensors sharing the arrays' memory: sampling gathers from them without copying all.
         self._tensors = {
@@ -56,6 +71,8 @@ class ReplayBuffer:
                 "not_terminal",
                 "action_probability",
                 "episode_end",
+                "episode_id",
+                "step",
             )
         }
 
@@ -91,6 +108,11 @@ class ReplayBuffer:
         self.not_terminal[slot] = 0.0 if terminated else 1.0
         self.action_probability[slot] = action_probability
         self.episode_end[slot] = episode_end
+        self.episode_id[slot] = self.episode
+        self.step[slot] = self.episode_step
+        self.episode_step += 1
+        if episode_end:
+            self.episode, self.episode_step = self.episode + 1, 0
         self.position = (slot + 1) % self.capacity
         self.size = min(self.size + 1, self.capacity)
 
@@ -100,11 +122,13 @@ class ReplayBuffer:
             self.next_action[self.newest] = action
 
     def sample(self, batch_size: int) -> dict[str, torch.Tensor]:
-        """``batch_size`` transitions drawn uniformly with replacement (seeded generator)."""
+        """``batch_size`` transitions drawn uniformly with replacement (seeded generator), as
+        a parametric batch with ``one_hot``."""
         import torch
 
         index = torch.randint(self.size, (batch_size,), generator=self.generator)
-        return self.batch(index)
+        batch = self.batch(index)
+        return one_hot_actions(batch, self.action_count) if self.one_hot else batch
 
     def batch(self, index: torch.Tensor) -> dict[str, torch.Tensor]:
         """The transitions in slots ``index`` as the trainer's batch dict."""
@@ -124,6 +148,8 @@ class ReplayBuffer:
             "not_terminal": not_terminal,
             "time_diff": torch.ones_like(not_terminal),
             "action_probability": tensors["action_probability"][index],
+            "episode_id": tensors["episode_id"][index],
+            "step": tensors["step"][index],
             "action": tensors["action"][index],
             "next_action": tensors["next_action"][index],
             "possible_actions": everything,

@@ -12,35 +12,32 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
-from horizon_engine.builtin.gym_source import pre_timeline_row
-from horizon_engine.config import Choice, PipelineSection, PipelineSpec
-from horizon_engine.errors import HorizonError
-from horizon_engine.files import atomic_output, write_json
-from horizon_engine.normalization import NORMALIZATION_FILE, NormalizationConfig
-from horizon_engine.online.config import GymSpec, epsilon_at
-from horizon_engine.online.replay_buffer import ReplayBuffer, one_hot_actions
-from horizon_engine.online.results import (
+from horizon_engine.builtin.gym.config import GymSpec, epsilon_at
+from horizon_engine.builtin.gym.replay_buffer import ReplayBuffer
+from horizon_engine.builtin.gym.results import (
     Evaluation,
     ExportAfterTrainingError,
     GymTrainingResult,
     write_reward_history,
 )
-from horizon_engine.training import CHECKPOINTS
+from horizon_engine.builtin.gym_source import pre_timeline_row
+from horizon_engine.config import PipelineSection, PipelineSpec
+from horizon_engine.driver import CHECK_ROWS, ProblemDescription, TrainingDriver, record_failure
+from horizon_engine.errors import HorizonError
+from horizon_engine.files import atomic_output, write_json
+from horizon_engine.normalization import NORMALIZATION_FILE, NormalizationConfig
+from horizon_engine.schema import ActionType
 
 if TYPE_CHECKING:
     import gymnasium
     import torch
 
-    from horizon_engine.normalization import NormalizationParameters
+    from horizon_engine.driver import Normalization
     from horizon_engine.plugins import PluginHost
     from horizon_engine.run_context import RunContext
-    from horizon_engine.training import TrainerBase
 
 GYM_COMMAND = "horizon gym train"
-"""What a gym run's manifest.json records as its ``command``; ``horizon export`` reads it."""
-
-VERIFY_ROWS = 1024
-"""Greedy-play states an exported model is checked on."""
+"""What a gym run's manifest.json records as its ``command``."""
 
 
 def make_env(env_id: str) -> gymnasium.Env:
@@ -71,9 +68,10 @@ def train_gym(
 
     ``rows`` (``-f``): every training transition as a pre-timeline JSON row. ``reward_history``
     (``-r``): the evaluations as CSV. Both are written atomically, as is everything in the
-    output folder: ``normalization.json``, ``checkpoints/`` (one per evaluation, ``latest.pt``
-    the last), ``tensorboard/`` (through ``horizon_on_epoch_end``, one "epoch" per
-    evaluation), ``manifest.json`` and, with ``[export]``, the exported model.
+    output folder: ``normalization.json``, what the training driver writes (``problem.json``,
+    ``checkpoints/``: one per evaluation, ``latest.pt`` the last; ``check_rows.pt``: greedy-play
+    states to check an export on), ``tensorboard/`` (through ``horizon_on_epoch_end``, one
+    "epoch" per evaluation), ``manifest.json`` and, with ``[export]``, the exported model.
     """
     from horizon_engine.plugins import get_plugin_host
 
@@ -82,7 +80,10 @@ def train_gym(
 
 
 class OnlineRun:
-    """The state of one ``train_gym`` call: environment, buffer, trainer, counters."""
+    """The state of one ``train_gym`` call: environments, replay buffer, training driver,
+    counters. The driver trains the ``[trainer]`` as the pipeline's train stage does; this
+    class plays, fills the buffer, and tells the driver when to train and when an "epoch"
+    (an evaluation) ends."""
 
     def __init__(self, spec: GymSpec, plugins: PluginHost, show_progress: bool) -> None:
         from horizon_engine.run_context import RunContext
@@ -101,16 +102,13 @@ class OnlineRun:
             uuid.uuid4().hex[:12],
             show_progress,
         )
-        self.trainer: TrainerBase | None = None
+        self.driver: TrainingDriver | None = None
         self.acting: torch.nn.Module | None = None
         self.refreshed_at = 0
         self.steps = 0
-        self.updates = 0
         self.evaluations: list[Evaluation] = []
         self.warnings: list[str] = []
         self.outputs: list[str] = []
-        self.metric_sums: dict[str, float] = {}
-        self.metric_counts: dict[str, int] = {}
 
     def run(self, rows: Path | None, reward_history: Path | None) -> GymTrainingResult:
         """Play and train, record the result, then export.
@@ -147,15 +145,9 @@ class OnlineRun:
                 result = self._result(episodes, started)
                 self._record(manifest, result)
                 stage = "export"
-                exported = self._export() if self.trainer is not None else None
+                exported = self._export()
         except BaseException as exc:
-            manifest["status"] = "failed"
-            manifest["failed_stage"] = stage
-            manifest["error"] = str(exc) or type(exc).__name__
-            try:
-                self._finish(manifest)
-            except Exception as hook_error:
-                exc.add_note(f"horizon_on_run_end also failed: {hook_error!r}")
+            record_failure(manifest, exc, stage, self._finish)
             if stage == "export" and isinstance(exc, HorizonError):
                 report = result.report(self.config.avg_over_num_episodes, (rows, reward_history))
                 raise ExportAfterTrainingError(result, report, str(exc)) from exc
@@ -177,7 +169,7 @@ class OnlineRun:
             env=self.config.env,
             episodes=episodes,
             steps=self.steps,
-            updates=self.updates,
+            updates=self.driver.updates if self.driver is not None else 0,
             evaluations=self.evaluations,
             score_bar=self.config.score_bar,
             output_dir=self.output_dir,
@@ -215,9 +207,13 @@ class OnlineRun:
         self.action_feature_ids = (
             [str(width + i) for i in range(len(self.actions))] if config.parametric_actions else []
         )
-        n_step = int(getattr(self.spec.trainer.config, "n_step", 1))
         self.buffer = ReplayBuffer(
-            config.replay_buffer_size, width, len(self.actions), n_step, config.seed
+            config.replay_buffer_size,
+            width,
+            len(self.actions),
+            config.n_step,
+            config.seed,
+            one_hot=config.parametric_actions,
         )
         self.rng = np.random.default_rng(config.seed)
         self.eval_rng = np.random.default_rng([config.seed, 1])
@@ -233,13 +229,16 @@ class OnlineRun:
                 if self._episode(episode, rows, ds):
                     break
                 advance(1)
-        if self.trainer is None:
+        if self.driver is None:
             self.warnings.append(
                 f"no training: the {self.steps} steps played never reached "
                 f"train_after_ts = {config.train_after_ts}"
             )
-        elif not self.evaluations or self.evaluations[-1].timestep != self.steps:
+            return episode
+        if not self.evaluations or self.evaluations[-1].timestep != self.steps:
             self._evaluate(episode)
+        self._save_check_rows()
+        self.outputs += self.driver.outputs
         return episode
 
     def _episode(self, episode: int, rows: IO[str] | None, ds: str) -> bool:
@@ -260,7 +259,7 @@ class OnlineRun:
             row = pre_timeline_row(
                 ds, episode - 1, step - 1, state, logged, probability, reward, possible
             )
-            if self.trainer is None and self.steps == config.train_after_ts:
+            if self.driver is None and self.steps == config.train_after_ts:
                 self._set_up()
             if not terminated:
                 # The next action is chosen now, by the policy before this step's update (as
@@ -269,7 +268,7 @@ class OnlineRun:
                 action, probability = self._choose(next_state)
                 self.buffer.set_next_action(action)
             reached = False
-            if self.trainer is not None:
+            if self.driver is not None:
                 self._train()
                 reached = self.steps % config.test_every_ts == 0 and self._evaluate(episode)
             if rows is not None:
@@ -308,12 +307,13 @@ class OnlineRun:
         offered every action, in order, as its one-hot action features."""
         import torch
 
-        values = torch.from_numpy(states.astype(np.float32)).to(self.device)
+        device = self.driver.device
+        values = torch.from_numpy(states.astype(np.float32)).to(device)
         presence = torch.ones_like(values)
         with torch.no_grad():
             if not self.action_feature_ids:
                 return policy(values, presence)
-            every = torch.eye(len(self.actions), device=self.device).expand(len(values), -1, -1)
+            every = torch.eye(len(self.actions), device=device).expand(len(values), -1, -1)
             return policy(values, presence, every, every)
 
     def _logged(self, index: int) -> tuple[Any, list[Any]]:
@@ -326,9 +326,9 @@ class OnlineRun:
 
     def _set_up(self) -> None:
         """At the end of the warm-up: fit (or, for a warm start, read) the normalization,
-        write it, and set the trainer up (from the earlier run's checkpoint for a warm start)."""
+        write it, and start the training driver (which sets the trainer up, from the earlier
+        run's checkpoint for a warm start)."""
         from horizon_engine.normalization import read_normalization, write_normalization
-        from horizon_engine.training import load_checkpoint
 
         trainer_config = self.spec.trainer.config
         warm_start = trainer_config.warm_start_from
@@ -342,9 +342,9 @@ class OnlineRun:
             normalization = self._identify(self.spec.normalization_config)
         write_normalization(self.output_dir / NORMALIZATION_FILE, normalization)
         self.outputs.append(NORMALIZATION_FILE)
-        self._build_trainer(normalization)
-        if warm_start:
-            self.trainer.load_state_dict(load_checkpoint(Path(warm_start))["trainer"])
+        self.driver = TrainingDriver(
+            self.run_context, self.spec.trainer, self._problem(), normalization
+        )
         if "epochs" in trainer_config.model_fields_set:
             self.warnings.append(
                 "[trainer] epochs is not used online: [gym] episodes and the score bar say "
@@ -367,45 +367,21 @@ class OnlineRun:
                     f"has {expected}"
                 )
 
-    def _build_trainer(self, normalization: dict[str, dict[str, NormalizationParameters]]) -> None:
-        """The preprocessors for ``normalization`` and the [trainer] set up for this
-        environment: discrete actions, or parametric ones with ``parametric_actions``."""
-        import torch
-
-        from horizon_engine.preprocessor import build_preprocessor
-        from horizon_engine.schema import ActionType
-        from horizon_engine.training import TrainingProblem, resolve_device
-
-        self.device = resolve_device(self.spec.trainer.config.device)
-        self.trainer = _create_trainer(self.spec.trainer)
-        max_feature_value = self.spec.normalization_config.max_feature_value
-
-        def preprocessor(ids: list[str], parameters: dict) -> torch.nn.Module:
-            built = build_preprocessor(ids, parameters, max_feature_value, self.plugins)
-            return built.to(self.device)
-
-        state = preprocessor(self.feature_ids, normalization["state_features"])
-        action = None
-        if self.action_feature_ids:
-            action = preprocessor(self.action_feature_ids, normalization["action_features"])
-        torch.manual_seed(self.config.seed)
-        self.trainer.setup(
-            TrainingProblem(
-                action_type=ActionType.PARAMETRIC if action else ActionType.DISCRETE,
-                actions=[] if action else self.actions,
-                state_preprocessor=state,
-                state_width=len(state.output_names),
-                action_preprocessor=action,
-                action_width=len(action.output_names) if action else 0,
-                device=self.device,
-                seed=self.config.seed,
-                extra={"n_step": self.buffer.n_step},
-            )
+    def _problem(self) -> ProblemDescription:
+        """The problem the trainer is set up for: this environment's actions, discrete or
+        (with ``parametric_actions``) one-hot action features, and the buffer's n-step window."""
+        config = self.config
+        return ProblemDescription(
+            action_type=ActionType.PARAMETRIC if self.action_feature_ids else ActionType.DISCRETE,
+            actions=self.actions,
+            feature_ids=self.feature_ids,
+            action_feature_ids=self.action_feature_ids,
+            n_step=config.n_step,
+            seed=config.seed,
+            max_feature_value=self.spec.normalization_config.max_feature_value,
         )
 
-    def _identify(
-        self, config: NormalizationConfig
-    ) -> dict[str, dict[str, NormalizationParameters]]:
+    def _identify(self, config: NormalizationConfig) -> Normalization:
         """Identify each feature's normalization from (a sample of) the warm-up, as the
         normalization stage does from the timeline (same rules, overrides and notes): the
         states' features, and with ``parametric_actions`` the one-hot action features (each
@@ -439,46 +415,24 @@ class OnlineRun:
         return normalization
 
     def _refresh(self) -> None:
-        self.acting = self.trainer.policy()
+        self.acting = self.driver.trainer.policy()
         self.refreshed_at = self.steps
 
     def _train(self) -> None:
         """A round of training when one is due, then a fresh acting policy when one is due."""
         config = self.config
         batch_size = self.spec.trainer.config.minibatch_size
-        due = self.steps % config.train_every_ts == 0 and len(self.buffer) >= batch_size
-        if due:
-            for _ in range(config.num_train_batches):
-                batch = self.buffer.sample(batch_size)
-                if self.action_feature_ids:
-                    batch = one_hot_actions(batch, len(self.actions))
-                if self.device.type != "cpu":
-                    batch = {name: tensor.to(self.device) for name, tensor in batch.items()}
-                for name, value in self.trainer.train_step(batch).items():
-                    self.metric_sums[name] = self.metric_sums.get(name, 0.0) + value
-                    self.metric_counts[name] = self.metric_counts.get(name, 0) + 1
-                self.updates += 1
+        if self.steps % config.train_every_ts == 0 and len(self.buffer) >= batch_size:
+            self.driver.train_sampled(self.buffer, config.num_train_batches)
         if self.steps - self.refreshed_at >= config.policy_refresh_ts:
             self._refresh()
 
     def _evaluate(self, episode: int) -> bool:
-        """Greedy episodes, a checkpoint and the epoch hook; True when the bar is reached."""
-        from horizon_engine.training import save_checkpoint
-
-        policy = self.trainer.policy()
-        returns = self._greedy_returns(policy)
+        """Greedy episodes, then the driver's end of an "epoch" with their figures (a
+        checkpoint, the epoch hook); True when the bar is reached."""
+        returns = self._greedy_returns(self.driver.trainer.policy())
         evaluation = Evaluation(self.steps, episode, returns)
         self.evaluations.append(evaluation)
-        number = len(self.evaluations)
-        state = {
-            "trainer": self.trainer.state_dict(),
-            "timestep": self.steps,
-            "episode": episode,
-            "mean_return": evaluation.mean_return,
-        }
-        save_checkpoint(self.output_dir / CHECKPOINTS, number, state)
-        if f"{CHECKPOINTS}/latest.pt" not in self.outputs:
-            self.outputs.append(f"{CHECKPOINTS}/latest.pt")
         metrics = {
             "Evaluation/mean_return": evaluation.mean_return,
             "Evaluation/min_return": float(min(returns)),
@@ -487,10 +441,12 @@ class OnlineRun:
             "Gym/episode": float(episode),
             "Gym/epsilon": epsilon_at(self.steps, self.config),
         }
-        for name, total in self.metric_sums.items():
-            metrics[f"Training/{name}"] = total / self.metric_counts[name]
-        self.metric_sums, self.metric_counts = {}, {}
-        self.plugins.on_epoch_end(self.run_context, number, metrics)
+        checkpoint = {
+            "timestep": self.steps,
+            "episode": episode,
+            "mean_return": evaluation.mean_return,
+        }
+        self.driver.end_epoch(metrics, checkpoint=checkpoint)
         bar = self.config.score_bar
         return bar is not None and evaluation.mean_return >= bar
 
@@ -521,24 +477,32 @@ class OnlineRun:
             active = still
         return returns.tolist()
 
-    def _export(self) -> dict[str, Any] | None:
-        """Export the final policy when ``[export]`` is configured, checked on greedy-play
-        states (the exporter verifies its file against PyTorch on them); the exporter's
-        outputs and details, or None without ``[export]``."""
-        if self.spec.export is None:
-            return None
-        policy = self.trainer.policy()
-        from horizon_engine.online.export import export_policy
+    def _save_check_rows(self) -> None:
+        """Keep ``CHECK_ROWS`` greedy-play states of the final policy (a parametric policy's
+        with every action offered, in order): an export of this run is checked on them."""
+        import torch
 
-        exported = export_policy(
-            self.run_context,
-            self.spec.export,
-            policy,
-            self._greedy_states(policy, VERIFY_ROWS),
-            self.feature_ids,
-            self.actions,
-            self.action_feature_ids,
-        )
+        states = self._greedy_states(self.driver.trainer.policy(), CHECK_ROWS)
+        values = torch.from_numpy(states.astype(np.float32))
+        rows = {"state": values, "state_presence": torch.ones_like(values)}
+        if self.action_feature_ids:
+            every = torch.eye(len(self.actions)).expand(len(values), -1, -1)
+            rows |= {
+                "possible_action_features": every,
+                "possible_action_presence": every,
+                "possible_actions": torch.ones(every.shape[:2]),
+            }
+        self.driver.save_check_rows(rows)
+
+    def _export(self) -> dict[str, Any] | None:
+        """Export the final policy when ``[export]`` is configured and a policy was trained,
+        checked on the saved greedy-play states (the exporter verifies its file against
+        PyTorch on them); the exporter's outputs and details, or None."""
+        from horizon_engine.export import export_policy
+
+        if self.spec.export is None or self.driver is None:
+            return None
+        exported = export_policy(self.run_context, self.spec.export, self.driver.trainer.policy())
         self.outputs += exported["outputs"]
         return exported
 
@@ -577,11 +541,7 @@ class OnlineRun:
         return manifest
 
     def _finish(self, manifest: dict[str, Any]) -> None:
+        """The final manifest, then ``horizon_on_run_end``."""
         manifest["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         write_json(self.output_dir / "manifest.json", manifest)
         self.plugins.on_run_end(self.run_context, manifest)
-
-
-def _create_trainer(choice: Choice) -> TrainerBase:
-    """The ``[trainer]`` component: registration made sure it is a ``TrainerBase``."""
-    return choice.create()

@@ -1,0 +1,158 @@
+"""``horizon gym``: ``collect`` logs a policy's decisions in an environment as pre-timeline rows,
+``train`` trains a policy online (``train_gym``). The gym plugin adds the group to the command
+line through ``horizon_register_commands``; ``train`` carries the ``[gym]`` section it reads
+(``config_sections``), which ``horizon plugins`` lists beside the core's own.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from horizon_engine.builtin.gym.config import GymSection, load_gym_spec
+from horizon_engine.cli import _plugin_host, _user_errors
+
+
+@click.group()
+def gym() -> None:
+    """Work with Gymnasium environments."""
+
+
+@gym.command()
+@click.option("--env", "env_id", default="CartPole-v1", show_default=True, help="Environment id.")
+@click.option("--episodes", default=200, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--epsilon",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(0.0, 1.0),
+    help="Chance of a uniform random action; 1.0 is a random policy.",
+)
+@click.option(
+    "--model",
+    type=click.Path(exists=True, dir_okay=False),
+    help="ONNX model to be greedy about.",
+)
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--ds", help="The ds date written into every row (default: today).")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="JSONL file to write the pre-timeline rows to.",
+)
+@_user_errors
+def collect(
+    env_id: str,
+    episodes: int,
+    epsilon: float,
+    model: str | None,
+    seed: int,
+    ds: str | None,
+    output: Path,
+) -> None:
+    """Log a random or epsilon-greedy policy's decisions as pre-timeline JSON rows."""
+    from horizon_engine.builtin.gym_source import GymSourceConfig, collect_rows
+    from horizon_engine.files import atomic_output
+    from horizon_engine.progress import progress_bar
+
+    _check_env_option(env_id)
+    if epsilon < 1.0 and model is None:
+        raise click.UsageError(
+            f"--epsilon {epsilon:g} is epsilon-greedy, which needs --model PATH.onnx to be "
+            "greedy about (--epsilon 1.0 is the uniform random policy)"
+        )
+    config = GymSourceConfig(
+        env=env_id,
+        episodes=episodes,
+        policy="random" if epsilon == 1.0 and model is None else "epsilon_greedy",
+        epsilon=epsilon,
+        model=model,
+        ds=ds,
+    )
+    count = 0
+    with (
+        atomic_output(output) as temporary,
+        temporary.open("w", encoding="utf-8") as handle,
+        progress_bar(f"{env_id} episodes", episodes, sys.stdout.isatty()) as advance,
+    ):
+        for _, row in collect_rows(config, seed):
+            handle.write(json.dumps(row) + "\n")
+            count += 1
+            advance(int(row["sequence_number"] == 0))
+    click.echo(f"wrote {count} rows from {episodes} episodes of {env_id} to {output}")
+
+
+def _check_env_option(env_id: str) -> None:
+    """Make the ``--env`` environment once before collecting, so that an unknown or
+    uninstallable environment is blamed on the option the user typed; the gym source it is
+    collected with would blame a ``[source]`` section the user never wrote."""
+    import gymnasium
+
+    try:
+        environment = gymnasium.make(env_id)
+    except gymnasium.error.Error as exc:
+        raise click.BadParameter(str(exc), param_hint="'--env'") from None
+    environment.close()
+
+
+@gym.command("train")
+@click.argument("gym_toml", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="SECTION.KEY=VALUE",
+    help="Override a key of the gym file, e.g. --set gym.seed=3.",
+)
+@click.option(
+    "-s", "--score-bar", type=float, help="Stop once an evaluation's mean return reaches it."
+)
+@click.option(
+    "-r",
+    "--reward-history",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="CSV file for the evaluations: timestep, episode, mean_return.",
+)
+@click.option(
+    "-f",
+    "--rows",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="JSONL file for every training transition, as pre-timeline rows.",
+)
+@click.option(
+    "-o",
+    "--output-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The run's folder (default: [gym] output_dir).",
+)
+@_user_errors
+def gym_train(
+    gym_toml: Path,
+    overrides: tuple[str, ...],
+    score_bar: float | None,
+    reward_history: Path | None,
+    rows: Path | None,
+    output_dir: Path | None,
+) -> None:
+    """Train a policy online in a Gymnasium environment, as GYM_TOML (a gym.toml) says."""
+    from horizon_engine.builtin.gym.runner import train_gym
+
+    settings = list(overrides)
+    if score_bar is not None:
+        settings.append(f"gym.score_bar={score_bar!r}")
+    if output_dir is not None:
+        settings.append(f"gym.output_dir={json.dumps(str(output_dir))}")
+    plugins = _plugin_host()
+    spec = load_gym_spec(gym_toml, plugins, settings)
+    result = train_gym(spec, plugins, rows, reward_history, sys.stdout.isatty())
+    for line in result.report(spec.gym.avg_over_num_episodes, (rows, reward_history)):
+        click.echo(line)
+
+
+# What `horizon plugins` lists of this command: the sections of gym.toml it alone reads.
+gym_train.config_sections = {"gym": GymSection}

@@ -1,0 +1,415 @@
+"""The training driver: one way of driving a trainer, whatever the data comes from.
+
+``horizon run``'s train stage and ``horizon gym train`` both train through it (issue 10), so a
+trainer cannot tell them apart and a run folder records training the same way:
+
+- the problem: a ``ProblemDescription`` (action type, actions, feature ids, the data's n-step
+  window, seed) and the normalization become the ``TrainingProblem`` a trainer is set up for
+  (preprocessors on the device); a warm start then restores an earlier run's trainer state.
+  The description is written into the run folder (``problem.json``), with the rows an
+  exported model is checked on (``check_rows.pt``): a trained run folder describes itself,
+  and export sets the trainer up again from it without reading the data.
+- batches: ``train_batch`` is one update; its metrics are added to the epoch's, then each
+  batch callback is called with the same batch (models trained beside the policy, such as a
+  reward model for the estimators). Data comes in two shapes: ``EpochData`` (the timeline's
+  ``TimelineTensors`` in memory, epochs of shuffled minibatches; streamed Parquet later),
+  which ``train_epochs`` drives, and ``SampledData`` (the gym's replay buffer), which the host
+  samples from between steps of play with ``train_sampled``.
+- epochs: ``end_epoch`` averages the epoch's metrics (``Training/<name>``), evaluates the
+  trainer on the eval data when there is some (``Evaluation/<name>``), runs the per-epoch
+  estimators (``CPE/<label>/<estimate>``), writes a checkpoint and calls
+  ``horizon_on_epoch_end``. ``horizon gym train`` ends an "epoch" at each evaluation of its
+  greedy policy, with that evaluation's figures.
+- failure: ``record_failure`` is what a failed run records in its manifest.
+
+torch is imported where it is used.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from horizon_engine.errors import HorizonError
+from horizon_engine.schema import ActionType
+from horizon_engine.training import CHECKPOINTS
+
+if TYPE_CHECKING:
+    import torch
+
+    from horizon_engine.config import Choice
+    from horizon_engine.dataset import TimelineTensors
+    from horizon_engine.evaluation import EpisodeEvaluation
+    from horizon_engine.normalization import NormalizationParameters
+    from horizon_engine.plugins import PluginHost
+    from horizon_engine.run_context import RunContext
+    from horizon_engine.training import TrainerBase, TrainingProblem
+
+Batch = dict[str, "torch.Tensor"]
+"""A minibatch as the batch schema (``horizon_engine.batch_schema``) names its tensors."""
+
+BatchCallback = Callable[[Batch], Mapping[str, float] | None]
+"""Called with each batch after the trainer's update; metrics it returns are averaged into the
+epoch's ``Training/<name>`` figures like the trainer's own."""
+
+Normalization = dict[str, dict[str, "NormalizationParameters"]]
+"""``normalization.json`` as read: ``state_features`` (and ``action_features``) -> parameters."""
+
+PROBLEM_FILE = "problem.json"
+"""The problem a run's trainer was set up for, in the run folder."""
+
+CHECK_ROWS_FILE = "check_rows.pt"
+"""Rows an exported model is checked on, in the run folder."""
+
+CHECK_ROWS = 1024
+"""Rows kept to check an exported model on (all of them when the data has fewer)."""
+
+CHECK_FIELDS: dict[ActionType, tuple[str, ...]] = {
+    ActionType.DISCRETE: ("state", "state_presence"),
+    ActionType.CONTINUOUS: ("state", "state_presence"),
+    ActionType.PARAMETRIC: (
+        "state",
+        "state_presence",
+        "possible_action_features",
+        "possible_action_presence",
+        "possible_actions",
+    ),
+}
+"""The batch-schema tensors a check row holds: the policy's inputs."""
+
+
+class EpochData(Protocol):
+    """Data a trainer passes over epoch by epoch: ``TimelineTensors`` in memory today."""
+
+    def __len__(self) -> int: ...
+
+    def minibatches(self, batch_size: int, generator: torch.Generator) -> Iterator[Batch]:
+        """One epoch of minibatches, shuffled by ``generator``, already on the device."""
+        ...
+
+
+class SampledData(Protocol):
+    """Data sampled a batch at a time between steps of play: the gym's replay buffer."""
+
+    def sample(self, batch_size: int) -> Batch:
+        """``batch_size`` rows (on the CPU; the driver moves them to its device)."""
+        ...
+
+
+@dataclass(frozen=True)
+class ProblemDescription:
+    """What the data tells a trainer before training, recorded in the run's ``problem.json``.
+
+    The data's own options (such as its n-step window) reach the trainer only through it, as
+    ``TrainingProblem`` fields: no component reads them off another component's config.
+    """
+
+    action_type: ActionType
+    actions: list[str]
+    """The actions' names, in index order: the discrete actions (a parametric gym run's too,
+    whose one-hot action features stand for them); empty otherwise."""
+    feature_ids: list[str]
+    """The state features, in the order of ``normalization.json`` (the network's inputs)."""
+    action_feature_ids: list[str]
+    """The action features (parametric and continuous actions), in the same order."""
+    n_step: int
+    """The data's n-step window (1: one step, no ``next_n_*`` tensors)."""
+    seed: int
+    max_feature_value: float
+    """The preprocessors' clamp (``[normalization] max_feature_value``)."""
+
+    def problem(
+        self,
+        state: torch.nn.Module,
+        action: torch.nn.Module | None,
+        device: torch.device,
+    ) -> TrainingProblem:
+        """The ``TrainingProblem`` with these facts and the preprocessors built for them."""
+        from horizon_engine.training import TrainingProblem
+
+        return TrainingProblem(
+            action_type=self.action_type,
+            actions=self.actions if self.action_type is ActionType.DISCRETE else [],
+            state_preprocessor=state,
+            state_width=len(state.output_names),
+            action_preprocessor=action,
+            action_width=len(action.output_names) if action is not None else 0,
+            device=device,
+            seed=self.seed,
+            n_step=self.n_step,
+        )
+
+    def write(self, run_dir: Path) -> str:
+        """Write ``run_dir/problem.json`` atomically; return its run-relative path."""
+        from horizon_engine.files import write_json
+
+        data = {**asdict(self), "action_type": self.action_type.value}
+        write_json(Path(run_dir) / PROBLEM_FILE, data)
+        return PROBLEM_FILE
+
+    @classmethod
+    def read(cls, run_dir: Path) -> ProblemDescription:
+        """The description a run folder's training wrote, or an error saying it has none."""
+        path = Path(run_dir) / PROBLEM_FILE
+        try:
+            found = json.loads(path.read_text(encoding="utf-8"))
+            return cls(**{**found, "action_type": ActionType(found["action_type"])})
+        except FileNotFoundError:
+            raise HorizonError(
+                f"{path} does not exist: {run_dir} holds no finished training of this version "
+                "(run its training again)"
+            ) from None
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise HorizonError(f"{path}: not a problem description ({exc})") from None
+
+
+def set_up_trainer(
+    choice: Choice,
+    description: ProblemDescription,
+    normalization: Normalization,
+    plugins: PluginHost,
+    device: torch.device,
+) -> tuple[TrainerBase, TrainingProblem]:
+    """The ``[trainer]`` component set up for ``description``: its preprocessors built from
+    ``normalization`` on ``device``, its weights from the description's seed."""
+    import torch
+
+    from horizon_engine.preprocessor import build_preprocessor
+
+    trainer = choice.create()
+    torch.manual_seed(description.seed)
+
+    def preprocessor(name: str, feature_ids: list[str]) -> torch.nn.Module | None:
+        if not feature_ids:
+            return None
+        parameters = normalization.get(name, {})
+        if list(parameters) != feature_ids:
+            raise HorizonError(
+                f"normalization.json has {name} {list(parameters)}, but the trainer is set up "
+                f"for {feature_ids}"
+            )
+        built = build_preprocessor(feature_ids, parameters, description.max_feature_value, plugins)
+        return built.to(device)
+
+    state = preprocessor("state_features", description.feature_ids)
+    action = preprocessor("action_features", description.action_feature_ids)
+    problem = description.problem(state, action, device)
+    trainer.setup(problem)
+    return trainer, problem
+
+
+def restore_trainer(
+    run_dir: Path,
+    choice: Choice,
+    description: ProblemDescription,
+    plugins: PluginHost,
+    device: torch.device,
+    purpose: str,
+) -> tuple[TrainerBase, TrainingProblem]:
+    """A run's trainer as its latest checkpoint left it, set up on ``device`` from the run's
+    normalization: for an export or an evaluation (``purpose``, named in errors)."""
+    from horizon_engine.normalization import NORMALIZATION_FILE, read_normalization
+    from horizon_engine.training import load_checkpoint
+
+    normalization = read_normalization(Path(run_dir) / NORMALIZATION_FILE)
+    trainer, problem = set_up_trainer(choice, description, normalization, plugins, device)
+    trainer.load_state_dict(load_checkpoint(Path(run_dir), purpose)["trainer"])
+    return trainer, problem
+
+
+def timeline_problem(run: RunContext) -> tuple[ProblemDescription, Normalization]:
+    """The description of a pipeline run's data: its ``timeline/timeline.json`` and
+    ``normalization.json``, and the normalization itself."""
+    from horizon_engine.normalization import NORMALIZATION_FILE, read_normalization
+    from horizon_engine.timeline import TimelineInfo
+
+    info = TimelineInfo.read(run.output_dir / "timeline")
+    normalization = read_normalization(run.output_dir / NORMALIZATION_FILE)
+    max_feature_value = 6.0
+    if "normalization" in run.spec.sections:
+        max_feature_value = run.spec.sections["normalization"].config.max_feature_value
+    description = ProblemDescription(
+        action_type=ActionType(info.action_type),
+        actions=info.actions or [],
+        feature_ids=list(normalization["state_features"]),
+        action_feature_ids=list(normalization.get("action_features", {})),
+        n_step=info.n_step,
+        seed=run.seed,
+        max_feature_value=max_feature_value,
+    )
+    return description, normalization
+
+
+def load_split(
+    run: RunContext, description: ProblemDescription, split: str, device: torch.device
+) -> TimelineTensors:
+    """One split of a pipeline run's timeline as tensors on ``device``, its features those of
+    ``description``."""
+    from horizon_engine.dataset import load_timeline
+
+    return load_timeline(
+        run.output_dir / "timeline" / split,
+        description.action_type,
+        description.feature_ids,
+        description.action_feature_ids,
+        description.actions,
+    ).to(device)
+
+
+def read_check_rows(run_dir: Path) -> dict[str, torch.Tensor]:
+    """The rows a run saved to check its exported model on (``check_rows.pt``)."""
+    import torch
+
+    path = Path(run_dir) / CHECK_ROWS_FILE
+    if not path.is_file():
+        raise HorizonError(
+            f"{path} does not exist: {run_dir} holds no finished training of this version "
+            "(run its training again)"
+        )
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+class TrainingDriver:
+    """One trainer, set up for a run's problem and driven batch by batch and epoch by epoch.
+
+    ``outputs`` lists what it wrote (run-relative): the problem description, the check rows
+    and ``checkpoints/latest.pt``; ``checkpoints`` the epochs' own checkpoint files.
+    """
+
+    def __init__(
+        self,
+        run: RunContext,
+        choice: Choice,
+        description: ProblemDescription,
+        normalization: Normalization,
+        callbacks: Iterable[BatchCallback] = (),
+    ) -> None:
+        from horizon_engine.training import load_checkpoint, resolve_device
+
+        self.run = run
+        self.config = choice.config
+        self.device = resolve_device(self.config.device)
+        self.trainer, self.problem = set_up_trainer(
+            choice, description, normalization, run.plugins, self.device
+        )
+        if self.config.warm_start_from:
+            state = load_checkpoint(Path(self.config.warm_start_from))["trainer"]
+            self.trainer.load_state_dict(state)
+        self.callbacks = list(callbacks)
+        self.folder = run.output_dir / CHECKPOINTS
+        self.outputs = [description.write(run.output_dir)]
+        self.checkpoints: list[str] = []
+        self.epoch = 0
+        self.updates = 0
+        self._sums: dict[str, float] = {}
+        self._counts: dict[str, int] = {}
+
+    def train_batch(self, batch: Batch) -> None:
+        """One update on ``batch`` (on the device), then the batch callbacks."""
+        metrics = self.trainer.train_step(batch)
+        for callback in self.callbacks:
+            metrics = {**metrics, **(callback(batch) or {})}
+        sums, counts = self._sums, self._counts
+        for name, value in metrics.items():
+            sums[name] = sums.get(name, 0.0) + value
+            counts[name] = counts.get(name, 0) + 1
+        self.updates += 1
+
+    def train_sampled(self, data: SampledData, batches: int) -> None:
+        """``batches`` updates, each on a minibatch sampled from ``data``."""
+        for _ in range(batches):
+            batch = data.sample(self.config.minibatch_size)
+            if self.device.type != "cpu":
+                batch = {name: tensor.to(self.device) for name, tensor in batch.items()}
+            self.train_batch(batch)
+
+    def train_epochs(
+        self,
+        data: EpochData,
+        eval_data: TimelineTensors | None = None,
+        estimators: EpisodeEvaluation | None = None,
+    ) -> list[dict[str, float]]:
+        """``[trainer] epochs`` passes over ``data`` (minibatches shuffled by a generator
+        seeded with the run's seed), each ended by ``end_epoch``; returns each epoch's
+        metrics."""
+        import torch
+
+        generator = torch.Generator().manual_seed(self.run.seed)
+        history = []
+        with self.run.progress("training", total=self.config.epochs) as advance:
+            for _ in range(self.config.epochs):
+                for batch in data.minibatches(self.config.minibatch_size, generator):
+                    self.train_batch(batch)
+                history.append(self.end_epoch(eval_data=eval_data, estimators=estimators))
+                advance(1)
+        return history
+
+    def end_epoch(
+        self,
+        metrics: Mapping[str, float] | None = None,
+        eval_data: TimelineTensors | None = None,
+        estimators: EpisodeEvaluation | None = None,
+        checkpoint: Mapping[str, Any] | None = None,
+    ) -> dict[str, float]:
+        """End an epoch: its metrics (the host's own ``metrics`` first, then the mean of each
+        training metric since the last epoch, the evaluation on ``eval_data`` when it has
+        rows, the per-epoch ``estimators``), a checkpoint holding the trainer's state and
+        ``checkpoint``'s plain data, and ``horizon_on_epoch_end``. Returns the metrics."""
+        from horizon_engine.training import save_checkpoint
+
+        self.epoch += 1
+        found = dict(metrics or {})
+        for name, total in self._sums.items():
+            found[f"Training/{name}"] = total / self._counts[name]
+        self._sums, self._counts = {}, {}
+        if eval_data is not None and len(eval_data):
+            evaluation = self.trainer.evaluate(eval_data)
+            found |= {f"Evaluation/{name}": value for name, value in evaluation.items()}
+        if estimators is not None:
+            found |= estimators.epoch_metrics(self.trainer)
+        state = {"trainer": self.trainer.state_dict(), **(checkpoint or {})}
+        saved = save_checkpoint(self.folder, self.epoch, state)
+        self.checkpoints.append(f"{CHECKPOINTS}/{saved.name}")
+        latest = f"{CHECKPOINTS}/latest.pt"
+        if latest not in self.outputs:
+            self.outputs.append(latest)
+        self.run.plugins.on_epoch_end(self.run, self.epoch, found)
+        return found
+
+    def save_check_rows(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Keep the first ``CHECK_ROWS`` rows of the policy's inputs among ``tensors``
+        (batch-schema names) as ``check_rows.pt``, for checking an export."""
+        import torch
+
+        from horizon_engine.files import atomic_output
+
+        rows = {
+            name: tensors[name][:CHECK_ROWS].cpu().clone()
+            for name in CHECK_FIELDS[self.problem.action_type]
+        }
+        with atomic_output(self.run.output_dir / CHECK_ROWS_FILE) as temporary:
+            torch.save(rows, temporary)
+        self.outputs.append(CHECK_ROWS_FILE)
+
+
+def record_failure(
+    manifest: dict[str, Any],
+    exc: BaseException,
+    stage: str | None,
+    finish: Callable[[dict[str, Any]], None],
+) -> None:
+    """What a failed run records, for every host of a training: ``status`` "failed", the
+    ``error`` (its message, or its type when it has none) and the ``failed_stage`` (when one
+    was under way); then ``finish`` (the final manifest and ``horizon_on_run_end``), whose own
+    failure is added to ``exc`` as a note instead of masking it. The caller re-raises."""
+    manifest["status"] = "failed"
+    manifest["error"] = str(exc) or type(exc).__name__
+    if stage is not None:
+        manifest["failed_stage"] = stage
+    try:
+        finish(manifest)
+    except Exception as hook_error:
+        exc.add_note(f"horizon_on_run_end also failed: {hook_error!r}")
