@@ -13,6 +13,7 @@ candidate. Any trained run folder exports the same way, whichever command wrote 
 
 from __future__ import annotations
 
+import json
 from abc import abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,8 +94,6 @@ def policy_bundle(run: RunContext, model: torch.nn.Module) -> PolicyBundle:
     """``model`` (a run's trained policy), on the CPU, described by the run folder's
     ``problem.json`` and ``normalization.json``, with the rows its training kept to check an
     export on (``check_rows.pt``)."""
-    import json
-
     from horizon_engine.driver import ProblemDescription, read_check_rows
     from horizon_engine.normalization import NORMALIZATION_FILE
 
@@ -128,6 +127,10 @@ def export_policy(run: RunContext, choice: Choice, model: torch.nn.Module) -> di
     exporter = choice.create()
     outputs = exporter.export(run, policy_bundle(run, model))
     return {"outputs": outputs, "details": exporter.details}
+
+
+EXPORT_SECTIONS: tuple[str, ...] = ("trainer", "export")
+"""What ``export_run_folder`` reads of a run's config."""
 
 
 def export_run_folder(
@@ -196,14 +199,8 @@ def export_run_folder(
     return exported
 
 
-EXPORT_SECTIONS: tuple[str, ...] = ("trainer", "export")
-"""What ``export_run_folder`` reads of a run's config."""
-
-
 def read_manifest(path: Path) -> dict[str, Any]:
     """A run folder's ``manifest.json``, or an error saying it holds no run's manifest."""
-    import json
-
     try:
         manifest = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:

@@ -506,6 +506,21 @@ def test_rows_and_batches_are_what_was_played(tmp_path, recorder_host):
             assert batch["not_terminal"][i] == (next_action >= 0)
 
 
+def test_gym_n_step_is_the_buffers_window_and_the_trainer_is_told_it(tmp_path, recorder_host):
+    """[gym] n_step declares the data's window: the replay batches carry it, the trainer reads
+    it off the problem, and a trainer insisting on another window says which option to set."""
+    config = recorder_config(tmp_path / "run", n_step=3, episodes=3)
+    train_gym(load_gym_spec(config, recorder_host), recorder_host)
+    recorder = recorder_host.pm.get_plugin("recorder")
+    assert {batch["next_n_rewards"].shape[1] for batch in recorder.BATCHES} == {3}
+    assert json.loads((tmp_path / "run" / "problem.json").read_text())["n_step"] == 3
+
+    config = recorder_config(tmp_path / "dqn", episodes=3)
+    config["trainer"] = {"kind": "dqn", "minibatch_size": 8, "n_step": 3, "layers": [8]}
+    with pytest.raises(HorizonError, match=r"\[gym\] n_step = 3\).*this timeline has n_step = 1"):
+        train_gym(load_gym_spec(config, recorder_host), recorder_host)
+
+
 def test_truncation_by_max_steps_is_not_terminal(tmp_path, recorder_host):
     # Five steps are too few for CartPole to fail (the pole needs ~8): every episode is cut.
     config = recorder_config(tmp_path / "run", max_steps=5, episodes=10)
