@@ -1,6 +1,8 @@
 """The house's walls (DESIGN.md), as import-linter contracts in pyproject.toml: the core never
 imports a plugin, plugins never import each other, plugins import only the public API (the
-names ``horizon_engine`` exports, never one of its modules), trainers never import Spark.
+names ``horizon_engine`` exports, never one of its modules), the core reaches its built-in
+plugins (``horizon_engine.builtin``) only through the plugin manager, trainers never import
+Spark.
 
 The contracts are checked on the repository as it is, and on a copy with one deliberately
 broken import, which must fail: a check that cannot fail would prove nothing.
@@ -36,7 +38,7 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
 def test_the_repository_keeps_every_contract():
     result = lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Contracts: 4 kept, 0 broken." in result.stdout
+    assert "Contracts: 5 kept, 0 broken." in result.stdout
 
 
 def copy_with_import(root: Path, module: str, line: str) -> Path:
@@ -62,7 +64,7 @@ def test_a_core_module_importing_a_plugin_breaks_the_contract(tmp_path):
     # Every plugin imports the core's errors module, so through it the Spark plugin would now
     # reach the DQN plugin too: import-linter follows indirect imports.
     assert "Plugin packages never import each other BROKEN" in result.stdout
-    assert "Contracts: 2 kept, 2 broken." in result.stdout
+    assert "Contracts: 3 kept, 2 broken." in result.stdout
 
 
 def test_a_plugin_importing_a_core_module_breaks_the_public_api_contract(tmp_path):
@@ -76,4 +78,17 @@ def test_a_plugin_importing_a_core_module_breaks_the_public_api_contract(tmp_pat
         result.stdout
     )
     assert "horizon_plugins_dqn.config -> horizon_engine.schema" in result.stdout
-    assert "Contracts: 3 kept, 1 broken." in result.stdout
+    assert "Contracts: 4 kept, 1 broken." in result.stdout
+
+
+def test_a_core_module_importing_a_builtin_plugin_breaks_the_plugin_manager_contract(tmp_path):
+    line = "from horizon_engine.builtin.gym.runner import train_gym"
+    copy_with_import(tmp_path, "horizon_engine/cli.py", line)
+
+    result = lint_imports(tmp_path)
+
+    assert result.returncode != 0
+    name = "The core reaches its built-in plugins only through the plugin manager BROKEN"
+    assert name in result.stdout
+    assert "horizon_engine.cli -> horizon_engine.builtin.gym.runner" in result.stdout
+    assert "Contracts: 4 kept, 1 broken." in result.stdout

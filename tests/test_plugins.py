@@ -790,8 +790,8 @@ def test_documented_example_plugins_work(plugin_site, tmp_path, capsys):
 
 
 def test_a_gym_runs_manifest_records_plugins_that_failed_to_load(site, tmp_path):
-    from horizon_engine.online.config import load_gym_spec
-    from horizon_engine.online.runner import train_gym
+    from horizon_engine.builtin.gym.config import load_gym_spec
+    from horizon_engine.builtin.gym.runner import train_gym
 
     install_module(site, "broken", "raise RuntimeError('needs a GPU driver')")
     host = only("broken", "dqn")
@@ -935,7 +935,7 @@ def test_a_plugin_adds_commands_and_one_taken_or_raising_is_a_failure(plugin_sit
         click.echo("core run")
 
     host.register_commands(cli)
-    assert sorted(cli.commands) == ["greet", "run"]
+    assert sorted(cli.commands) == ["greet", "gym", "run"]
     assert CliRunner().invoke(cli, ["greet", "ada"]).output == "hello ada\n"
     assert CliRunner().invoke(cli, ["run"]).output == "core run\n"
     assert host.plugins["greeter"].commands == ["greet"]
