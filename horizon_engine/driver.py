@@ -20,7 +20,6 @@ trainer cannot tell them apart and a run folder records training the same way:
   estimators (``CPE/<label>/<estimate>``), writes a checkpoint and calls
   ``horizon_on_epoch_end``. ``horizon gym train`` ends an "epoch" at each evaluation of its
   greedy policy, with that evaluation's figures.
-- failure: ``record_failure`` is what a failed run records in its manifest.
 
 torch is imported where it is used.
 """
@@ -393,23 +392,3 @@ class TrainingDriver:
         with atomic_output(self.run.output_dir / CHECK_ROWS_FILE) as temporary:
             torch.save(rows, temporary)
         self.outputs.append(CHECK_ROWS_FILE)
-
-
-def record_failure(
-    manifest: dict[str, Any],
-    exc: BaseException,
-    stage: str | None,
-    finish: Callable[[dict[str, Any]], None],
-) -> None:
-    """What a failed run records, for every host of a training: ``status`` "failed", the
-    ``error`` (its message, or its type when it has none) and the ``failed_stage`` (when one
-    was under way); then ``finish`` (the final manifest and ``horizon_on_run_end``), whose own
-    failure is added to ``exc`` as a note instead of masking it. The caller re-raises."""
-    manifest["status"] = "failed"
-    manifest["error"] = str(exc) or type(exc).__name__
-    if stage is not None:
-        manifest["failed_stage"] = stage
-    try:
-        finish(manifest)
-    except Exception as hook_error:
-        exc.add_note(f"horizon_on_run_end also failed: {hook_error!r}")

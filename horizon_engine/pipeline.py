@@ -19,6 +19,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -43,6 +44,7 @@ from horizon_engine.run_folder import (
     existing_claims,
     matches,
     read_earlier_run,
+    record_failure,
     take_over,
 )
 from horizon_engine.training import CHECKPOINTS
@@ -441,10 +443,6 @@ def run_export_stage(run: RunContext, choice: Choice) -> StageReport:
     """Export the trained policy (the latest checkpoint) with the configured exporter."""
     from horizon_engine.export import export_policy, trained_policy
 
-    if "trainer" not in run.spec.sections:
-        raise ConfigError(
-            [f"{run.spec.origin}: [export] needs the [trainer] section the model was trained with"]
-        )
     model = trained_policy(run.output_dir, run.spec.sections["trainer"], run.plugins)
     exported = export_policy(run, choice, model)
     return StageReport("export", outputs=exported["outputs"], details=exported["details"])
@@ -588,17 +586,12 @@ class Engine:
                 self.plugins.on_stage_end(run, stage.name, report)
                 self._record(run, manifest, stage, report)
         except BaseException as exc:
-            manifest["status"] = "failed"
-            manifest["error"] = str(exc) or type(exc).__name__
             failed = manifest["running_stage"]
             if failed:
                 # What the stage wrote before it failed is no stage's whole output.
-                manifest["failed_stage"], manifest["running_stage"] = failed, None
+                manifest["running_stage"] = None
                 manifest["incomplete_stages"][failed] = f"run {run.run_id} failed during it"
-            try:
-                self._finish(run, manifest)
-            except Exception as hook_error:
-                exc.add_note(f"horizon_on_run_end also failed: {hook_error!r}")
+            record_failure(manifest, exc, failed, partial(self._finish, run))
             raise
         manifest["status"] = "succeeded"
         self._finish(run, manifest)

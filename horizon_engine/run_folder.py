@@ -26,6 +26,7 @@ import json
 import os
 import re
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -215,3 +216,23 @@ def take_over(
             f"wrote {MANIFEST})"
         )
     return notes
+
+
+def record_failure(
+    manifest: dict[str, Any],
+    exc: BaseException,
+    stage: str | None,
+    finish: Callable[[dict[str, Any]], None],
+) -> None:
+    """What a failed run records, for every host of a training: ``status`` "failed", the
+    ``error`` (its message, or its type when it has none) and the ``failed_stage`` (when one
+    was under way); then ``finish`` (the final manifest and ``horizon_on_run_end``), whose own
+    failure is added to ``exc`` as a note instead of masking it. The caller re-raises."""
+    manifest["status"] = "failed"
+    manifest["error"] = str(exc) or type(exc).__name__
+    if stage is not None:
+        manifest["failed_stage"] = stage
+    try:
+        finish(manifest)
+    except Exception as hook_error:
+        exc.add_note(f"horizon_on_run_end also failed: {hook_error!r}")

@@ -22,10 +22,11 @@ from horizon_engine.builtin.gym.results import (
 )
 from horizon_engine.builtin.gym_source import pre_timeline_row
 from horizon_engine.config import PipelineSection, PipelineSpec
-from horizon_engine.driver import CHECK_ROWS, ProblemDescription, TrainingDriver, record_failure
+from horizon_engine.driver import CHECK_ROWS, ProblemDescription, TrainingDriver
 from horizon_engine.errors import HorizonError
 from horizon_engine.files import atomic_output, write_json
 from horizon_engine.normalization import NORMALIZATION_FILE, NormalizationConfig
+from horizon_engine.run_folder import record_failure
 from horizon_engine.schema import ActionType
 
 if TYPE_CHECKING:
