@@ -6,11 +6,11 @@ the names below are its API (docs/plugins.md describes each contract). Everythin
 names, and an import-linter contract run by ``make test`` holds them to it.
 
 - every plugin: ``hookimpl``, ``Component``, ``ComponentConfig``, ``RunContext``,
-  ``StageReport``, the errors;
+  ``StageReport``, the errors, ``atomic_output``;
 - data sources: ``DataSource``, ``SourceConfig``, ``SourceBatch``, and the row schema
   (``RowLayout``, ``RowFormat``, ``RowShaper``, ``ActionType``, ``BadRow``, ``detect_layout``);
 - timeline engines: ``TimelineTransform``, ``TimelineConfig``, ``TimelineResult``,
-  ``timeline_schema``;
+  ``timeline_schema``, ``eval_split_value``;
 - normalization engines: ``NormalizationTransform``, ``NormalizationConfig``,
   ``group_map_values``; feature types: ``FeatureTransform``, ``NormalizationParameters``,
   ``feature_module``;
@@ -53,6 +53,7 @@ from horizon_engine.errors import (
 )
 from horizon_engine.estimation import EstimatorBase, EstimatorConfig, EvaluationEpisodes
 from horizon_engine.export import ExportConfig, ExporterBase, PolicyBundle
+from horizon_engine.files import atomic_output
 from horizon_engine.hookspecs import hookimpl
 from horizon_engine.normalization import (
     NormalizationConfig,
@@ -74,6 +75,7 @@ from horizon_engine.timeline import (
     TimelineConfig,
     TimelineResult,
     TimelineTransform,
+    eval_split_value,
     timeline_schema,
 )
 from horizon_engine.training import TrainerBase, TrainerConfig, TrainingProblem
@@ -129,9 +131,11 @@ __all__ = [
     "Transform",
     "__version__",
     "action_probabilities",
+    "atomic_output",
     "batch_fields",
     "check_batch",
     "detect_layout",
+    "eval_split_value",
     "feature_module",
     "group_map_values",
     "hookimpl",

@@ -7,11 +7,11 @@ The same rows the source yields for the same seed, written where the built-in ``
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import click
 
+from horizon_engine import atomic_output
 from horizon_plugin_constant.reminders import reminder_rows
 
 
@@ -28,12 +28,7 @@ from horizon_plugin_constant.reminders import reminder_rows
 @click.option("--seed", default=0, show_default=True, type=int, help="The run's seed.")
 def reminder_rows_command(output: Path, users: int, days: int, seed: int) -> None:
     """Write the reminder decisions [source] kind = "reminder_rows" logs, as JSON lines."""
-    temporary = output.with_name(f".{output.name}.tmp")
-    try:
-        with temporary.open("w", encoding="utf-8") as handle:
-            for row in reminder_rows(users, days, seed):
-                handle.write(json.dumps(row) + "\n")
-        os.replace(temporary, output)
-    finally:
-        temporary.unlink(missing_ok=True)
+    with atomic_output(output) as temporary, temporary.open("w", encoding="utf-8") as handle:
+        for row in reminder_rows(users, days, seed):
+            handle.write(json.dumps(row) + "\n")
     click.echo(f"wrote {users * days} rows of {users} users to {output}")

@@ -14,7 +14,6 @@ the export fails and leaves no file behind.
 from __future__ import annotations
 
 import json
-import os
 from typing import TYPE_CHECKING
 
 from horizon_engine import (
@@ -23,6 +22,7 @@ from horizon_engine import (
     ExporterBase,
     HorizonError,
     PolicyBundle,
+    atomic_output,
     policy_output,
 )
 
@@ -63,15 +63,10 @@ class TorchProgram(ExporterBase):
             "exploration": self.config.model_dump(mode="json"),
             "run_id": bundle.run_id,
         }
-        target = run.output_dir / PROGRAM_FILE
-        temporary = target.with_name(f".tmp-{PROGRAM_FILE}")
-        try:
+        with atomic_output(run.output_dir / PROGRAM_FILE) as temporary:
             extra_files = {"horizon.json": json.dumps(description)}
             torch.export.save(program, temporary, extra_files=extra_files)
             self.details = _check(torch.export.load(temporary).module(), head, values, presence)
-            os.replace(temporary, target)
-        finally:
-            temporary.unlink(missing_ok=True)
         return [PROGRAM_FILE]
 
 

@@ -10,7 +10,6 @@ a different table than it asked for. Where both engines apply it writes the same
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Self
@@ -25,6 +24,7 @@ from horizon_engine import (
     TimelineConfig,
     TimelineResult,
     TimelineTransform,
+    eval_split_value,
     timeline_schema,
 )
 
@@ -59,14 +59,6 @@ class OneStepTimelineConfig(TimelineConfig):
                 "use engine = 'local' for them"
             )
         return self
-
-
-def eval_split_value(seed: int, mdp_id: str) -> float:
-    """The timeline contract's split hash: the first 8 hex digits of md5("<seed>:<mdp_id>")
-    over 2**32. An episode below ``eval_fraction`` is held out for evaluation, so every engine
-    (and a run resumed on another) splits the same episodes the same way."""
-    digest = hashlib.md5(f"{seed}:{mdp_id}".encode(), usedforsecurity=False).hexdigest()
-    return int(digest[:8], 16) / 2**32
 
 
 class OneStepTimeline(TimelineTransform):
