@@ -62,15 +62,11 @@ def _trainer_problems(
             f"{spec.where('trainer', 'warm_start_from')}: [trainer] warm_start_from = "
             f"{warm_start!r} {found}; it names the output folder of an earlier run"
         )
-    n_step = getattr(config, "n_step", None)
     timeline_n_step, origin = _timeline_n_step(spec, output_dir, rebuilding)
-    known = training and isinstance(n_step, int) and timeline_n_step is not None
-    if known and n_step > 1 and n_step != timeline_n_step:
-        problems.append(
-            f"{spec.where('trainer', 'n_step')}: [trainer] n_step = {n_step}, but "
-            f"{origin} builds n_step = {timeline_n_step}; set both to the same value (or leave "
-            "the trainer's out: it follows the timeline)"
-        )
+    if training and timeline_n_step is not None:
+        trainer = spec.sections["trainer"].component.cls
+        for option, message in trainer.data_problems(config, timeline_n_step, origin).items():
+            problems.append(f"{spec.where('trainer', option)}: {message}")
     return problems
 
 

@@ -108,6 +108,15 @@ class TrainerBase(Trainer):
         ``(action, log_density)`` for a stochastic policy. ``policy_output`` turns it into the
         ``PolicyOutput`` that export and the estimators read."""
 
+    @classmethod
+    def data_problems(cls, config: ComponentConfig, n_step: int, origin: str) -> dict[str, str]:
+        """What is wrong with this trainer's ``config`` for data whose n-step window is
+        ``n_step`` (``origin`` says where that is declared), found before a run starts:
+        option name -> message, which the core prefixes with the option's file and line.
+        Nothing by default; a trainer whose options must agree with the data says so here, so
+        the core never reads another component's option by name."""
+        return {}
+
     def evaluation_models(self) -> dict[str, Any]:
         """Models trained beside the policy that estimators may use (a reward model, the
         policy's Q), by name; none by default."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from horizon_engine import HorizonError, TrainerBase
+from horizon_engine import ComponentConfig, HorizonError, TrainerBase
 from horizon_plugins_dqn.config import QLearningConfig
 
 if TYPE_CHECKING:
@@ -62,6 +62,17 @@ class QLearningTrainer(TrainerBase):
     def optimizers(self) -> list[torch.optim.Optimizer]:
         """Every optimizer whose learning rate decays (a subclass adds its extra models')."""
         return [self.optimizer]
+
+    @classmethod
+    def data_problems(cls, config: ComponentConfig, n_step: int, origin: str) -> dict[str, str]:
+        """``n_step > 1`` must be the data's own window, found before the run starts."""
+        wanted = config.n_step
+        if wanted > 1 and wanted != n_step:
+            return {
+                "n_step": f"[trainer] n_step = {wanted}, but {origin} builds n_step = {n_step}; "
+                "set both to the same value (or leave the trainer's out: it follows the timeline)"
+            }
+        return {}
 
     def check_n_step(self, data_n_step: int | None) -> None:
         """``n_step > 1`` needs data with the same n-step window (``TrainingProblem.n_step``;
