@@ -115,9 +115,11 @@ def run(pipeline: Path, overrides: tuple[str, ...], stages: str | None, overwrit
             click.echo(f"{name}: not run, outputs of run {report['run_id']}{stale}")
             continue
         dropped = sum(report["dropped"].values())
+        importing = report.get("import_seconds", 0.0)
         click.echo(
             f"{name}: {report['rows_in']} rows in, {report['rows_out']} out, "
             f"{dropped} dropped, {report['seconds']:.2f} s"
+            + (f" ({importing:.2f} s of it importing)" if importing >= 0.05 else "")
         )
         for warning in report["warnings"]:
             click.echo(f"  warning: {warning}")

@@ -34,6 +34,7 @@ from horizon_engine.errors import (
 )
 from horizon_engine.evaluation import EVALUATION_FILE, run_evaluation_stage
 from horizon_engine.files import remove_path, staged_outputs, write_json
+from horizon_engine.import_clock import import_clock
 from horizon_engine.normalization import NORMALIZATION_FILE
 from horizon_engine.plugins import PluginHost, get_plugin_host
 from horizon_engine.preflight import check_before_run
@@ -580,8 +581,10 @@ class Engine:
                 self._clear_stage(run, stage, earlier if resuming else None, manifest)
                 self.plugins.on_stage_start(run, stage.name)
                 started = time.perf_counter()
-                report = stage.run(run, stage.choice(spec))
+                with import_clock() as imports:
+                    report = stage.run(run, stage.choice(spec))
                 report.seconds = round(time.perf_counter() - started, 3)
+                report.import_seconds = round(imports.seconds, 3)
                 self._record(run, manifest, stage, report)
                 self.plugins.on_stage_end(run, stage.name, report)
                 self._record(run, manifest, stage, report)

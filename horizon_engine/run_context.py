@@ -32,6 +32,10 @@ class StageReport:
     warnings: list[str] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    """Wall time of the stage, imports included."""
+    import_seconds: float = 0.0
+    """The part of ``seconds`` spent importing modules (torch, scipy, ...) the stage was the
+    first to need: paid once per process, not by the stage's work."""
 
 
 @dataclass
