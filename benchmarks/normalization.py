@@ -103,7 +103,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=1.0, help="length of one timed round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="3 rounds of 0.5 s, for make bench")
     args = parser.parse_args()
+    if args.quick:
+        args.seconds, args.rounds = 0.5, 3
 
     rng = np.random.default_rng(args.seed)
     parameters, sample = mixed_features(args.features, rng)
@@ -139,6 +142,10 @@ def main() -> None:
     print(f"bare (x - mean) / std : {baseline:>14,.0f} rows/s")
     print(f"preprocessor          : {ours:>14,.0f} rows/s")
     print(f"ratio (bare / preprocessor): {baseline / ours:.1f}x")
+    print(
+        f"RESULT name=preprocessor_{args.features}_features ours={ours:.0f}rows/s "
+        f"baseline={baseline:.0f}rows/s ratio={ours / baseline:.3g}"
+    )
 
 
 if __name__ == "__main__":
