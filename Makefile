@@ -6,13 +6,16 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: run test lint
+.PHONY: run test lint bench
 
 run: $(INSTALLED)
 	$(BIN)/horizon run examples/cartpole_dqn.toml --overwrite
 
 test: $(INSTALLED)
 	$(BIN)/python -m pytest
+
+bench: $(INSTALLED)
+	$(BIN)/python benchmarks/run_all.py
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .
