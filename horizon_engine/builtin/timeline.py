@@ -19,7 +19,7 @@ import numpy as np
 
 from horizon_engine.errors import BAD_ROWS_SHOWN
 from horizon_engine.hookspecs import hookimpl
-from horizon_engine.schema import ActionType, BadRow, list_entries
+from horizon_engine.schema import FEATURES, ActionType, BadRow, list_entries
 from horizon_engine.timeline import (
     TimelineConfig,
     TimelineResult,
@@ -87,20 +87,23 @@ class LocalTimeline(TimelineTransform):
         examples = self._examples(rows, table, rejections, quarantine, output)
         kinds, counts = np.unique(rejections.kinds[rejections.mask], return_counts=True)
 
-        encoded = pc.dictionary_encode(_single_array(table["mdp_id"]))
-        codes = encoded.indices.to_numpy()
-        rank = pc.rank(encoded.dictionary, sort_keys="ascending").to_numpy(zero_copy_only=False)
+        mdp_ids = pc.dictionary_encode(_single_array(table["mdp_id"]))
+        codes = mdp_ids.indices.to_numpy()
+        episode_names = mdp_ids.dictionary
+        rank = pc.rank(episode_names, sort_keys="ascending").to_numpy(zero_copy_only=False)
+        eval_episode = eval_episodes(run.seed, episode_names.to_pylist(), config.eval_fraction)
+        # Eval episodes sort after every train episode, so each split is one run of sorted
+        # positions and a part of it is built from slices of the sorted columns.
+        split_rank = rank.astype(np.int64) + eval_episode * len(rank)
         sequence = table["sequence_number"].to_numpy()
         kept = np.flatnonzero(~rejections.mask)
-        order = kept[sort_episodes(rank[codes[kept]], sequence[kept])]
+        order = kept[sort_episodes(split_rank[codes[kept]], sequence[kept])]
         episodes = _Episodes.of(codes[order], sequence[order], _truncated(table)[order])
         survives, dropped = self._filters(episodes)
-        eval_episode = eval_episodes(run.seed, encoded.dictionary.to_pylist(), config.eval_fraction)
         is_eval = eval_episode[episodes.codes]
-        rows_in = table.num_rows
         sorted_actions = actions and _DiscreteActions(actions.index[order], actions.masks[order])
         builder = _TimelineRows(
-            _in_episode_order(table, order, action_type),
+            _SortedColumns.of(table, order, action_type, mdp_ids),
             action_type,
             config.window,
             episodes,
@@ -111,7 +114,7 @@ class LocalTimeline(TimelineTransform):
         evaluation = np.flatnonzero(survives & is_eval)
         write_split(builder.rows_at, train, evaluation, output)
         return TimelineResult(
-            rows_in=rows_in,
+            rows_in=table.num_rows,
             train_rows=len(train),
             eval_rows=len(evaluation),
             train_episodes=np.count_nonzero(np.bincount(episodes.codes[train])),
@@ -222,33 +225,6 @@ class LocalTimeline(TimelineTransform):
         return survives, dropped
 
 
-def _in_episode_order(
-    table: pa.Table, order: np.ndarray, action_type: ActionType
-) -> dict[str, pa.Array]:
-    """The input columns the output copies, gathered once into episode order.
-
-    Every later take then reads memory in order (a next row is the neighbour), which is what
-    keeps shuffled input fast. Columns are gathered on a thread pool, as Arrow releases the GIL.
-    Discrete actions and rewards travel as numpy arrays, so their columns are not gathered.
-    """
-    import os
-    from concurrent.futures import ThreadPoolExecutor
-
-    import pyarrow as pa
-
-    names = ["ds", "mdp_id", "state_features", "action_probability", "metrics"]
-    if action_type is not ActionType.DISCRETE:
-        names.append("action")
-    if action_type is ActionType.PARAMETRIC:
-        names.append("possible_actions")
-    columns = [_single_array(table[name]) for name in names]
-    if not np.array_equal(order, np.arange(table.num_rows)):
-        indices = pa.array(order)
-        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-            columns = list(pool.map(lambda column: column.take(indices), columns))
-    return dict(zip(names, columns, strict=True))
-
-
 @dataclass
 class _DiscreteActions:
     """Discrete actions of every input row: index into ``actions`` and the possible-action mask."""
@@ -300,16 +276,202 @@ class _Episodes:
         return time_diff
 
 
-class _TimelineRows:
-    """Builds output rows for any set of positions in the episode-sorted input.
+class _Strings:
+    """A string column in sorted order, held as dictionary codes.
 
-    The input is sorted by (mdp_id, sequence_number), so the next row of position p, where the
-    episode goes on, is p + 1, and every column is one ``take`` in increasing order.
+    Gathering a shuffled string column moves every string; gathering int32 codes moves four
+    bytes a row, and a part's strings are then read from the small dictionary.
+    """
+
+    def __init__(self, encoded: pa.DictionaryArray, order: np.ndarray) -> None:
+        import pyarrow as pa
+
+        self.dictionary = encoded.dictionary
+        self.codes = encoded.indices.take(pa.array(order))
+
+    def rows(self, start: int, stop: int) -> pa.Array:
+        return self.dictionary.take(self.codes.slice(start, stop - start))
+
+
+class _Column:
+    """A flat, list or map column in sorted order, as Arrow holds it (the general case)."""
+
+    def __init__(self, array: pa.Array, order: np.ndarray) -> None:
+        import pyarrow as pa
+
+        self.array = array.take(pa.array(order))
+
+    def rows(self, start: int, stop: int) -> pa.Array:
+        return self.array.slice(start, stop - start)
+
+    def gather(self, rows: np.ndarray, present: np.ndarray, empty: bool = True) -> pa.Array:
+        """The values at sorted positions ``rows``; where not ``present``, empty (a list or
+        map column) or, without ``empty``, null."""
+        import pyarrow as pa
+
+        taken = self.array.take(pa.array(rows, mask=~present))
+        return _empty_where_null(taken) if empty else taken
+
+
+class _DenseMaps:
+    """A map column whose rows all hold the same keys in the same order (dense features, as
+    the gym source and most loggers write them), in sorted order.
+
+    Held as a [rows, keys] value matrix and one array of the keys repeated, so gathering rows
+    moves only their values, a row at a time, and the keys of any output are a slice.
+    """
+
+    def __init__(self, names: pa.Array, values: np.ndarray) -> None:
+        self.names = names
+        self.values = values
+        self.repeated_names = names
+
+    @classmethod
+    def of(cls, array: pa.Array, order: np.ndarray) -> _DenseMaps | None:
+        """The column in ``order`` if its rows are dense maps of string ids to floats."""
+        import pyarrow as pa
+
+        if (
+            not isinstance(array, pa.MapArray)
+            or array.type != FEATURES
+            or not len(array)
+            or array.null_count
+        ):
+            return None
+        offsets = array.offsets.to_numpy()
+        width = int(offsets[1] - offsets[0])
+        first, count = int(offsets[0]), int(offsets[-1] - offsets[0])
+        keys, items = array.keys.slice(first, count), array.items.slice(first, count)
+        if width == 0 or items.null_count or np.any(np.diff(offsets) != width):
+            return None
+        if not _same_strings_every(keys, width):
+            return None
+        values = items.to_numpy().reshape(-1, width)
+        return cls(keys.slice(0, width), values[order])
+
+    def _maps(self, values: np.ndarray, lengths: np.ndarray, null: np.ndarray | None) -> pa.Array:
+        import pyarrow as pa
+
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        keys = self.repeated_names
+        if len(keys) < len(values):
+            # Grown by doubling and kept: every part of a build slices the same one.
+            times = max(len(values), 2 * len(keys)) // len(self.names)
+            keys = self.repeated_names = _repeated(self.names, times)
+        return pa.MapArray.from_arrays(
+            pa.array(offsets),
+            keys.slice(0, len(values)),
+            pa.array(values),
+            mask=None if null is None else pa.array(null),
+        )
+
+    def rows(self, start: int, stop: int) -> pa.Array:
+        values = self.values[start:stop]
+        return self._maps(values.ravel(), np.full(len(values), values.shape[1]), None)
+
+    def gather(self, rows: np.ndarray, present: np.ndarray, empty: bool = True) -> pa.Array:
+        """As ``_Column.gather``."""
+        values = self.values[rows[present]].ravel()
+        lengths = present * self.values.shape[1]
+        return self._maps(values, lengths, None if empty else ~present)
+
+
+def _same_strings_every(keys: pa.Array, width: int) -> bool:
+    """Whether ``keys`` (a string array) repeats its first ``width`` strings throughout.
+
+    Compared on the raw offsets and bytes, which costs a few milliseconds for millions of
+    keys, where Arrow's string comparison would cost tens.
+    """
+    import pyarrow as pa
+
+    if keys.type != pa.string() or keys.null_count:
+        return False
+    _, offsets_buffer, data_buffer = keys.buffers()
+    offsets = np.frombuffer(offsets_buffer, dtype=np.int32)[keys.offset :][: len(keys) + 1]
+    lengths = np.diff(offsets).reshape(-1, width)
+    if np.any(lengths != lengths[0]):
+        return False
+    row_bytes = int(lengths[0].sum())
+    if row_bytes == 0:
+        return True
+    data = np.frombuffer(data_buffer, dtype=np.uint8)[offsets[0] : offsets[-1]]
+    rows = data.reshape(-1, row_bytes)
+    return bool(np.all(rows == rows[0]))
+
+
+def _repeated(names: pa.Array, times: int) -> pa.Array:
+    import pyarrow as pa
+
+    return names.take(pa.array(np.tile(np.arange(len(names), dtype=np.int32), times)))
+
+
+@dataclass
+class _SortedColumns:
+    """The input columns the output copies, gathered once into sorted order.
+
+    Every later read is then in order (a next row is the neighbour), which is what keeps
+    shuffled input fast; the gathers of the columns run on a thread pool, as Arrow and numpy
+    release the GIL. Discrete actions and rewards travel as numpy arrays apart from these.
+    """
+
+    ds: _Strings
+    mdp_id: _Strings
+    state_features: _Column | _DenseMaps
+    action_probability: _Column
+    metrics: _Column | _DenseMaps
+    action: _Column | _DenseMaps | None
+    possible_actions: _Column | None
+
+    @classmethod
+    def of(
+        cls,
+        table: pa.Table,
+        order: np.ndarray,
+        action_type: ActionType,
+        mdp_ids: pa.DictionaryArray,
+    ) -> _SortedColumns:
+        import os
+        from concurrent.futures import ThreadPoolExecutor
+
+        import pyarrow.compute as pc
+
+        def maps(name: str) -> Callable[[], _Column | _DenseMaps]:
+            column = _single_array(table[name])
+            return lambda: _DenseMaps.of(column, order) or _Column(column, order)
+
+        gathers = {
+            "ds": lambda: _Strings(pc.dictionary_encode(_single_array(table["ds"])), order),
+            "mdp_id": lambda: _Strings(mdp_ids, order),
+            "state_features": maps("state_features"),
+            "action_probability": lambda: _Column(
+                _single_array(table["action_probability"]), order
+            ),
+            "metrics": maps("metrics"),
+            "action": (maps("action") if action_type is not ActionType.DISCRETE else lambda: None),
+            "possible_actions": (
+                (lambda: _Column(_single_array(table["possible_actions"]), order))
+                if action_type is ActionType.PARAMETRIC
+                else lambda: None
+            ),
+        }
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            futures = {name: pool.submit(gather) for name, gather in gathers.items()}
+            return cls(**{name: future.result() for name, future in futures.items()})
+
+
+class _TimelineRows:
+    """Builds output rows for any set of positions in the sorted input.
+
+    The input is sorted by (split, mdp_id, sequence_number), so the next row of position p,
+    where the episode goes on, is p + 1, and the rows of a part of a split lie between its
+    first and last position: its columns are built for that range, from slices of the sorted
+    columns, and only filtered rows are then left out.
     """
 
     def __init__(
         self,
-        columns: dict[str, pa.Array],
+        columns: _SortedColumns,
         action_type: ActionType,
         n_step: int,
         episodes: _Episodes,
@@ -330,35 +492,40 @@ class _TimelineRows:
     def rows_at(self, positions: np.ndarray) -> pa.Table:
         import pyarrow as pa
 
-        indices = pa.array(positions)
+        start = int(positions[0]) if len(positions) else 0
+        stop = int(positions[-1]) + 1 if len(positions) else 0
+        table = self._rows_between(start, stop)
+        if len(positions) < stop - start:
+            table = table.take(pa.array(positions - start))
+        return table
+
+    def _rows_between(self, start: int, stop: int) -> pa.Table:
+        import pyarrow as pa
+
+        sorted_columns = self.columns
+        has_next = self.episodes.has_next[start:stop]
         columns = {
-            name: self.columns[name].take(indices)
-            for name in ("ds", "mdp_id", "state_features", "action_probability", "metrics")
+            "ds": sorted_columns.ds.rows(start, stop),
+            "mdp_id": sorted_columns.mdp_id.rows(start, stop),
+            "sequence_number": pa.array(self.episodes.sequence[start:stop]),
+            "state_features": sorted_columns.state_features.rows(start, stop),
+            "action_probability": sorted_columns.action_probability.rows(start, stop),
+            "reward": pa.array(self.reward[start:stop]),
+            "metrics": sorted_columns.metrics.rows(start, stop),
+            "sequence_number_ordinal": pa.array(self.ordinal[start:stop]),
+            "time_since_first": pa.array(self.time_since_first[start:stop]),
+            "time_diff": pa.array(self.time_diff[start:stop]),
+            "not_terminal": pa.array(has_next),
+            "next_state_features": sorted_columns.state_features.gather(
+                np.arange(start + 1, stop + 1), has_next
+            ),
         }
-        columns |= {
-            "sequence_number": pa.array(self.episodes.sequence[positions]),
-            "reward": pa.array(self.reward[positions]),
-            "sequence_number_ordinal": pa.array(self.ordinal[positions]),
-            "time_since_first": pa.array(self.time_since_first[positions]),
-            "time_diff": pa.array(self.time_diff[positions]),
-            "not_terminal": pa.array(self.episodes.has_next[positions]),
-            "next_state_features": self._next_states(positions),
-        }
-        columns |= self._action_columns(positions, indices)
+        columns |= self._action_columns(start, stop)
         if self.n_step > 1:
-            columns |= self._n_step_columns(positions)
+            columns |= self._n_step_columns(start, stop)
         return pa.Table.from_arrays(
             [columns[field.name].cast(field.type) for field in self.schema], schema=self.schema
         )
-
-    def _following(self, positions: np.ndarray) -> pa.Array:
-        """Indices of the next rows; null where the episode ends."""
-        import pyarrow as pa
-
-        return pa.array(positions + 1, mask=~self.episodes.has_next[positions])
-
-    def _next_states(self, positions: np.ndarray) -> pa.Array:
-        return _empty_where_null(self.columns["state_features"].take(self._following(positions)))
 
     def _next_masks(self, positions: np.ndarray) -> np.ndarray:
         following = np.minimum(positions + 1, self.episodes.rows - 1)
@@ -366,56 +533,59 @@ class _TimelineRows:
         masks[~self.episodes.has_next[positions]] = 0
         return masks
 
-    def _action_columns(self, positions: np.ndarray, indices: pa.Array) -> dict[str, pa.Array]:
+    def _action_columns(self, start: int, stop: int) -> dict[str, pa.Array]:
         import pyarrow as pa
 
+        has_next = self.episodes.has_next[start:stop]
+        following = np.arange(start + 1, stop + 1)
         if self.action_type is ActionType.DISCRETE:
-            following = np.minimum(positions + 1, self.episodes.rows - 1)
+            index = self.actions.index
             return {
-                "action": pa.array(self.actions.index[positions]),
-                "possible_actions": _masks(self.actions.masks[positions]),
+                "action": pa.array(index[start:stop]),
+                "possible_actions": _masks(self.actions.masks[start:stop]),
                 "next_action": pa.array(
-                    self.actions.index[following], mask=~self.episodes.has_next[positions]
+                    index[np.minimum(following, self.episodes.rows - 1)], mask=~has_next
                 ),
-                "possible_next_actions": _masks(self._next_masks(positions)),
+                "possible_next_actions": _masks(self._next_masks(np.arange(start, stop))),
             }
-        following = self._following(positions)
+        action = self.columns.action
         columns = {
-            "action": self.columns["action"].take(indices),
-            "next_action": self.columns["action"].take(following),
+            "action": action.rows(start, stop),
+            "next_action": action.gather(following, has_next, empty=False),
         }
         if self.action_type is ActionType.PARAMETRIC:
-            possible = self.columns["possible_actions"]
-            columns["possible_actions"] = possible.take(indices)
-            columns["possible_next_actions"] = _empty_where_null(possible.take(following))
+            possible = self.columns.possible_actions
+            columns["possible_actions"] = possible.rows(start, stop)
+            columns["possible_next_actions"] = possible.gather(following, has_next)
         return columns
 
-    def _n_step_columns(self, positions: np.ndarray) -> dict[str, pa.Array]:
+    def _n_step_columns(self, start: int, stop: int) -> dict[str, pa.Array]:
         """Arrays of the values of rows t .. t+n-1 of the episode (fewer near its end)."""
         import pyarrow as pa
 
         episodes = self.episodes
         # A cut episode's last row is no step of a window: its next state was never observed.
         usable = episodes.lengths - episodes.cut[episodes.starts + episodes.lengths - 1]
-        remaining = usable[episodes.episode[positions]] - (self.ordinal[positions] - 1)
+        remaining = usable[episodes.episode[start:stop]] - (self.ordinal[start:stop] - 1)
         counts = np.minimum(remaining, self.n_step)
-        offsets = np.zeros(len(positions) + 1, dtype=np.int32)
+        offsets = np.zeros(stop - start + 1, dtype=np.int32)
         np.cumsum(counts, out=offsets[1:])
-        flat = np.repeat(positions, counts) + (
+        flat = np.repeat(np.arange(start, stop), counts) + (
             np.arange(offsets[-1]) - np.repeat(offsets[:-1], counts)
         )
+        has_next = episodes.has_next[flat]
         arrays = pa.array(offsets)
         columns = {
             "next_n_rewards": pa.array(self.reward[flat]),
             "next_n_time_diffs": pa.array(self.time_diff[flat]),
-            "next_n_state_features": self._next_states(flat),
-            "next_n_not_terminal": pa.array(episodes.has_next[flat]),
+            "next_n_state_features": self.columns.state_features.gather(flat + 1, has_next),
+            "next_n_not_terminal": pa.array(has_next),
         }
         if self.action_type is ActionType.DISCRETE:
             columns["next_n_possible_next_actions"] = _masks(self._next_masks(flat))
         elif self.action_type is ActionType.PARAMETRIC:
-            possible = self.columns["possible_actions"].take(self._following(flat))
-            columns["next_n_possible_next_actions"] = _empty_where_null(possible)
+            possible = self.columns.possible_actions
+            columns["next_n_possible_next_actions"] = possible.gather(flat + 1, has_next)
         return {name: pa.ListArray.from_arrays(arrays, values) for name, values in columns.items()}
 
 
