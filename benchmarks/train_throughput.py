@@ -1,143 +1,460 @@
-"""DQN training throughput: the train stage's ``dqn`` trainer beside a bare PyTorch double-DQN loop.
+"""DQN training throughput: the ``dqn`` trainer and the train stage beside a bare PyTorch loop.
 
-    .venv/bin/python benchmarks/train_throughput.py
-    .venv/bin/python benchmarks/train_throughput.py --episodes 400 --epochs 5 --threads 2
+    .venv/bin/python benchmarks/train_throughput.py            # about 4 minutes here
+    .venv/bin/python benchmarks/train_throughput.py --quick    # about 1.5 minutes
+    .venv/bin/python benchmarks/train_throughput.py --threads-sweep
 
-Builds a CartPole timeline from random play through the pipeline (gym source, timeline,
-normalization), then times, on the same rows and the same CPU threads:
-- the ``dqn`` trainer (layers [128, 64], batch 1024, double Q) driven as the train stage drives
-  it, by the training driver (``horizon_engine.driver``): set up from the run folder, shuffled
-  minibatches from ``TimelineTensors``, each through ``train_batch`` (the update, the metrics'
-  sums), the normalization in every forward pass;
-- a bare loop: the same network and double-DQN update on tensors normalized once beforehand,
-  minibatches by a random permutation.
-Prints updates/s and transitions/s of both and the ratio (trainer / bare; the target is 0.85).
+Builds CartPole timelines from random play with examples/cartpole_dqn.toml (1,370 episodes:
+about 30,000 rows; 3-step windows as the example builds them, and 1-step ones for the plain
+rows), then measures, on the same rows and the same number of CPU threads (``--threads``, 1 by
+default, as ``[trainer] threads = "auto"`` picks for these networks):
+
+- ``update_b256``, ``update_b1024``: the update alone. Ours: the ``dqn`` trainer (layers
+  [128, 64], double Q, 1 step, no CQL) set up by the training driver, fed the minibatches of
+  the split the driver prepares (``TrainingDriver.prepare``: the preprocessor's output computed
+  once), each through ``train_batch`` (the update, the metrics' sums). The bare loop: the same
+  network and double-DQN update written directly, on states normalized once beforehand, with
+  ``torch.optim.Adam(foreach=True)`` and a ``torch._foreach_lerp_`` target update (what the
+  trainer computes, to the bit; the trainer's own optimizer makes the same operations without
+  ``torch.optim``, see horizon_plugins_dqn/optimizers.py), reading its loss every step as the
+  trainer reads its metrics.
+- ``update_example_b256``: the same with the example's settings (the trainer's defaults:
+  3-step returns and CQL), the bare loop computing the same 3-step target and CQL penalty.
+- ``stage``: the whole train stage of the example (``horizon run --stages train``: loading the
+  splits, setting up, 20 epochs of updates with the evaluation, the per-epoch estimator and a
+  checkpoint after each), its updates per second of its wall time, against the bare loop's
+  updates per second with the example's settings.
+- ``first_optimizer``: seconds to construct the trainer's first optimizer in a fresh process
+  (``torch.optim.Adam`` imports ``torch._dynamo`` then), the trainer's against torch's.
+
+The sides run in interleaved blocks (A B, then B A, ...) so that the load of a shared machine
+falls on both alike; each row prints the medians and ranges of the blocks' rates, the ratio of
+the medians (ours / bare, above 1 is faster) and the range of the blocks' own ratios, then a
+line ``RESULT name=... ours=... baseline=... ratio=... unit=...`` to build a table from.
+
+``--threads-sweep`` times a synthetic double-DQN update at growing sizes on one thread and on
+torch's default, interleaved: how ``[trainer] threads = "auto"`` was chosen
+(``horizon_engine.training.PARALLEL_UPDATE_WORK``).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from horizon_engine.config import build_spec
+from horizon_engine.dataset import TimelineTensors
 from horizon_engine.driver import TrainingDriver, load_split, timeline_problem
 from horizon_engine.pipeline import Engine
 from horizon_engine.run_context import RunContext
 
-BATCH = 1024
-ACTIONS = ["0", "1"]
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cartpole_dqn.toml"
+GAMMA = 0.99
+TARGET_UPDATE_RATE = 0.01
+LAYERS = (128, 64)
+PLAIN = {"n_step": 1, "cql_alpha": 0.0, "double_q": True}
+"""The plain rows' trainer options: one-step double DQN, the bare loop's update."""
 
 
-def cartpole_run(folder: Path, episodes: int) -> RunContext:
-    """A run folder holding a random CartPole timeline and its normalization, and the run's
-    context with a ``[trainer]`` section for the dqn trainer."""
-    config = {
-        "pipeline": {"output_dir": str(folder), "seed": 0},
-        "source": {"kind": "gym", "episodes": episodes, "ds": "2019-01-01"},
-        "timeline": {"actions": ACTIONS, "eval_fraction": 0.0},
-        "normalization": {"quantiles": False},
+def overrides(folder: Path, episodes: int, threads: int, **options: object) -> list[str]:
+    """``--set`` overrides of the example: the run folder, the episodes, the threads, and
+    ``options`` as ``section.key`` -> value."""
+    values = {
+        "pipeline.output_dir": str(folder),
+        "source.episodes": episodes,
+        "trainer.threads": threads,
+        "trainer.device": "cpu",
+        **options,
     }
-    engine = Engine(show_progress=False)
-    engine.run(config)
-    config["trainer"] = {
-        "kind": "dqn",
-        "minibatch_size": BATCH,
-        "layers": [128, 64],
-        "double_q": True,
-        "device": "cpu",
+    return [f"{key}={json.dumps(value)}" for key, value in values.items()]
+
+
+def build_timeline(engine: Engine, settings: list[str]) -> None:
+    """The example's source, timeline and normalization stages, with ``settings``."""
+    engine.run(EXAMPLE, settings, stages=["source", "timeline", "normalization"], overwrite=True)
+
+
+def trainer_driver(engine: Engine, settings: list[str]) -> tuple[TrainingDriver, TimelineTensors]:
+    """The training driver for the run ``settings`` describe, and its train split as the
+    driver trains on it."""
+    spec = build_spec(EXAMPLE, engine.plugins, settings)
+    run = RunContext(spec, Path(spec.pipeline.output_dir), engine.plugins, "benchmark")
+    description, normalization = timeline_problem(run)
+    driver = TrainingDriver(run, spec.sections["trainer"], description, normalization)
+    data = driver.prepare(load_split(run, description, "train", driver.device))
+    return driver, data
+
+
+@dataclass
+class BareLoop:
+    """A double-DQN update written directly on the split, its states normalized once: the
+    baseline. ``n_step`` bootstraps from the timeline's 3-step windows, ``cql_alpha`` adds the
+    conservative penalty, as the example's trainer does."""
+
+    data: TimelineTensors
+    states: dict[str, torch.Tensor]
+    batch_size: int
+    n_step: bool
+    cql_alpha: float
+
+    def __post_init__(self) -> None:
+        torch.manual_seed(0)
+        width = self.states["state"].shape[1]
+        self.network = torch.nn.Sequential(
+            torch.nn.Linear(width, LAYERS[0]),
+            torch.nn.ReLU(),
+            torch.nn.Linear(LAYERS[0], LAYERS[1]),
+            torch.nn.ReLU(),
+            torch.nn.Linear(LAYERS[1], self.data.possible_actions.shape[1]),
+        )
+        self.target = copy.deepcopy(self.network).requires_grad_(False)
+        self.optimizer = torch.optim.Adam(self.network.parameters(), lr=1e-3, foreach=True)
+        self.slow = list(self.target.parameters())
+        self.fast = list(self.network.parameters())
+        self.generator = torch.Generator().manual_seed(0)
+        if self.n_step:
+            window = self.data.next_n_rewards.shape[1]
+            self.powers = GAMMA ** torch.arange(window, dtype=torch.float32)
+            self.steps = torch.arange(window)
+
+    def target_value(self, rows: torch.Tensor) -> torch.Tensor:
+        """The TD target of ``rows``: one step, or the n-step return and its bootstrap."""
+        data = self.data
+        if self.n_step:
+            rewards = data.next_n_rewards[rows]
+            length = data.next_n_length[rows]
+            inside = (self.steps < length.unsqueeze(1)).float()
+            returns = (inside * self.powers * rewards).sum(dim=1)
+            last = data.next_n_not_terminal[rows].gather(1, (length - 1).unsqueeze(1))
+            discount = GAMMA ** length.float() * last.squeeze(1)
+            following = self.states["next_n_state"][rows]
+            possible = data.next_n_possible_next_actions[rows]
+        else:
+            returns = data.reward[rows]
+            discount = GAMMA * data.not_terminal[rows]
+            following = self.states["next_state"][rows]
+            possible = data.possible_next_actions[rows]
+        online = self.network(following)
+        best = torch.where(possible > 0, online, -1e9).argmax(dim=1, keepdim=True)
+        return returns + discount * self.target(following).gather(1, best).squeeze(1)
+
+    def epoch(self) -> int:
+        """One pass of shuffled minibatches; returns the updates made."""
+        order = torch.randperm(len(self.data), generator=self.generator)
+        updates = 0
+        for start in range(0, len(self.data), self.batch_size):
+            rows = order[start : start + self.batch_size]
+            with torch.no_grad():
+                wanted = self.target_value(rows)
+            scores = self.network(self.states["state"][rows])
+            action = self.data.action[rows].unsqueeze(1)
+            chosen = scores.gather(1, action).squeeze(1)
+            loss = F.smooth_l1_loss(chosen, wanted)
+            if self.cql_alpha:
+                possible = self.data.possible_actions[rows] > 0
+                penalty = torch.logsumexp(torch.where(possible, scores, -1e9), dim=1) - chosen
+                loss = loss + self.cql_alpha * penalty.mean()
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            with torch.no_grad():
+                torch._foreach_lerp_(self.slow, self.fast, TARGET_UPDATE_RATE)
+            float(loss.detach())
+            updates += 1
+        return updates
+
+
+def bare_loop(driver: TrainingDriver, data: TimelineTensors, batch_size: int) -> BareLoop:
+    """The baseline on ``data``, normalized once by the driver's preprocessor, with the math
+    of the driver's trainer options."""
+    preprocessor = driver.problem.state_preprocessor
+    with torch.no_grad():
+        states = {
+            name: preprocessor(getattr(data, name), getattr(data, f"{name}_presence"))
+            for name in ("state", "next_state", "next_n_state")
+            if getattr(data, name) is not None
+        }
+    config = driver.trainer.config
+    n_step = config.n_step != 1 and data.next_n_rewards is not None
+    return BareLoop(data, states, batch_size, n_step, config.cql_alpha)
+
+
+def trainer_epoch(driver: TrainingDriver, data: TimelineTensors) -> Callable[[], int]:
+    """One epoch of the driver's updates on ``data``; returns the updates made."""
+    generator = torch.Generator().manual_seed(0)
+    batch_size = driver.config.minibatch_size
+
+    def epoch() -> int:
+        before = driver.updates
+        for batch in data.minibatches(batch_size, generator):
+            driver.train_batch(batch)
+        return driver.updates - before
+
+    return epoch
+
+
+def interleaved(
+    sides: dict[str, Callable[[], tuple[int, float]]], blocks: int
+) -> dict[str, list[float]]:
+    """Each side's rate (work / seconds) in ``blocks`` blocks, the sides' order rotating from
+    block to block; one untimed call of each first."""
+    for run in sides.values():
+        run()
+    names = list(sides)
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    for block in range(blocks):
+        shift = block % len(names)
+        for name in names[shift:] + names[:shift]:
+            work, seconds = sides[name]()
+            rates[name].append(work / seconds)
+    return rates
+
+
+def timed(run: Callable[[], int], repeats: int = 1) -> Callable[[], tuple[int, float]]:
+    """``run`` called ``repeats`` times, as (its total work, seconds)."""
+
+    def measure() -> tuple[int, float]:
+        started = time.perf_counter()
+        work = sum(run() for _ in range(repeats))
+        return work, time.perf_counter() - started
+
+    return measure
+
+
+def report(name: str, what: str, rates: dict[str, list[float]], unit: str, goal: float) -> None:
+    """The row: medians and ranges of both sides, the ratio of medians and the range of the
+    blocks' ratios, then its RESULT line."""
+    ours, bare = rates["ours"], rates["bare"]
+    ratios = [a / b for a, b in zip(ours, bare, strict=True)]
+    ratio = statistics.median(ours) / statistics.median(bare)
+    print(
+        f"{what}\n"
+        f"  ours {statistics.median(ours):10,.1f} {unit} [{min(ours):,.1f} - {max(ours):,.1f}]\n"
+        f"  bare {statistics.median(bare):10,.1f} {unit} [{min(bare):,.1f} - {max(bare):,.1f}]\n"
+        f"  ratio {ratio:.2f} [blocks {min(ratios):.2f} - {max(ratios):.2f}], goal >= {goal}",
+        flush=True,
+    )
+    print(
+        f"RESULT name={name} ours={statistics.median(ours):.1f} "
+        f"baseline={statistics.median(bare):.1f} ratio={ratio:.3f} "
+        f"ratio_min={min(ratios):.3f} ratio_max={max(ratios):.3f} unit={unit} goal={goal}",
+        flush=True,
+    )
+
+
+def update_row(
+    engine: Engine, name: str, what: str, settings: list[str], epochs: int, blocks: int
+) -> None:
+    """An update-alone row: the driver's updates against the bare loop's on one split."""
+    driver, data = trainer_driver(engine, settings)
+    bare = bare_loop(driver, data, driver.config.minibatch_size)
+    sides = {
+        "ours": timed(trainer_epoch(driver, data), epochs),
+        "bare": timed(bare.epoch, epochs),
     }
-    spec = build_spec(config, engine.plugins)
-    return RunContext(spec, folder, engine.plugins, "benchmark")
+    rows = f"{len(data):,} rows, batch {driver.config.minibatch_size}"
+    report(name, f"{what} ({rows})", interleaved(sides, blocks), "updates/s", 1.0)
 
 
-def timed(run_epoch: Callable[[], int], epochs: int) -> tuple[float, int]:
-    """Seconds and updates for ``epochs`` epochs, after one warm-up epoch."""
-    run_epoch()
-    started = time.perf_counter()
-    updates = sum(run_epoch() for _ in range(epochs))
-    return time.perf_counter() - started, updates
+def stage_row(engine: Engine, settings: list[str], blocks: int) -> None:
+    """The whole train stage's updates per second of its wall time, against the bare loop."""
+    spec = build_spec(EXAMPLE, engine.plugins, settings)
+    engine.run(EXAMPLE, settings, stages=["train"])  # the run folder's problem.json is the run's
+    driver, data = trainer_driver(engine, settings)
+    config = driver.config
+    batches = -(-len(data) // config.minibatch_size)
+    bare = bare_loop(driver, data, config.minibatch_size)
+
+    def stage() -> int:
+        engine.run(EXAMPLE, settings, stages=["train"])
+        return config.epochs * batches
+
+    sides = {"ours": timed(stage), "bare": timed(bare.epoch, config.epochs)}
+    what = (
+        f"whole train stage, the example's settings ({len(data):,} train rows, "
+        f"{config.epochs} epochs, batch {config.minibatch_size}, evaluation and "
+        f"{len(spec.evaluation)} estimator(s) every epoch), {spec.pipeline.output_dir}"
+    )
+    report("stage", what, interleaved(sides, blocks), "updates/s", 0.9)
+
+
+FIRST_OPTIMIZER = """
+import sys, time, torch
+from horizon_plugins_dqn.optimizers import ForeachAdam
+network = torch.nn.Linear(4, 2)
+started = time.perf_counter()
+if sys.argv[1] == "ours":
+    ForeachAdam(network.parameters(), lr=1e-3)
+else:
+    torch.optim.Adam(network.parameters(), lr=1e-3, foreach=True)
+print(time.perf_counter() - started, "torch._dynamo" in sys.modules)
+"""
+
+
+def first_optimizer_row(blocks: int) -> None:
+    """Seconds to construct the first optimizer of a process, in fresh processes."""
+    seconds: dict[str, list[float]] = {"ours": [], "bare": []}
+    imports = {}
+    for block in range(blocks):
+        for side in ("ours", "bare") if block % 2 == 0 else ("bare", "ours"):
+            command = [sys.executable, "-c", FIRST_OPTIMIZER, side]
+            found = subprocess.run(command, capture_output=True, text=True, check=True)
+            took, dynamo = found.stdout.split()
+            seconds[side].append(float(took))
+            imports[side] = dynamo == "True"
+    ours, bare = statistics.median(seconds["ours"]), statistics.median(seconds["bare"])
+    print(
+        "first optimizer of a process (imports torch._dynamo: "
+        f"ours {imports['ours']}, torch.optim.Adam {imports['bare']})\n"
+        f"  ours {ours:.3f} s [{min(seconds['ours']):.3f} - {max(seconds['ours']):.3f}]\n"
+        f"  torch.optim.Adam {bare:.3f} s [{min(seconds['bare']):.3f} - "
+        f"{max(seconds['bare']):.3f}]",
+        flush=True,
+    )
+    print(
+        f"RESULT name=first_optimizer ours={ours:.3f} baseline={bare:.3f} "
+        f"ratio={bare / ours:.1f} unit=s(lower_is_better)",
+        flush=True,
+    )
+
+
+class SyntheticUpdate:
+    """A double-DQN update of a two-layer network of ``width`` units on ``batch`` random rows,
+    for the threads sweep."""
+
+    def __init__(self, width: int, batch: int) -> None:
+        self.network = torch.nn.Sequential(
+            torch.nn.Linear(4, width),
+            torch.nn.ReLU(),
+            torch.nn.Linear(width, width),
+            torch.nn.ReLU(),
+            torch.nn.Linear(width, 2),
+        )
+        self.target = copy.deepcopy(self.network).requires_grad_(False)
+        self.optimizer = torch.optim.Adam(self.network.parameters(), lr=1e-3, foreach=True)
+        self.work = batch * sum(parameter.numel() for parameter in self.network.parameters())
+        self.states, self.action = torch.randn(batch, 4), torch.randint(0, 2, (batch, 1))
+        self.updates = max(5, min(200, int(2e9 / self.work)))
+
+    def on(self, threads: int) -> Callable[[], tuple[int, float]]:
+        """A timed run of ``self.updates`` updates on ``threads`` threads."""
+
+        def run() -> int:
+            torch.set_num_threads(threads)
+            for _ in range(self.updates):
+                with torch.no_grad():
+                    wanted = self.target(self.states).max(dim=1).values
+                chosen = self.network(self.states).gather(1, self.action).squeeze(1)
+                loss = F.smooth_l1_loss(chosen, wanted)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                self.optimizer.step()
+                float(loss.detach())
+            return self.updates
+
+        return timed(run)
+
+
+def threads_sweep(sizes: Sequence[tuple[int, int]], blocks: int) -> None:
+    """``SyntheticUpdate`` at each (width, batch) of ``sizes`` on one thread and on torch's
+    default, interleaved; prints the default's speed-up."""
+    default = torch.get_num_threads()
+    print(f"threads sweep: 1 thread against {default} (torch's default here)")
+    for width, batch in sizes:
+        update = SyntheticUpdate(width, batch)
+        rates = interleaved({"one": update.on(1), "default": update.on(default)}, blocks)
+        one, many = statistics.median(rates["one"]), statistics.median(rates["default"])
+        print(
+            f"  width {width:5}, batch {batch:5}, rows x parameters {update.work:8.1e}: "
+            f"1 thread {one:8.1f} updates/s [{min(rates['one']):.1f} - "
+            f"{max(rates['one']):.1f}], {default} threads {many:8.1f} "
+            f"[{min(rates['default']):.1f} - {max(rates['default']):.1f}] ({many / one:.2f}x)",
+            flush=True,
+        )
+    torch.set_num_threads(default)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=1370, help="random CartPole episodes")
-    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--blocks", type=int, help="interleaved blocks per row (default 5)")
+    parser.add_argument("--epochs", type=int, help="epochs per block of an update row (3)")
+    parser.add_argument("--stage-epochs", type=int, help="epochs of the stage row (20)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--quick", action="store_true", help="3 blocks, 5 stage epochs")
+    parser.add_argument("--rows", help="comma-separated rows to run (default: all)")
+    parser.add_argument("--threads-sweep", action="store_true", help="only the threads sweep")
     args = parser.parse_args()
+    blocks = args.blocks or (3 if args.quick else 5)
+    epochs = args.epochs or (2 if args.quick else 3)
+    stage_epochs = args.stage_epochs or (5 if args.quick else 20)
+    if args.threads_sweep:
+        sizes = [(128, 256), (128, 1024), (256, 1024), (512, 1024), (512, 4096), (1024, 2048)]
+        threads_sweep(sizes, blocks)
+        return
+    chosen = set(args.rows.split(",")) if args.rows else None
     torch.set_num_threads(args.threads)
-    with tempfile.TemporaryDirectory() as temporary:
-        run = cartpole_run(Path(temporary), args.episodes)
-        description, normalization = timeline_problem(run)
-        driver = TrainingDriver(run, run.spec.sections["trainer"], description, normalization)
-        data = load_split(run, description, "train", driver.device)
-    preprocessor = driver.problem.state_preprocessor
-    generator = torch.Generator().manual_seed(0)
-
-    def trainer_epoch() -> int:
-        updates = driver.updates
-        for batch in data.minibatches(BATCH, generator):
-            driver.train_batch(batch)
-        return driver.updates - updates
-
-    with torch.no_grad():
-        states = preprocessor(data.state, data.state_presence)
-        next_states = preprocessor(data.next_state, data.next_state_presence)
-    width = states.shape[1]
-    network = torch.nn.Sequential(
-        torch.nn.Linear(width, 128),
-        torch.nn.ReLU(),
-        torch.nn.Linear(128, 64),
-        torch.nn.ReLU(),
-        torch.nn.Linear(64, len(ACTIONS)),
-    )
-    target = copy.deepcopy(network)
-    optimizer = torch.optim.Adam(network.parameters(), lr=1e-3)
-
-    def bare_epoch() -> int:
-        order = torch.randperm(len(data), generator=generator)
-        updates = 0
-        for start in range(0, len(data), BATCH):
-            rows = order[start : start + BATCH]
-            with torch.no_grad():
-                following = next_states[rows]
-                online = network(following)
-                possible = data.possible_next_actions[rows] > 0
-                best = torch.where(possible, online, -1e9).argmax(dim=1, keepdim=True)
-                bootstrap = target(following).gather(1, best).squeeze(1)
-                wanted = data.reward[rows] + 0.99 * data.not_terminal[rows] * bootstrap
-            chosen = network(states[rows]).gather(1, data.action[rows].unsqueeze(1)).squeeze(1)
-            loss = F.smooth_l1_loss(chosen, wanted)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            with torch.no_grad():
-                for slow, fast in zip(target.parameters(), network.parameters(), strict=True):
-                    slow.lerp_(fast, 0.01)
-            float(loss.detach())
-            updates += 1
-        return updates
-
     print(
-        f"dqn on {len(data):,} CartPole transitions, batch {BATCH}, layers [128, 64], "
-        f"{torch.get_num_threads()} torch thread(s)"
+        f"torch {torch.__version__}, {args.threads} thread(s), {blocks} interleaved blocks; "
+        f"CartPole, {args.episodes} random episodes"
     )
-    results = {}
-    for name, run_epoch in (("dqn (driver)", trainer_epoch), ("bare loop", bare_epoch)):
-        seconds, updates = timed(run_epoch, args.epochs)
-        results[name] = updates / seconds
-        print(
-            f"{name:>12}: {updates / seconds:8,.0f} updates/s  "
-            f"{updates * BATCH / seconds:12,.0f} transitions/s"
-        )
-    ratio = results["dqn (driver)"] / results["bare loop"]
-    print(f"ratio (trainer / bare): {ratio:.2f}  (target 0.85)")
+    engine = Engine(show_progress=False)
+    with tempfile.TemporaryDirectory() as temporary:
+        plain_folder, example_folder = Path(temporary, "plain"), Path(temporary, "example")
+        plain = overrides(plain_folder, args.episodes, args.threads, **{"timeline.n_step": 1})
+        example = overrides(example_folder, args.episodes, args.threads)
+        build_timeline(engine, plain)
+        build_timeline(engine, example)
+        rows = {
+            "update_b256": lambda: update_row(
+                engine,
+                "update_b256",
+                "dqn update alone, 1-step double DQN, batch 256",
+                plain + overrides_of(PLAIN, minibatch_size=256),
+                epochs,
+                blocks,
+            ),
+            "update_b1024": lambda: update_row(
+                engine,
+                "update_b1024",
+                "dqn update alone, 1-step double DQN, batch 1024",
+                plain + overrides_of(PLAIN, minibatch_size=1024),
+                epochs,
+                blocks,
+            ),
+            "update_example_b256": lambda: update_row(
+                engine,
+                "update_example_b256",
+                "dqn update alone, the example's settings (3-step, CQL), batch 256",
+                example,
+                epochs,
+                blocks,
+            ),
+            "stage": lambda: stage_row(
+                engine, example + overrides_of({}, epochs=stage_epochs), blocks
+            ),
+            "first_optimizer": lambda: first_optimizer_row(blocks),
+        }
+        for name, row in rows.items():
+            if chosen is None or name in chosen:
+                row()
+
+
+def overrides_of(options: dict[str, object], **more: object) -> list[str]:
+    """``[trainer]`` options as ``--set`` overrides."""
+    return [f"trainer.{key}={json.dumps(value)}" for key, value in {**options, **more}.items()]
 
 
 if __name__ == "__main__":

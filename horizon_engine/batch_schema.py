@@ -4,9 +4,19 @@ Every way of training hands a trainer the same dict of tensors, whether the rows
 timeline (``TimelineTensors.minibatches``) or from an online replay buffer, so a trainer written
 against this schema runs in ``horizon run`` and in ``horizon gym train`` unchanged. Shapes use
 ``B`` for the rows of the batch, ``F`` for the state features, ``A`` for the discrete actions,
-``G`` for the action features, ``K`` for the most candidate actions of a row and ``N`` for the
-longest n-step window. ``episode_id`` and ``step`` let sequential estimators rebuild the
-episodes of a split: rows of one episode share an ``episode_id`` and are ordered by ``step``.
+``G`` for the action features, ``K`` for the most candidate actions of a row, ``N`` for the
+longest n-step window and ``W`` for the width of the state preprocessor's output
+(``TrainingProblem.state_width``).
+``episode_id`` and ``step`` let sequential estimators rebuild the episodes of a split: rows of
+one episode share an ``episode_id`` and are ordered by ``step``.
+
+Normalization is fixed while a trainer trains, so the training driver runs the state
+preprocessor once over a split rather than on every minibatch: the timeline's batches also carry
+``state_preprocessed`` (and ``next_state_preprocessed``, ``next_n_state_preprocessed``), the
+preprocessor's output for the raw tensors beside them. A trainer may use them when the batch has
+them (the replay buffer's batches do not: they hold transitions newer than any precomputation)
+and must give the same result as running ``TrainingProblem.state_preprocessor`` itself; the raw
+tensors stay, for what needs raw features (a policy for export, estimators, a callback).
 
 Shown by ``docs/plugins.md``; ``check_batch`` is what the tests hold every source of batches to.
 """
@@ -32,8 +42,9 @@ EVERY_ACTION_TYPE = frozenset(ActionType)
 
 @dataclass(frozen=True)
 class BatchField:
-    """One tensor of a batch: its name, dtype, shape, the action types that have it, and
-    whether it is there only with n-step windows (a timeline built with ``window > 1``)."""
+    """One tensor of a batch: its name, dtype, shape, the action types that have it, whether
+    it is there only with n-step windows (a timeline built with ``window > 1``), and whether it
+    is there only in batches the driver precomputed the state preprocessor's output for."""
 
     name: str
     dtype: str
@@ -41,6 +52,7 @@ class BatchField:
     action_types: frozenset[ActionType]
     description: str
     n_step: bool = False
+    preprocessed: bool = False
 
 
 BATCH_SCHEMA: tuple[BatchField, ...] = (
@@ -156,26 +168,59 @@ BATCH_SCHEMA: tuple[BatchField, ...] = (
         "their presence",
         True,
     ),
+    BatchField(
+        "state_preprocessed",
+        "float32",
+        ("B", "W"),
+        EVERY_ACTION_TYPE,
+        "the state preprocessor's output for state, state_presence",
+        preprocessed=True,
+    ),
+    BatchField(
+        "next_state_preprocessed",
+        "float32",
+        ("B", "W"),
+        EVERY_ACTION_TYPE,
+        "the same for next_state",
+        preprocessed=True,
+    ),
+    BatchField(
+        "next_n_state_preprocessed",
+        "float32",
+        ("B", "W"),
+        EVERY_ACTION_TYPE,
+        "the same for next_n_state",
+        n_step=True,
+        preprocessed=True,
+    ),
 )
 """Every tensor a batch may hold; ``batch_fields`` selects those of one kind of batch."""
 
+PREPROCESSED_STATES = ("state", "next_state", "next_n_state")
+"""The raw states whose preprocessor output a batch may carry, as ``<name>_preprocessed``."""
 
-def batch_fields(action_type: ActionType, n_step: bool) -> dict[str, BatchField]:
+
+def batch_fields(
+    action_type: ActionType, n_step: bool, preprocessed: bool = False
+) -> dict[str, BatchField]:
     """The fields a batch of ``action_type`` holds, by name; with ``n_step`` the n-step
-    windows' fields too."""
+    windows' fields too, with ``preprocessed`` the state preprocessor's outputs too."""
     return {
         item.name: item
         for item in BATCH_SCHEMA
-        if action_type in item.action_types and (n_step or not item.n_step)
+        if action_type in item.action_types
+        and (n_step or not item.n_step)
+        and (preprocessed or not item.preprocessed)
     }
 
 
 def check_batch(batch: Mapping[str, torch.Tensor], action_type: ActionType) -> None:
     """Raise a ``HorizonError`` naming every way ``batch`` differs from the schema: a missing or
     unknown tensor, a wrong dtype, a wrong number of dimensions, or sizes that disagree (every
-    ``B`` the same, every ``F`` the same, ...)."""
+    ``B`` the same, every ``F`` the same, ...). A batch with ``next_n_rewards`` must have every
+    n-step tensor, one with ``state_preprocessed`` every preprocessed one."""
     n_step = "next_n_rewards" in batch
-    expected = batch_fields(action_type, n_step)
+    expected = batch_fields(action_type, n_step, "state_preprocessed" in batch)
     problems = [f"missing tensor '{name}'" for name in expected if name not in batch]
     problems += [f"unknown tensor '{name}'" for name in batch if name not in expected]
     sizes: dict[str, tuple[int, str]] = {}

@@ -10,15 +10,18 @@ of feature maps, of any length) become ``[rows, K, features]`` candidate tensors
 split's longest list, and ``possible_actions`` is then the ``[rows, K]`` mask of real candidates:
 the same role the discrete mask plays over the action indices, so that masking, max and the
 policies work alike on both. Minibatches are slices of one random permutation, gathered with
-tensor indexing.
+tensor indexing, a tensor at a time as a trainer reads it (``Minibatch``): a trainer pays for the
+tensors it uses, not for every tensor of the batch schema. ``with_preprocessed`` adds the state
+preprocessor's output for the split's states, computed once, which the training driver trains on
+(normalization does not change during training; the batch schema's ``*_preprocessed``).
 
 torch is imported where it is used; this module is imported by trainers only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,6 +33,10 @@ from horizon_engine.schema import ActionType, list_entries, map_entries
 if TYPE_CHECKING:
     import pyarrow as pa
     import torch
+
+PREPROCESS_CHUNK_ROWS = 65_536
+"""Rows preprocessed at once by ``TimelineTensors.with_preprocessed``, bounding the memory of
+the preprocessor's intermediates on a large split."""
 
 
 def dense_features(column: pa.Array, feature_ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -139,6 +146,9 @@ class TimelineTensors:
     possible_next_action_presence: torch.Tensor | None = None
     next_n_possible_next_action_features: torch.Tensor | None = None
     next_n_possible_next_action_presence: torch.Tensor | None = None
+    state_preprocessed: torch.Tensor | None = None
+    next_state_preprocessed: torch.Tensor | None = None
+    next_n_state_preprocessed: torch.Tensor | None = None
     feature_ids: list[str] = field(default_factory=list)
     action_feature_ids: list[str] = field(default_factory=list)
 
@@ -169,10 +179,37 @@ class TimelineTensors:
             **taken, feature_ids=self.feature_ids, action_feature_ids=self.action_feature_ids
         )
 
+    def with_preprocessed(
+        self, preprocessor: torch.nn.Module, chunk_rows: int = PREPROCESS_CHUNK_ROWS
+    ) -> TimelineTensors:
+        """The split with ``<name>_preprocessed``: ``preprocessor``'s output for each of its
+        states (``state``, ``next_state`` and, with n-step windows, ``next_n_state``), computed
+        once, ``chunk_rows`` rows at a time, without gradient."""
+        import torch
+
+        from horizon_engine.batch_schema import PREPROCESSED_STATES
+
+        outputs = {}
+        with torch.no_grad():
+            for name in PREPROCESSED_STATES:
+                values = getattr(self, name)
+                if values is None:
+                    continue
+                chunks = zip(
+                    values.split(chunk_rows),
+                    getattr(self, f"{name}_presence").split(chunk_rows),
+                    strict=True,
+                )
+                outputs[f"{name}_preprocessed"] = torch.cat(
+                    [preprocessor(part, presence) for part, presence in chunks]
+                )
+        return replace(self, **outputs)
+
     def minibatches(
         self, batch_size: int, generator: torch.Generator, drop_last: bool = False
-    ) -> Iterator[dict[str, torch.Tensor]]:
-        """One epoch of shuffled minibatches: slices of one permutation, gathered by index."""
+    ) -> Iterator[Minibatch]:
+        """One epoch of shuffled minibatches: slices of one permutation, each a ``Minibatch``
+        that gathers a tensor's rows when it is first read."""
         import torch
 
         tensors = self.tensors()
@@ -180,8 +217,38 @@ class TimelineTensors:
         order = order.to(self.reward.device)
         stop = len(self) - len(self) % batch_size if drop_last else len(self)
         for start in range(0, stop, batch_size):
-            chosen = order[start : start + batch_size]
-            yield {name: tensor.index_select(0, chosen) for name, tensor in tensors.items()}
+            yield Minibatch(tensors, order[start : start + batch_size])
+
+
+class Minibatch(Mapping[str, "torch.Tensor"]):
+    """Rows ``index`` of a split's tensors, a batch as the batch schema names its tensors.
+
+    A tensor's rows are gathered when it is first read, then kept: a trainer that reads 6 of a
+    batch's 20 tensors gathers 6 (gathering is a tenth of a small network's update). Reading
+    one, testing a name (``in``) and iterating the names work as on a dict; it is read-only
+    (``dict(batch)`` makes a dict of it, gathering every tensor)."""
+
+    __slots__ = ("_index", "_taken", "_tensors")
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor], index: torch.Tensor) -> None:
+        self._tensors = tensors
+        self._index = index
+        self._taken: dict[str, torch.Tensor] = {}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        taken = self._taken.get(name)
+        if taken is None:
+            taken = self._taken[name] = self._tensors[name].index_select(0, self._index)
+        return taken
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tensors
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
 
 
 def load_timeline(

@@ -14,7 +14,11 @@ trainer cannot tell them apart and a run folder records training the same way:
   reward model for the estimators). Data comes in two shapes: ``EpochData`` (the timeline's
   ``TimelineTensors`` in memory, epochs of shuffled minibatches; streamed Parquet later),
   which ``train_epochs`` drives, and ``SampledData`` (the gym's replay buffer), which the host
-  samples from between steps of play with ``train_sampled``.
+  samples from between steps of play with ``train_sampled``. Normalization is fixed while
+  training, so ``prepare`` runs the state preprocessor over epoch data once, and its batches
+  carry the output beside the raw features (the batch schema's ``*_preprocessed``).
+- threads: ``[trainer] threads`` (``resolve_threads``: one for a small network) is the CPU
+  thread count of ``train_epochs``, and of a host's whole run under ``torch_threads()``.
 - epochs: ``end_epoch`` averages the epoch's metrics (``Training/<name>``), evaluates the
   trainer on the eval data when there is some (``Evaluation/<name>``), runs the per-epoch
   estimators (``CPE/<label>/<estimate>``), writes a checkpoint and calls
@@ -28,13 +32,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from horizon_engine.errors import HorizonError
 from horizon_engine.schema import ActionType
-from horizon_engine.training import CHECKPOINTS
+from horizon_engine.training import CHECKPOINTS, resolve_threads
 
 if TYPE_CHECKING:
     import torch
@@ -47,8 +52,9 @@ if TYPE_CHECKING:
     from horizon_engine.run_context import RunContext
     from horizon_engine.training import TrainerBase, TrainingProblem
 
-Batch = dict[str, "torch.Tensor"]
-"""A minibatch as the batch schema (``horizon_engine.batch_schema``) names its tensors."""
+Batch = Mapping[str, "torch.Tensor"]
+"""A minibatch as the batch schema (``horizon_engine.batch_schema``) names its tensors: a dict,
+or a ``Minibatch`` that gathers a tensor's rows when it is read."""
 
 BatchCallback = Callable[[Batch], Mapping[str, float] | None]
 """Called with each batch after the trainer's update; metrics it returns are averaged into the
@@ -87,6 +93,11 @@ class EpochData(Protocol):
 
     def minibatches(self, batch_size: int, generator: torch.Generator) -> Iterator[Batch]:
         """One epoch of minibatches, shuffled by ``generator``, already on the device."""
+        ...
+
+    def with_preprocessed(self, preprocessor: torch.nn.Module) -> EpochData:
+        """The same data whose minibatches also hold ``preprocessor``'s output for their
+        states (``state_preprocessed``, ...), computed once rather than per batch."""
         ...
 
 
@@ -303,8 +314,33 @@ class TrainingDriver:
         self.checkpoints: list[str] = []
         self.epoch = 0
         self.updates = 0
+        self.threads = resolve_threads(
+            self.config.threads, self.device, self.config.minibatch_size * self._parameters()
+        )
+        """``[trainer] threads`` resolved: the CPU threads torch trains with."""
         self._sums: dict[str, float] = {}
         self._counts: dict[str, int] = {}
+
+    def _parameters(self) -> int:
+        """The policy's parameters: what an update's work grows with."""
+        return sum(parameter.numel() for parameter in self.trainer.policy().parameters())
+
+    @contextmanager
+    def torch_threads(self) -> Iterator[None]:
+        """torch computes on ``self.threads`` CPU threads inside, on as many as before after."""
+        import torch
+
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
+
+    def prepare(self, data: EpochData) -> EpochData:
+        """``data`` as epochs train on it: its batches carry the state preprocessor's output,
+        computed here once, beside the raw features."""
+        return data.with_preprocessed(self.problem.state_preprocessor)
 
     def train_batch(self, batch: Batch) -> None:
         """One update on ``batch`` (on the device), then the batch callbacks."""
@@ -331,14 +367,16 @@ class TrainingDriver:
         eval_data: TimelineTensors | None = None,
         estimators: EpisodeEvaluation | None = None,
     ) -> list[dict[str, float]]:
-        """``[trainer] epochs`` passes over ``data`` (minibatches shuffled by a generator
-        seeded with the run's seed), each ended by ``end_epoch``; returns each epoch's
-        metrics."""
+        """``[trainer] epochs`` passes over ``data`` (``prepare``d; minibatches shuffled by a
+        generator seeded with the run's seed), each ended by ``end_epoch``, on ``self.threads``
+        CPU threads; returns each epoch's metrics."""
         import torch
 
         generator = torch.Generator().manual_seed(self.run.seed)
         history = []
-        with self.run.progress("training", total=self.config.epochs) as advance:
+        progress = self.run.progress("training", total=self.config.epochs)
+        with self.torch_threads(), progress as advance:
+            data = self.prepare(data)
             for _ in range(self.config.epochs):
                 for batch in data.minibatches(self.config.minibatch_size, generator):
                     self.train_batch(batch)

@@ -13,9 +13,10 @@ torch is imported where it is used: the trainers family is listed by ``horizon p
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -31,6 +32,15 @@ if TYPE_CHECKING:
 CHECKPOINTS = "checkpoints"
 """The run's folder of checkpoints: ``epoch-0001.pt``, ... and ``latest.pt``."""
 
+PARALLEL_UPDATE_WORK = 1_000_000_000
+"""Rows times parameters of an update from which ``[trainer] threads = "auto"`` computes on
+every core rather than on one (benchmarks/train_throughput.py --threads-sweep measures it).
+
+On 2 loaded cores, one thread was 14-90 times faster than two for the default networks (a few
+thousand parameters, batches of 256: about 2e6) and still 2 times faster at 1e9; at 2e9 two
+threads were 1.9 times faster. Threads of a small update mostly wait for each other, and on a
+busy machine for a core."""
+
 
 class TrainerConfig(ComponentConfig):
     """What every ``[trainer]`` section accepts besides the trainer's own options."""
@@ -41,6 +51,10 @@ class TrainerConfig(ComponentConfig):
     """Rows per update."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to train: "auto" takes a CUDA device when there is one."""
+    threads: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
+    """CPU threads torch computes with while training (the thread count is restored after).
+    "auto": 1 for a small update (minibatch_size times the policy's parameters under 1e9, as
+    every default network is) and on a GPU, torch's default (one per core) above."""
     warm_start_from: str | None = None
     """A run folder whose latest checkpoint (weights, optimizer and trainer state) to start from:
     the daily retraining of the Horizon paper."""
@@ -71,7 +85,7 @@ class TrainingProblem:
 class TrainerBase(Trainer):
     """A trainer the training driver can drive. Subclass it and register it as a trainer.
 
-    The driver calls ``setup`` once, then ``train_step`` for every minibatch (a dict of tensors
+    The driver calls ``setup`` once, then ``train_step`` for every minibatch (a mapping of tensors
     named as the batch schema says, already on the device) and ``evaluate`` on the eval split
     after every epoch; ``state_dict``/``load_state_dict`` make checkpoints and warm
     starts; ``policy`` is the trained model for export and evaluation.
@@ -84,8 +98,12 @@ class TrainerBase(Trainer):
         """Build networks and optimizers for ``problem``."""
 
     @abstractmethod
-    def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-        """One update from one minibatch; returns its metrics (e.g. ``td_loss``)."""
+    def train_step(self, batch: Mapping[str, torch.Tensor]) -> dict[str, float]:
+        """One update from one minibatch (read-only); returns its metrics (e.g. ``td_loss``).
+
+        A batch from the timeline also holds the state preprocessor's output for its states
+        (``state_preprocessed``, ...: the batch schema), computed once for the split: using it
+        rather than running the preprocessor again is what makes an update cheap."""
 
     def evaluate(self, data: TimelineTensors) -> dict[str, float]:
         """Metrics on the eval split (e.g. ``mc_loss``), without changing the model; none by
@@ -132,6 +150,19 @@ def resolve_device(choice: str) -> torch.device:
     if choice == "auto":
         choice = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(choice)
+
+
+def resolve_threads(choice: int | str, device: torch.device, work: int) -> int:
+    """``[trainer] threads``: a number as it is; "auto" -> 1 on a GPU (the CPU only launches
+    its kernels) or when ``work`` (an update's rows times parameters) is under
+    ``PARALLEL_UPDATE_WORK``, else the thread count torch has now (one per core by default)."""
+    import torch
+
+    if choice != "auto":
+        return int(choice)
+    if device.type != "cpu" or work < PARALLEL_UPDATE_WORK:
+        return 1
+    return torch.get_num_threads()
 
 
 def save_checkpoint(folder: Path, epoch: int, state: dict[str, Any]) -> Path:

@@ -13,6 +13,7 @@ torch is imported inside the methods, so that listing the plugin's options does 
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar
 
 from horizon_engine import ActionType, HorizonError, TrainingProblem
@@ -62,13 +63,11 @@ class ParametricDqnTrainer(QLearningTrainer):
                 config.activations,
                 config.dueling,
             ).to(problem.device)
-        self.target_network = copy.deepcopy(self.q_network).requires_grad_(False)
         self.preprocessor = problem.state_preprocessor
         self.action_preprocessor = problem.action_preprocessor
-        self.optimizer = self.make_optimizer(self.q_network)
-        self.steps = 0
+        self.finish_setup()
 
-    def candidates(self, batch: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    def candidates(self, batch: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
         """The preprocessed candidate actions ``[B, K, W]`` of ``name`` (e.g.
         ``possible_next_actions``), from the batch's ``*_features`` and ``*_presence``."""
         from horizon_plugins_dqn.networks import preprocess_candidates
@@ -78,13 +77,13 @@ class ParametricDqnTrainer(QLearningTrainer):
             self.action_preprocessor, batch[f"{singular}_features"], batch[f"{singular}_presence"]
         )
 
-    def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+    def train_step(self, batch: Mapping[str, torch.Tensor]) -> dict[str, float]:
         """One update of the Q-network, then the soft target update. Returns ``td_loss`` and,
         with ``cql_alpha > 0``, ``cql_loss`` (the regularizer before its weight)."""
         import torch
 
         config = self.config
-        state = self.preprocessor(batch["state"], batch["state_presence"])
+        state = self.state_input(batch, "state")
         action = self.action_preprocessor(batch["action"], batch["action_presence"])
         target = self.td_target(batch)
         logged = self.q_network(state, action.unsqueeze(1)).squeeze(1)
@@ -105,7 +104,7 @@ class ParametricDqnTrainer(QLearningTrainer):
         metrics["td_loss"] = float(td_loss.detach())
         return metrics
 
-    def td_target(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def td_target(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """``reward + discount * value(next state)`` without gradient.
 
         The value is the max over the row's possible next actions (double Q: the online
@@ -128,27 +127,27 @@ class ParametricDqnTrainer(QLearningTrainer):
             return ahead.returns + ahead.discount * value
 
     def _max_next_value(
-        self, batch: dict[str, torch.Tensor], state_name: str, prefix: str
+        self, batch: Mapping[str, torch.Tensor], state_name: str, prefix: str
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The Q-learning value over the candidates, and which rows had any candidate."""
         from horizon_plugins_dqn.targets import max_next_value
 
         name = f"{prefix}possible_next_actions"
-        next_state = self.preprocessor(batch[state_name], batch[f"{state_name}_presence"])
+        next_state = self.state_input(batch, state_name)
         candidates = self.candidates(batch, name)
         target_scores = self.target_network(next_state, candidates)
         online = self.q_network(next_state, candidates) if self.config.double_q else None
         possible = batch[name]
         return max_next_value(target_scores, online, possible), possible.sum(dim=1) > 0
 
-    def _logged_next_value(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _logged_next_value(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The target network's value of the logged next action in the next state (a terminal
         row's is multiplied by a discount of 0)."""
-        next_state = self.preprocessor(batch["next_state"], batch["next_state_presence"])
+        next_state = self.state_input(batch, "next_state")
         action = self.action_preprocessor(batch["next_action"], batch["next_action_presence"])
         return self.target_network(next_state, action.unsqueeze(1)).squeeze(1)
 
-    def _one_step_target(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _one_step_target(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         import torch
 
         from horizon_plugins_dqn.targets import one_step_discount

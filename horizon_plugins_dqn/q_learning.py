@@ -8,6 +8,7 @@ named action, or one per candidate action's features); everything else is here, 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     import torch
 
     from horizon_engine import TimelineTensors
+    from horizon_plugins_dqn.optimizers import ForeachOptimizer
 
 EVAL_CHUNK_ROWS = 65_536
 """Rows scored at once during evaluation, bounding its memory on a large eval split."""
@@ -39,29 +41,46 @@ class Bootstrap:
 
 
 class QLearningTrainer(TrainerBase):
-    """The shared half of a Q-learning trainer. A subclass builds ``q_network`` (and its
-    ``target_network`` copy), ``preprocessor`` and ``optimizer`` in ``setup``, then calls
-    ``finish_setup``."""
+    """The shared half of a Q-learning trainer. A subclass builds ``q_network`` and
+    ``preprocessor`` in ``setup``, then calls ``finish_setup`` for the target network and the
+    optimizer."""
 
     Config: ClassVar[type[QLearningConfig]] = QLearningConfig
     config: QLearningConfig
 
-    def make_optimizer(self, module: torch.nn.Module) -> torch.optim.Optimizer:
-        import torch
+    def finish_setup(self) -> None:
+        """The target network (a frozen copy of ``q_network``), the optimizer, and the
+        parameter lists the soft target update reads every step."""
+        import copy
 
-        kind = torch.optim.SGD if self.config.optimizer == "sgd" else torch.optim.Adam
-        # One fused call per step for all parameters, on the CPU too (torch's default there
-        # is a loop over them): the networks are small, so the per-call overhead is the cost.
-        return kind(
-            module.parameters(),
-            lr=self.config.learning_rate,
-            weight_decay=self.config.l2,
-            foreach=True,
-        )
+        self.target_network = copy.deepcopy(self.q_network).requires_grad_(False)
+        self.optimizer = self.make_optimizer(self.q_network)
+        self._target_parameters = list(self.target_network.parameters())
+        self._online_parameters = list(self.q_network.parameters())
+        self.steps = 0
 
-    def optimizers(self) -> list[torch.optim.Optimizer]:
+    def make_optimizer(self, module: torch.nn.Module) -> ForeachOptimizer:
+        """Adam (or SGD) over ``module``'s parameters, computed as ``torch.optim``'s foreach
+        implementation computes it (``horizon_plugins_dqn.optimizers``): one call per step for
+        all parameters, on the CPU too (torch's default there is a loop over them), and no
+        ``torch._dynamo`` import before the first update."""
+        from horizon_plugins_dqn.optimizers import ForeachAdam, ForeachSgd
+
+        kind = ForeachSgd if self.config.optimizer == "sgd" else ForeachAdam
+        return kind(module.parameters(), lr=self.config.learning_rate, weight_decay=self.config.l2)
+
+    def optimizers(self) -> list[ForeachOptimizer]:
         """Every optimizer whose learning rate decays (a subclass adds its extra models')."""
         return [self.optimizer]
+
+    def state_input(self, batch: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
+        """The network's input for the batch's state ``name`` (``state``, ``next_state`` or
+        ``next_n_state``): the driver's ``<name>_preprocessed`` when the batch has it (computed
+        once for the split), else the preprocessor run on ``<name>`` and its presence."""
+        preprocessed = f"{name}_preprocessed"
+        if preprocessed in batch:
+            return batch[preprocessed]
+        return self.preprocessor(batch[name], batch[f"{name}_presence"])
 
     @classmethod
     def data_problems(cls, config: ComponentConfig, n_step: int, origin: str) -> dict[str, str]:
@@ -92,14 +111,12 @@ class QLearningTrainer(TrainerBase):
         """One optimizer step on ``loss``, the soft target update, and the learning-rate decay."""
         import torch
 
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.step()
         with torch.no_grad():
             torch._foreach_lerp_(
-                list(self.target_network.parameters()),
-                list(self.q_network.parameters()),
-                self.config.target_update_rate,
+                self._target_parameters, self._online_parameters, self.config.target_update_rate
             )
         self.steps += 1
         if self.config.lr_decay < 1 and self.steps % self.config.lr_decay_steps == 0:
@@ -113,7 +130,9 @@ class QLearningTrainer(TrainerBase):
             for group in optimizer.param_groups:
                 group["lr"] = rate
 
-    def bootstrap(self, batch: dict[str, torch.Tensor], boost: torch.Tensor | float) -> Bootstrap:
+    def bootstrap(
+        self, batch: Mapping[str, torch.Tensor], boost: torch.Tensor | float
+    ) -> Bootstrap:
         """The reward part of the target (plus ``boost``) and where it bootstraps from.
 
         With ``n_step = 0`` the data decides: the timeline's n-step windows where it has them

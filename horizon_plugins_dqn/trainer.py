@@ -11,6 +11,7 @@ plugin's options does not load it.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from horizon_engine import ActionType, HorizonError, TrainingProblem
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 
     from horizon_engine import TimelineTensors
     from horizon_plugins_dqn.networks import DqnPolicy
+    from horizon_plugins_dqn.optimizers import ForeachOptimizer
 
 
 class DqnTrainer(QLearningTrainer):
@@ -67,21 +69,23 @@ class DqnTrainer(QLearningTrainer):
                 if config.bcq_threshold > 0
                 else None
             )
-        self.target_network = copy.deepcopy(self.q_network).requires_grad_(False)
         self.preprocessor = problem.state_preprocessor
-        self.optimizer = self.make_optimizer(self.q_network)
+        self.finish_setup()
         self.behaviour_optimizer = (
             self.make_optimizer(self.behaviour) if self.behaviour is not None else None
         )
         self.reward_boost = torch.tensor(
             [config.reward_boost.get(action, 0.0) for action in self.actions], device=device
         )
-        self.steps = 0
 
-    def optimizers(self) -> list[torch.optim.Optimizer]:
+    def optimizers(self) -> list[ForeachOptimizer]:
         return [self.optimizer, *filter(None, [self.behaviour_optimizer])]
 
-    def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+    def boost(self, action: torch.Tensor) -> torch.Tensor | float:
+        """``reward_boost`` of each row's logged ``action`` (0.0 without boosts)."""
+        return self.reward_boost[action] if self.config.reward_boost else 0.0
+
+    def train_step(self, batch: Mapping[str, torch.Tensor]) -> dict[str, float]:
         """One update of the Q-network (and of the behaviour model), then the soft target update.
 
         Returns ``td_loss`` (the configured loss), ``cql_loss`` (the regularizer before its
@@ -89,7 +93,7 @@ class DqnTrainer(QLearningTrainer):
         with ``bcq_threshold > 0``.
         """
         config = self.config
-        state = self.preprocessor(batch["state"], batch["state_presence"])
+        state = self.state_input(batch, "state")
         metrics: dict[str, float] = {}
         if self.behaviour is not None:
             metrics["bcq_loss"] = self._train_behaviour(state, batch)
@@ -109,7 +113,7 @@ class DqnTrainer(QLearningTrainer):
         metrics["td_loss"] = float(td_loss.detach())
         return metrics
 
-    def _train_behaviour(self, state: torch.Tensor, batch: dict[str, torch.Tensor]) -> float:
+    def _train_behaviour(self, state: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> float:
         """One cross-entropy step of the behaviour model on the logged actions."""
         import torch.nn.functional as F
 
@@ -117,12 +121,12 @@ class DqnTrainer(QLearningTrainer):
 
         logits = masked_scores(self.behaviour(state), batch["possible_actions"])
         loss = F.cross_entropy(logits, batch["action"])
-        self.behaviour_optimizer.zero_grad(set_to_none=True)
+        self.behaviour_optimizer.zero_grad()
         loss.backward()
         self.behaviour_optimizer.step()
         return float(loss.detach())
 
-    def td_target(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def td_target(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """``reward + discount * value(next state)``, one step or n steps, without gradient."""
         import torch
 
@@ -131,8 +135,8 @@ class DqnTrainer(QLearningTrainer):
 
         config = self.config
         with torch.no_grad():
-            ahead = self.bootstrap(batch, self.reward_boost[batch["action"]])
-            next_state = self.preprocessor(batch[ahead.state], batch[f"{ahead.state}_presence"])
+            ahead = self.bootstrap(batch, self.boost(batch["action"]))
+            next_state = self.state_input(batch, ahead.state)
             target_scores = self.target_network(next_state)
             if not config.maxq_learning:
                 value = sarsa_next_value(target_scores, batch["next_action"])
@@ -168,7 +172,7 @@ class DqnTrainer(QLearningTrainer):
         q_sums = torch.zeros(count, dtype=torch.float64, device=data.reward.device)
         chosen = torch.zeros_like(q_sums)
         squared_error = torch.zeros((), dtype=torch.float64, device=data.reward.device)
-        returns = self.logged_returns(data, data.reward + self.reward_boost[data.action])
+        returns = self.logged_returns(data, data.reward + self.boost(data.action))
         with torch.no_grad():
             for start in range(0, len(data), EVAL_CHUNK_ROWS):
                 rows = slice(start, start + EVAL_CHUNK_ROWS)

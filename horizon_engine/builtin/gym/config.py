@@ -78,8 +78,8 @@ class GymSection(ComponentConfig):
     (CartPole: "4" and "5"), as the gym source's parametric_actions logs them: for parametric
     trainers such as parametric_dqn."""
     torch_threads: int | None = Field(default=None, ge=1)
-    """CPU threads for torch during the run (None keeps torch's default, one per core); small
-    networks and one-row forward passes are fastest with 1."""
+    """CPU threads for torch during the run; deprecated: [trainer] threads says it for every
+    way of training, and this is used only while that is not set."""
     output_dir: str = "runs/gym"
     """Folder for normalization.json, problem.json, checkpoints/, check_rows.pt, tensorboard/,
     manifest.json and model.onnx."""
@@ -165,9 +165,12 @@ def load_gym_spec(
         )
     if builder.problems:
         raise ConfigError(builder.problems)
-    spec = GymSpec(
-        origin, gym, chosen["trainer"], chosen.get("normalization"), chosen.get("export")
-    )
+    trainer = chosen["trainer"]
+    threads = trainer.config.threads if "threads" in trainer.config.model_fields_set else None
+    if gym.torch_threads is not None and threads is None:
+        config = trainer.config.model_copy(update={"threads": gym.torch_threads})
+        trainer = Choice(trainer.section, trainer.component, config)
+    spec = GymSpec(origin, gym, trainer, chosen.get("normalization"), chosen.get("export"))
     _check_spec(spec, builder)
     return spec
 

@@ -128,9 +128,12 @@ class OnlineRun:
         manifest = self._start_manifest()
         manifest["rows_file"] = str(rows) if rows is not None else None
         manifest["reward_history_file"] = str(reward_history) if reward_history else None
-        threads = torch.get_num_threads()
+        threads = torch.get_num_threads()  # the driver sets [trainer] threads once set up
         if self.config.torch_threads is not None:
-            torch.set_num_threads(self.config.torch_threads)
+            self.warnings.append(
+                "[gym] torch_threads is deprecated: [trainer] threads sets the CPU threads of "
+                "every way of training (torch_threads is used while [trainer] threads is not set)"
+            )
         stage = "training"
         try:
             with ExitStack() as envs:
@@ -328,7 +331,9 @@ class OnlineRun:
     def _set_up(self) -> None:
         """At the end of the warm-up: fit (or, for a warm start, read) the normalization,
         write it, and start the training driver (which sets the trainer up, from the earlier
-        run's checkpoint for a warm start)."""
+        run's checkpoint for a warm start), on ``[trainer] threads`` from here on."""
+        import torch
+
         from horizon_engine.normalization import read_normalization, write_normalization
 
         trainer_config = self.spec.trainer.config
@@ -346,6 +351,7 @@ class OnlineRun:
         self.driver = TrainingDriver(
             self.run_context, self.spec.trainer, self._problem(), normalization
         )
+        torch.set_num_threads(self.driver.threads)  # for training and acting; run() restores
         if "epochs" in trainer_config.model_fields_set:
             self.warnings.append(
                 "[trainer] epochs is not used online: [gym] episodes and the score bar say "
