@@ -263,7 +263,11 @@ def sort_episodes(episode_rank: np.ndarray, sequence_numbers: np.ndarray) -> np.
 
 
 PART_ROWS = 250_000
-"""Rows per Parquet file: parts are built and written in parallel, one thread per core."""
+"""Rows per Parquet file: files are built and written in parallel, one thread per core."""
+
+ROW_GROUP_ROWS = 65_536
+"""Rows per row group: a file is built and written a row group at a time, so what a thread
+holds is one row group's columns, and the memory of one serves the next."""
 
 
 def write_split(
@@ -274,13 +278,13 @@ def write_split(
 ) -> None:
     """Write the rows at the ``train`` and ``evaluation`` positions, in that order, as Parquet.
 
-    ``rows_at(positions)`` builds the table of those rows. Each split is cut into parts of
+    ``rows_at(positions)`` builds the table of those rows. Each split is cut into files of
     about ``PART_ROWS`` rows (at least one, so an empty split still has a file with the
-    schema). Parts are built one after another (Arrow's own threads already serve each
-    ``take``) while earlier parts are written on a thread pool, since Parquet encoding is
-    single-threaded per file and releases the GIL. Dictionary encoding is kept for the
-    repetitive id columns only, and min/max statistics for the flat columns, where they serve
-    row-group filtering; for the nested feature columns both cost time and serve little.
+    schema), written on a thread pool, since Parquet encoding is single-threaded per file and
+    releases the GIL; a file is built and written in row groups of ``ROW_GROUP_ROWS``.
+    Dictionary encoding is kept for the repetitive id columns only, and min/max statistics
+    for the flat columns, where they serve row-group filtering; for the nested feature
+    columns both cost time and serve little.
     """
     import os
     from concurrent.futures import ThreadPoolExecutor
@@ -296,10 +300,21 @@ def write_split(
             jobs.append((output / split / f"part-{number:05d}.parquet", chunk))
 
     def write(job: tuple[Path, np.ndarray]) -> None:
-        path, chunk = job
-        table = rows_at(chunk)
-        flat = [field.name for field in table.schema if not _is_nested(field.type)]
-        pq.write_table(table, path, use_dictionary=["ds", "mdp_id"], write_statistics=flat)
+        path, positions = job
+        groups = max(1, -(-len(positions) // ROW_GROUP_ROWS))
+        writer = None
+        try:
+            for group in np.array_split(positions, groups):
+                table = rows_at(group)
+                if writer is None:
+                    flat = [field.name for field in table.schema if not _is_nested(field.type)]
+                    writer = pq.ParquetWriter(
+                        path, table.schema, use_dictionary=["ds", "mdp_id"], write_statistics=flat
+                    )
+                writer.write_table(table)
+        finally:
+            if writer is not None:
+                writer.close()
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         list(pool.map(write, jobs))

@@ -10,6 +10,7 @@ which is what lets it build millions of rows a second on one core. The semantics
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,21 +40,26 @@ if TYPE_CHECKING:
 
 @dataclass
 class _Rejections:
-    """Rows the transform cannot use, collected column-wise before they are removed."""
+    """Rows the transform cannot use: a mask over the input, and each such row's kind and
+    reason (the first one found)."""
 
     mask: np.ndarray
-    kinds: np.ndarray
+    kinds: dict[int, str]
     reasons: dict[int, str]
 
     @classmethod
     def none(cls, rows: int) -> _Rejections:
-        return cls(np.zeros(rows, dtype=bool), np.full(rows, "", dtype=object), {})
+        return cls(np.zeros(rows, dtype=bool), {}, {})
 
     def add(self, rows: np.ndarray, kind: str, reason: Callable[[int], str]) -> None:
-        for row in np.flatnonzero(rows & ~self.mask):
-            self.reasons[int(row)] = reason(int(row))
-        self.kinds[rows & ~self.mask] = kind
+        for row in np.flatnonzero(rows & ~self.mask).tolist():
+            self.kinds[row] = kind
+            self.reasons[row] = reason(row)
         self.mask |= rows
+
+    def counts(self) -> dict[str, int]:
+        """Rejected rows by kind, kinds in alphabetical order."""
+        return dict(sorted(Counter(self.kinds.values()).items()))
 
 
 class LocalTimeline(TimelineTransform):
@@ -76,7 +82,9 @@ class LocalTimeline(TimelineTransform):
 
         config = self.config
         # One chunk per column: Arrow's take on a many-chunked column resolves chunks per row.
-        table = pq.read_table(rows, memory_map=True).combine_chunks()
+        # ParquetFile.read makes a chunk per row group (read_table one per batch of 128k rows),
+        # so a file of one row group is not copied again to combine its chunks.
+        table = pq.ParquetFile(rows, memory_map=True).read().combine_chunks()
         rejections = _Rejections.none(table.num_rows)
         reward = self._reward(table, rejections)
         actions = (
@@ -85,7 +93,6 @@ class LocalTimeline(TimelineTransform):
             else None
         )
         examples = self._examples(rows, table, rejections, quarantine, output)
-        kinds, counts = np.unique(rejections.kinds[rejections.mask], return_counts=True)
 
         mdp_ids = pc.dictionary_encode(_single_array(table["mdp_id"]))
         codes = mdp_ids.indices.to_numpy()
@@ -120,7 +127,7 @@ class LocalTimeline(TimelineTransform):
             train_episodes=np.count_nonzero(np.bincount(episodes.codes[train])),
             eval_episodes=np.count_nonzero(np.bincount(episodes.codes[evaluation])),
             dropped=dropped,
-            rejected={str(kind): int(count) for kind, count in zip(kinds, counts, strict=True)},
+            rejected=rejections.counts(),
             examples=examples,
             n_step=config.window,
         )
@@ -155,23 +162,24 @@ class LocalTimeline(TimelineTransform):
         possible = _single_array(table["possible_actions"])
         parents, possible_names = list_entries(possible)
         possible_index = pc.index_in(possible_names, value_set=names)
-        unknown_possible = possible_index.is_null().to_numpy(zero_copy_only=False)
-        bad_parents = np.zeros(len(possible), dtype=bool)
-        bad_parents[parents[unknown_possible]] = True
-        rejections.add(
-            bad_parents,
-            "unknown_action",
-            lambda row: (
-                f"possible_actions {possible[row].as_py()!r} name an action not in "
-                f"[timeline] actions {actions}"
-            ),
-        )
+        if possible_index.null_count:
+            known = possible_index.is_valid().to_numpy(zero_copy_only=False)
+            bad_parents = np.zeros(len(possible), dtype=bool)
+            bad_parents[parents[~known]] = True
+            rejections.add(
+                bad_parents,
+                "unknown_action",
+                lambda row: (
+                    f"possible_actions {possible[row].as_py()!r} name an action not in "
+                    f"[timeline] actions {actions}"
+                ),
+            )
+            parents, possible_index = parents[known], possible_index.drop_null()
         masks = np.zeros((len(possible), len(actions)), dtype=np.int8)
         lengths = np.diff(possible.offsets.to_numpy(zero_copy_only=False))
         unrecorded = possible.is_null().to_numpy(zero_copy_only=False) | (lengths == 0)
         masks[unrecorded] = 1
-        known = ~unknown_possible
-        masks[parents[known], possible_index.to_numpy(zero_copy_only=False)[known].astype(int)] = 1
+        masks[parents, possible_index.to_numpy()] = 1
         return _DiscreteActions(index.fill_null(-1).to_numpy().astype(np.int64), masks)
 
     def _examples(
