@@ -251,3 +251,17 @@ def test_every_difference_from_the_schema_is_named():
     assert "'step' is float32, expected int64" in message
     assert "'next_state' has shape (4, 3, 1), expected ('B', 'F')" in message
     assert "'possible_next_actions' has A = 2, but 'possible_actions' has A = 3" in message
+
+
+def test_a_batch_with_the_preprocessors_output_has_it_for_every_state():
+    """The driver's batches carry the state preprocessor's output (``*_preprocessed``, ``W``
+    columns, as many as the preprocessor makes of ``F`` features): all of them or none."""
+    batch = discrete_batch(features=3)
+    batch |= {"state_preprocessed": torch.zeros(4, 5), "next_state_preprocessed": torch.zeros(4, 5)}
+    check_batch(batch, ActionType.DISCRETE)
+    del batch["next_state_preprocessed"]
+    with pytest.raises(HorizonError, match="missing tensor 'next_state_preprocessed'"):
+        check_batch(batch, ActionType.DISCRETE)
+    batch["next_state_preprocessed"] = torch.zeros(4, 6)
+    with pytest.raises(HorizonError, match="'next_state_preprocessed' has W = 6, but"):
+        check_batch(batch, ActionType.DISCRETE)

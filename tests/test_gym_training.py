@@ -48,6 +48,7 @@ from horizon_engine.training import TrainerBase, TrainerConfig
 
 BATCHES = []
 EPOCHS = []
+THREADS = []
 
 
 class Fixed(torch.nn.Module):
@@ -73,6 +74,7 @@ class Recorder(TrainerBase):
 
     def train_step(self, batch):
         BATCHES.append({name: tensor.clone() for name, tensor in batch.items()})
+        THREADS.append(torch.get_num_threads())
         self.steps += 1
         return {"rows": float(len(batch["reward"]))}
 
@@ -588,6 +590,37 @@ def test_evaluations_checkpoints_hooks_and_reward_history(tmp_path, recorder_hos
     assert manifest["config"]["trainer"]["kind"] == "recorder"
     normalization = json.loads((tmp_path / "run" / "normalization.json").read_text())
     assert list(normalization["state_features"]) == ["0", "1", "2", "3"]
+
+
+def test_trainer_threads_hold_for_the_run_and_gym_torch_threads_is_their_deprecated_alias(
+    tmp_path, recorder_host
+):
+    """``[trainer] threads`` is torch's thread count from the trainer's set-up to the run's end
+    (training and acting), the count from before after it. ``[gym] torch_threads``, the gym's
+    option from before, stands in for it while it is not set, with a warning."""
+    recorder = recorder_host.pm.get_plugin("recorder")
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        config = recorder_config(tmp_path / "run", episodes=3)
+        config["trainer"]["threads"] = 2
+        result = train_gym(load_gym_spec(config, recorder_host), recorder_host)
+        assert set(recorder.THREADS) == {2} and torch.get_num_threads() == 3
+        assert result.warnings == []
+
+        alias = recorder_config(tmp_path / "alias", episodes=3, torch_threads=1)
+        spec = load_gym_spec(alias, recorder_host)
+        assert spec.trainer.config.threads == 1
+        result = train_gym(spec, recorder_host)
+        assert recorder.THREADS[-1] == 1 and torch.get_num_threads() == 3
+        assert result.warnings[0].startswith("[gym] torch_threads is deprecated: [trainer]")
+
+        alias["trainer"]["threads"] = 2
+        assert load_gym_spec(alias, recorder_host).trainer.config.threads == 2
+        del alias["gym"]["torch_threads"], alias["trainer"]["threads"]
+        assert load_gym_spec(alias, recorder_host).trainer.config.threads == "auto"
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_warm_start_continues_the_earlier_runs_trainer_and_normalization(tmp_path, recorder_host):

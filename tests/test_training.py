@@ -1,23 +1,27 @@
 """The core's training driver, driving a tiny third-party trainer: epochs, checkpoints, warm
-start, batch callbacks, the run folder's description of the problem, ``horizon_on_epoch_end``
-and the TensorBoard reporter's event files."""
+start, batch callbacks, the run folder's description of the problem, the split prepared once
+(the preprocessor's output) and gathered as read, ``[trainer] threads``,
+``horizon_on_epoch_end`` and the TensorBoard reporter's event files."""
 
 from __future__ import annotations
 
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from horizon_engine.batch_schema import check_batch
 from horizon_engine.config import build_spec
+from horizon_engine.dataset import Minibatch
 from horizon_engine.driver import ProblemDescription, TrainingDriver, load_split, timeline_problem
 from horizon_engine.errors import HorizonError
 from horizon_engine.pipeline import Engine
 from horizon_engine.run_context import RunContext
 from horizon_engine.schema import ActionType
-from horizon_engine.training import load_checkpoint
+from horizon_engine.training import PARALLEL_UPDATE_WORK, load_checkpoint, resolve_threads
 
 
 def pipeline(output: Path, **trainer: object) -> dict:
@@ -107,6 +111,95 @@ def test_batch_callbacks_see_every_batch_and_their_metrics_join_the_epochs(train
     assert history[0]["Training/rows"] == pytest.approx(sum(seen[:per_epoch]) / per_epoch)
     assert set(history[0]) == {"Training/loss", "Training/rows"}  # no eval data given
     assert driver.checkpoints == ["checkpoints/epoch-0001.pt", "checkpoints/epoch-0002.pt"]
+
+
+def driven(host, folder: Path, callbacks=(), **trainer: object) -> tuple[TrainingDriver, Any]:
+    """A driver for a pipeline's run folder (timeline and normalization built), and its run."""
+    config = pipeline(folder, **trainer)
+    Engine(plugins=host, show_progress=False).run(
+        config, stages=["source", "timeline", "normalization"]
+    )
+    run = RunContext(build_spec(config, host), folder, host, "driven")
+    description, normalization = timeline_problem(run)
+    choice = run.spec.sections["trainer"]
+    return TrainingDriver(run, choice, description, normalization, callbacks), description
+
+
+def test_epochs_train_on_the_preprocessors_output_computed_once_beside_the_raw_features(
+    trainer_host, tmp_path
+):
+    """Normalization does not change while training: ``prepare`` runs the state preprocessor
+    over the split once, and every batch carries its output (as the batch schema declares)
+    beside the raw features, the rows of one permutation."""
+    seen = []
+    driver, description = driven(trainer_host, tmp_path, callbacks=[seen.append], epochs=1)
+    train = load_split(driver.run, description, "train", driver.device)
+    prepared = driver.prepare(train)
+    preprocessor = driver.problem.state_preprocessor
+    for name in ("state", "next_state", "next_n_state"):
+        expected = preprocessor(getattr(train, name), getattr(train, f"{name}_presence"))
+        assert torch.equal(getattr(prepared, f"{name}_preprocessed"), expected)
+        assert getattr(train, f"{name}_preprocessed") is None  # the split itself is unchanged
+    driver.train_epochs(train)
+    assert sum(len(batch["reward"]) for batch in seen) == len(train)
+    rows = torch.cat([batch["step"] * 100_000 + batch["episode_id"] for batch in seen])
+    assert sorted(rows.tolist()) == sorted((train.step * 100_000 + train.episode_id).tolist())
+    for batch in seen:
+        check_batch(batch, ActionType.DISCRETE)
+        expected = preprocessor(batch["next_n_state"], batch["next_n_state_presence"])
+        assert torch.equal(batch["next_n_state_preprocessed"], expected)
+
+
+def test_a_minibatch_is_a_read_only_mapping_of_the_chosen_rows(trainer_host, tmp_path):
+    """A ``Minibatch`` gathers a tensor's rows when it is read; to a trainer it is a mapping
+    like a dict of the gathered tensors."""
+    driver, description = driven(trainer_host, tmp_path)
+    train = load_split(driver.run, description, "train", driver.device)
+    index = torch.tensor([5, 0, 3])
+    batch = Minibatch(train.tensors(), index)
+    eager = {name: tensor[index] for name, tensor in train.tensors().items()}
+    assert len(batch) == len(eager) and list(batch) == list(eager)
+    assert "next_n_rewards" in batch and "state_preprocessed" not in batch
+    assert torch.equal(batch["reward"], train.reward[index])
+    assert batch["reward"] is batch["reward"]  # gathered once
+    assert batch.get("state_preprocessed") is None
+    gathered = dict(batch)
+    assert all(torch.equal(gathered[name], eager[name]) for name in eager)
+    with pytest.raises(TypeError):
+        batch["reward"] = train.reward[:3]  # type: ignore[index]
+
+
+def test_trainer_threads_hold_while_epochs_train_and_are_restored_after(trainer_host, tmp_path):
+    """``[trainer] threads`` is torch's thread count from the first batch to the last epoch's
+    end; the count from before comes back after (here 3, whatever the machine's cores)."""
+    threads = []
+    driver, description = driven(
+        trainer_host,
+        tmp_path,
+        callbacks=[lambda batch: threads.append(torch.get_num_threads())],
+        threads=2,
+        epochs=1,
+    )
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        driver.train_epochs(load_split(driver.run, description, "train", driver.device))
+        assert set(threads) == {2}
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_automatic_threads_are_one_for_small_updates_and_on_a_gpu(trainer_host, tmp_path):
+    """``threads = "auto"``: one thread unless an update's rows times parameters reach
+    ``PARALLEL_UPDATE_WORK`` on the CPU; a number is taken as it is."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_threads("auto", cpu, PARALLEL_UPDATE_WORK - 1) == 1
+    assert resolve_threads("auto", cpu, PARALLEL_UPDATE_WORK) == torch.get_num_threads()
+    assert resolve_threads("auto", cuda, PARALLEL_UPDATE_WORK) == 1
+    assert resolve_threads(4, cpu, 0) == 4
+    driver, _ = driven(trainer_host, tmp_path)  # the mean_reward policy: one weight
+    assert driver.config.threads == "auto" and driver.threads == 1
 
 
 def test_warm_start_continues_from_the_earlier_runs_weights(trainer_host, tmp_path):
