@@ -16,9 +16,9 @@ from abc import abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from horizon_engine.components import ComponentConfig, Trainer
 from horizon_engine.errors import HorizonError
@@ -34,12 +34,14 @@ CHECKPOINTS = "checkpoints"
 
 PARALLEL_UPDATE_WORK = 1_000_000_000
 """Rows times parameters of an update from which ``[trainer] threads = "auto"`` computes on
-every core rather than on one (benchmarks/train_throughput.py --threads-sweep measures it).
+every core rather than on one (``benchmarks/train_throughput.py --threads-sweep`` measures it).
 
-On 2 loaded cores, one thread was 14-90 times faster than two for the default networks (a few
-thousand parameters, batches of 256: about 2e6) and still 2 times faster at 1e9; at 2e9 two
-threads were 1.9 times faster. Threads of a small update mostly wait for each other, and on a
-busy machine for a core."""
+On 2 cores, with a load average of 2-4 (other work running), one thread made 8 times the
+updates of two for the default network at batch 256 (2e6), while two threads were 1.3 times
+faster at 7e7, 1.6 at 3e8 and 1.8-1.9 from 1e9. With a load average of 5, one thread was faster
+at every size measured, 20 times at 5e6 and still 1.8 times at 2e9. The threshold sits where
+two threads gain most when they gain and lose least when the machine is busy; a busy shared
+machine is better told ``threads = 1``."""
 
 
 class TrainerConfig(ComponentConfig):
@@ -51,13 +53,24 @@ class TrainerConfig(ComponentConfig):
     """Rows per update."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to train: "auto" takes a CUDA device when there is one."""
-    threads: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
+    threads: int | str = "auto"
     """CPU threads torch computes with while training (the thread count is restored after).
     "auto": 1 for a small update (minibatch_size times the policy's parameters under 1e9, as
     every default network is) and on a GPU, torch's default (one per core) above."""
     warm_start_from: str | None = None
     """A run folder whose latest checkpoint (weights, optimizer and trainer state) to start from:
     the daily retraining of the Horizon paper."""
+
+    @field_validator("threads")
+    @classmethod
+    def _threads_or_auto(cls, threads: int | str) -> int | str:
+        """A number of threads (1 or more) or "auto" (``int | str`` rather than a literal in
+        the type, which ``horizon plugins`` shows as written)."""
+        if threads != "auto" and not (isinstance(threads, int) and threads >= 1):
+            raise ValueError(
+                f'threads = {threads!r}: give a number of threads (1 or more) or "auto"'
+            )
+        return threads
 
 
 @dataclass
@@ -166,16 +179,21 @@ def resolve_threads(choice: int | str, device: torch.device, work: int) -> int:
 
 
 def save_checkpoint(folder: Path, epoch: int, state: dict[str, Any]) -> Path:
-    """Write ``epoch-NNNN.pt`` and ``latest.pt`` atomically (temporary name, then rename)."""
+    """Write ``epoch-NNNN.pt`` and ``latest.pt`` atomically (temporary name, then rename), the
+    state serialized once for both."""
+    import io
+
     import torch
 
     from horizon_engine.files import atomic_output
 
+    serialized = io.BytesIO()
+    torch.save({"epoch": epoch, **state}, serialized)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"epoch-{epoch:04d}.pt"
     for target in (path, folder / "latest.pt"):
         with atomic_output(target) as temporary:
-            torch.save({"epoch": epoch, **state}, temporary)
+            temporary.write_bytes(serialized.getvalue())
     return path
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from pydantic import ValidationError
 
 from horizon_engine.batch_schema import check_batch
 from horizon_engine.config import build_spec
@@ -21,7 +22,12 @@ from horizon_engine.errors import HorizonError
 from horizon_engine.pipeline import Engine
 from horizon_engine.run_context import RunContext
 from horizon_engine.schema import ActionType
-from horizon_engine.training import PARALLEL_UPDATE_WORK, load_checkpoint, resolve_threads
+from horizon_engine.training import (
+    PARALLEL_UPDATE_WORK,
+    TrainerConfig,
+    load_checkpoint,
+    resolve_threads,
+)
 
 
 def pipeline(output: Path, **trainer: object) -> dict:
@@ -198,6 +204,9 @@ def test_automatic_threads_are_one_for_small_updates_and_on_a_gpu(trainer_host, 
     assert resolve_threads("auto", cpu, PARALLEL_UPDATE_WORK) == torch.get_num_threads()
     assert resolve_threads("auto", cuda, PARALLEL_UPDATE_WORK) == 1
     assert resolve_threads(4, cpu, 0) == 4
+    for wrong in (0, "many"):
+        with pytest.raises(ValidationError, match="give a number of threads"):
+            TrainerConfig(threads=wrong)
     driver, _ = driven(trainer_host, tmp_path)  # the mean_reward policy: one weight
     assert driver.config.threads == "auto" and driver.threads == 1
 
