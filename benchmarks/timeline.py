@@ -292,15 +292,16 @@ def builder(name: str) -> Callable[[Path, Path], None]:
     )
 
 
-def timed_build(name: str, rows: Path) -> float:
-    """Seconds ``name`` takes to build the timeline of ``rows`` (in a folder then removed)."""
+def timed_build(name: str, rows: Path) -> tuple[float, float]:
+    """Seconds ``name`` takes to build the timeline of ``rows`` (in a folder then removed),
+    and the CPU seconds this process spent on it (all its threads)."""
     build = builder(name)
     with tempfile.TemporaryDirectory() as folder:
         output = Path(folder) / "timeline"
         output.mkdir()
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         build(rows, output)
-        return time.perf_counter() - started
+        return time.perf_counter() - started, time.process_time() - cpu_started
 
 
 def same_table(first: Path, second: Path) -> str:
@@ -354,7 +355,7 @@ def spark_runs(names: list[str], inputs: list[str], repeats: int, check_rows: st
         runs: dict[str, list[float]] = {name: [] for name in names}
         for turn in range(repeats):
             for name in names if turn % 2 == 0 else names[::-1]:
-                runs[name].append(timed_build(name, Path(rows)))
+                runs[name].append(timed_build(name, Path(rows))[0])
         report["runs"][rows] = runs
     session.stop()
     return report
@@ -365,6 +366,8 @@ class Figures:
     """One builder's builds at one size."""
 
     seconds: list[float] = field(default_factory=list)
+    cpu_s: list[float] = field(default_factory=list)
+    """CPU seconds of the building process (not Spark's JVM)."""
     peak_mb: list[float] = field(default_factory=list)
 
     @property
@@ -400,9 +403,9 @@ def main() -> None:
     parser.add_argument("--input", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
-        seconds = timed_build(args.measure, Path(args.input))
+        seconds, cpu_seconds = timed_build(args.measure, Path(args.input))
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        print(json.dumps({"seconds": seconds, "peak_mb": peak}))
+        print(json.dumps({"seconds": seconds, "cpu_s": cpu_seconds, "peak_mb": peak}))
         return
     if args.spark_runs:
         print(json.dumps(spark_runs(**json.loads(args.spark_runs))))
@@ -438,6 +441,7 @@ def main() -> None:
                     run = measure_fresh(name, inputs[rows])
                     built = figures.setdefault((name, rows), Figures())
                     built.seconds.append(run["seconds"])
+                    built.cpu_s.append(run["cpu_s"])
                     built.peak_mb.append(run["peak_mb"])
         if spark_names and spark_sizes:
             options = {
@@ -462,7 +466,7 @@ def report_figures(figures: dict[tuple[str, int], Figures], repeats: int) -> Non
     """The table of every builder and size, then a RESULT line per pair and size."""
     print(
         f"\n{'builder':<12} {'rows':>11} {'seconds (median, range)':>26} {'rows/s':>11} "
-        f"{'growth/10x':>10} {'peak MB':>8}"
+        f"{'growth/10x':>10} {'CPU s':>6} {'peak MB':>8}"
     )
     before: dict[str, tuple[int, float]] = {}
     growth: dict[tuple[str, int], float] = {}
@@ -471,14 +475,18 @@ def report_figures(figures: dict[tuple[str, int], Figures], repeats: int) -> Non
         growth[(name, rows)] = growth_per_10x(rows, seconds, before.get(name))
         before[name] = (rows, seconds)
         spread = f"{seconds:.2f} ({min(built.seconds):.2f}-{max(built.seconds):.2f})"
+        cpu = f"{statistics.median(built.cpu_s):.2f}" if built.cpu_s else "-"
         peak = f"{max(built.peak_mb):,.0f}" if built.peak_mb else "-"
         change = growth[(name, rows)]
         change_text = "-" if math.isnan(change) else f"{change:.1f}"
         print(
             f"{name:<12} {rows:>11,} {spread:>26} {rows / seconds:>11,.0f} "
-            f"{change_text:>10} {peak:>8}"
+            f"{change_text:>10} {cpu:>6} {peak:>8}"
         )
-    print(f"(each the median of {repeats} builds; growth/10x: 10 is linear)\n")
+    print(
+        f"(each the median of {repeats} builds; growth/10x: 10 is linear; CPU s: of the "
+        "building Python process, all threads)\n"
+    )
     for engine, baseline in PAIRS.items():
         for rows in sorted({rows for name, rows in figures if name == engine}):
             ours = figures[(engine, rows)].median

@@ -110,7 +110,8 @@ class LocalTimeline(TimelineTransform):
         is_eval = eval_episode[episodes.codes]
         sorted_actions = actions and _DiscreteActions(actions.index[order], actions.masks[order])
         builder = _TimelineRows(
-            _SortedColumns.of(table, order, action_type, mdp_ids),
+            _CopiedColumns.of(table, action_type, mdp_ids),
+            order,
             action_type,
             config.window,
             episodes,
@@ -285,58 +286,72 @@ class _Episodes:
 
 
 class _Strings:
-    """A string column in sorted order, held as dictionary codes.
+    """A string column as dictionary codes, so a gather moves four bytes a row, and a row
+    group's strings are then read from the small dictionary."""
 
-    Gathering a shuffled string column moves every string; gathering int32 codes moves four
-    bytes a row, and a part's strings are then read from the small dictionary.
-    """
+    def __init__(self, dictionary: pa.Array, codes: pa.Array) -> None:
+        self.dictionary = dictionary
+        self.codes = codes
 
-    def __init__(self, encoded: pa.DictionaryArray, order: np.ndarray) -> None:
-        import pyarrow as pa
-
-        self.dictionary = encoded.dictionary
-        self.codes = encoded.indices.take(pa.array(order))
+    def take(self, rows: np.ndarray) -> _Strings:
+        return _Strings(self.dictionary, self.codes.take(rows))
 
     def rows(self, start: int, stop: int) -> pa.Array:
         return self.dictionary.take(self.codes.slice(start, stop - start))
 
 
 class _Column:
-    """A flat, list or map column in sorted order, as Arrow holds it (the general case)."""
+    """A flat, list or map column as Arrow holds it (the general case)."""
 
-    def __init__(self, array: pa.Array, order: np.ndarray) -> None:
-        import pyarrow as pa
+    def __init__(self, array: pa.Array) -> None:
+        self.array = array
 
-        self.array = array.take(pa.array(order))
+    def take(self, rows: np.ndarray) -> _Column:
+        return _Column(self.array.take(rows))
 
     def rows(self, start: int, stop: int) -> pa.Array:
         return self.array.slice(start, stop - start)
 
     def gather(self, rows: np.ndarray, present: np.ndarray, empty: bool = True) -> pa.Array:
-        """The values at sorted positions ``rows``; where not ``present``, empty (a list or
-        map column) or, without ``empty``, null."""
+        """The values of ``rows``; where not ``present``, empty (a list or map column) or,
+        without ``empty``, null."""
         import pyarrow as pa
 
         taken = self.array.take(pa.array(rows, mask=~present))
         return _empty_where_null(taken) if empty else taken
 
 
+class _RepeatedNames:
+    """The keys of a dense map column repeated, shared by every row group's columns: grown by
+    doubling when one needs more, so the keys of any of them are a slice."""
+
+    def __init__(self, names: pa.Array) -> None:
+        self.names = names
+        self.repeated = names
+
+    def first(self, count: int) -> pa.Array:
+        import pyarrow as pa
+
+        repeated = self.repeated
+        if len(repeated) < count:
+            times = max(count, 2 * len(repeated)) // len(self.names)
+            indices = np.tile(np.arange(len(self.names), dtype=np.int32), times)
+            repeated = self.repeated = self.names.take(pa.array(indices))
+        return repeated.slice(0, count)
+
+
 class _DenseMaps:
     """A map column whose rows all hold the same keys in the same order (dense features, as
-    the gym source and most loggers write them), in sorted order.
+    the gym source and most loggers write them): a [rows, keys] value matrix and the keys once,
+    so gathering rows moves only their values, a row at a time."""
 
-    Held as a [rows, keys] value matrix and one array of the keys repeated, so gathering rows
-    moves only their values, a row at a time, and the keys of any output are a slice.
-    """
-
-    def __init__(self, names: pa.Array, values: np.ndarray) -> None:
+    def __init__(self, names: _RepeatedNames, values: np.ndarray) -> None:
         self.names = names
         self.values = values
-        self.repeated_names = names
 
     @classmethod
-    def of(cls, array: pa.Array, order: np.ndarray) -> _DenseMaps | None:
-        """The column in ``order`` if its rows are dense maps of string ids to floats."""
+    def of(cls, array: pa.Array) -> _DenseMaps | None:
+        """The column as dense maps, if its rows are dense maps of string ids to floats."""
         import pyarrow as pa
 
         if (
@@ -354,22 +369,19 @@ class _DenseMaps:
             return None
         if not _same_strings_every(keys, width):
             return None
-        values = items.to_numpy().reshape(-1, width)
-        return cls(keys.slice(0, width), values[order])
+        return cls(_RepeatedNames(keys.slice(0, width)), items.to_numpy().reshape(-1, width))
+
+    def take(self, rows: np.ndarray) -> _DenseMaps:
+        return _DenseMaps(self.names, self.values[rows])
 
     def _maps(self, values: np.ndarray, lengths: np.ndarray, null: np.ndarray | None) -> pa.Array:
         import pyarrow as pa
 
         offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
         np.cumsum(lengths, out=offsets[1:])
-        keys = self.repeated_names
-        if len(keys) < len(values):
-            # Grown by doubling and kept: every part of a build slices the same one.
-            times = max(len(values), 2 * len(keys)) // len(self.names)
-            keys = self.repeated_names = _repeated(self.names, times)
         return pa.MapArray.from_arrays(
             pa.array(offsets),
-            keys.slice(0, len(values)),
+            self.names.first(len(values)),
             pa.array(values),
             mask=None if null is None else pa.array(null),
         )
@@ -408,19 +420,14 @@ def _same_strings_every(keys: pa.Array, width: int) -> bool:
     return bool(np.all(rows == rows[0]))
 
 
-def _repeated(names: pa.Array, times: int) -> pa.Array:
-    import pyarrow as pa
-
-    return names.take(pa.array(np.tile(np.arange(len(names), dtype=np.int32), times)))
-
-
 @dataclass
-class _SortedColumns:
-    """The input columns the output copies, gathered once into sorted order.
+class _CopiedColumns:
+    """The input columns the output copies, in a form each row group gathers its rows from.
 
-    Every later read is then in order (a next row is the neighbour), which is what keeps
-    shuffled input fast; the gathers of the columns run on a thread pool, as Arrow and numpy
-    release the GIL. Discrete actions and rewards travel as numpy arrays apart from these.
+    A row group gathers its rows once, into its own sorted columns (``take``), and reads
+    them in order from then on: a next row is the neighbour. So the one random read of a
+    shuffled input happens in the row groups, on the writing threads, and no sorted copy of
+    the whole input is made. Discrete actions and rewards travel as numpy arrays apart.
     """
 
     ds: _Strings
@@ -433,53 +440,52 @@ class _SortedColumns:
 
     @classmethod
     def of(
-        cls,
-        table: pa.Table,
-        order: np.ndarray,
-        action_type: ActionType,
-        mdp_ids: pa.DictionaryArray,
-    ) -> _SortedColumns:
-        import os
-        from concurrent.futures import ThreadPoolExecutor
-
+        cls, table: pa.Table, action_type: ActionType, mdp_ids: pa.DictionaryArray
+    ) -> _CopiedColumns:
         import pyarrow.compute as pc
 
-        def maps(name: str) -> Callable[[], _Column | _DenseMaps]:
+        def maps(name: str) -> _Column | _DenseMaps:
             column = _single_array(table[name])
-            return lambda: _DenseMaps.of(column, order) or _Column(column, order)
+            return _DenseMaps.of(column) or _Column(column)
 
-        gathers = {
-            "ds": lambda: _Strings(pc.dictionary_encode(_single_array(table["ds"])), order),
-            "mdp_id": lambda: _Strings(mdp_ids, order),
-            "state_features": maps("state_features"),
-            "action_probability": lambda: _Column(
-                _single_array(table["action_probability"]), order
-            ),
-            "metrics": maps("metrics"),
-            "action": (maps("action") if action_type is not ActionType.DISCRETE else lambda: None),
-            "possible_actions": (
-                (lambda: _Column(_single_array(table["possible_actions"]), order))
+        ds = pc.dictionary_encode(_single_array(table["ds"]))
+        return cls(
+            ds=_Strings(ds.dictionary, ds.indices),
+            mdp_id=_Strings(mdp_ids.dictionary, mdp_ids.indices),
+            state_features=maps("state_features"),
+            action_probability=_Column(_single_array(table["action_probability"])),
+            metrics=maps("metrics"),
+            action=maps("action") if action_type is not ActionType.DISCRETE else None,
+            possible_actions=(
+                _Column(_single_array(table["possible_actions"]))
                 if action_type is ActionType.PARAMETRIC
-                else lambda: None
+                else None
             ),
-        }
-        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-            futures = {name: pool.submit(gather) for name, gather in gathers.items()}
-            return cls(**{name: future.result() for name, future in futures.items()})
+        )
+
+    def take(self, rows: np.ndarray) -> _CopiedColumns:
+        """These columns at input ``rows``, in that order."""
+        return _CopiedColumns(
+            **{
+                name: None if column is None else column.take(rows)
+                for name, column in vars(self).items()
+            }
+        )
 
 
 class _TimelineRows:
     """Builds output rows for any set of positions in the sorted input.
 
     The input is sorted by (split, mdp_id, sequence_number), so the next row of position p,
-    where the episode goes on, is p + 1, and the rows of a part of a split lie between its
-    first and last position: its columns are built for that range, from slices of the sorted
-    columns, and only filtered rows are then left out.
+    where the episode goes on, is p + 1, and the rows of a row group of a split lie between
+    its first and last position: its columns are built for that range, and only filtered rows
+    are then left out.
     """
 
     def __init__(
         self,
-        columns: _SortedColumns,
+        columns: _CopiedColumns,
+        order: np.ndarray,
         action_type: ActionType,
         n_step: int,
         episodes: _Episodes,
@@ -487,6 +493,7 @@ class _TimelineRows:
         actions: _DiscreteActions | None,
     ) -> None:
         self.columns = columns
+        self.order = order
         self.action_type = action_type
         self.n_step = n_step
         self.episodes = episodes
@@ -508,29 +515,31 @@ class _TimelineRows:
         return table
 
     def _rows_between(self, start: int, stop: int) -> pa.Table:
+        """The rows at sorted positions ``start`` to ``stop``, from the copied columns of
+        those rows and of the rows their next states and windows read."""
         import pyarrow as pa
 
-        sorted_columns = self.columns
+        # Positions below are relative to ``start``; ``local`` holds rows from there on.
+        local = self.columns.take(self.order[start : min(stop + self.n_step, len(self.order))])
+        rows = stop - start
         has_next = self.episodes.has_next[start:stop]
         columns = {
-            "ds": sorted_columns.ds.rows(start, stop),
-            "mdp_id": sorted_columns.mdp_id.rows(start, stop),
+            "ds": local.ds.rows(0, rows),
+            "mdp_id": local.mdp_id.rows(0, rows),
             "sequence_number": pa.array(self.episodes.sequence[start:stop]),
-            "state_features": sorted_columns.state_features.rows(start, stop),
-            "action_probability": sorted_columns.action_probability.rows(start, stop),
+            "state_features": local.state_features.rows(0, rows),
+            "action_probability": local.action_probability.rows(0, rows),
             "reward": pa.array(self.reward[start:stop]),
-            "metrics": sorted_columns.metrics.rows(start, stop),
+            "metrics": local.metrics.rows(0, rows),
             "sequence_number_ordinal": pa.array(self.ordinal[start:stop]),
             "time_since_first": pa.array(self.time_since_first[start:stop]),
             "time_diff": pa.array(self.time_diff[start:stop]),
             "not_terminal": pa.array(has_next),
-            "next_state_features": sorted_columns.state_features.gather(
-                np.arange(start + 1, stop + 1), has_next
-            ),
+            "next_state_features": local.state_features.gather(np.arange(1, rows + 1), has_next),
         }
-        columns |= self._action_columns(start, stop)
+        columns |= self._action_columns(local, start, stop)
         if self.n_step > 1:
-            columns |= self._n_step_columns(start, stop)
+            columns |= self._n_step_columns(local, start, stop)
         return pa.Table.from_arrays(
             [columns[field.name].cast(field.type) for field in self.schema], schema=self.schema
         )
@@ -541,33 +550,31 @@ class _TimelineRows:
         masks[~self.episodes.has_next[positions]] = 0
         return masks
 
-    def _action_columns(self, start: int, stop: int) -> dict[str, pa.Array]:
+    def _action_columns(self, local: _CopiedColumns, start: int, stop: int) -> dict[str, pa.Array]:
         import pyarrow as pa
 
         has_next = self.episodes.has_next[start:stop]
-        following = np.arange(start + 1, stop + 1)
         if self.action_type is ActionType.DISCRETE:
             index = self.actions.index
+            following = np.minimum(np.arange(start + 1, stop + 1), self.episodes.rows - 1)
             return {
                 "action": pa.array(index[start:stop]),
                 "possible_actions": _masks(self.actions.masks[start:stop]),
-                "next_action": pa.array(
-                    index[np.minimum(following, self.episodes.rows - 1)], mask=~has_next
-                ),
+                "next_action": pa.array(index[following], mask=~has_next),
                 "possible_next_actions": _masks(self._next_masks(np.arange(start, stop))),
             }
-        action = self.columns.action
+        following = np.arange(1, stop - start + 1)
         columns = {
-            "action": action.rows(start, stop),
-            "next_action": action.gather(following, has_next, empty=False),
+            "action": local.action.rows(0, stop - start),
+            "next_action": local.action.gather(following, has_next, empty=False),
         }
         if self.action_type is ActionType.PARAMETRIC:
-            possible = self.columns.possible_actions
-            columns["possible_actions"] = possible.rows(start, stop)
+            possible = local.possible_actions
+            columns["possible_actions"] = possible.rows(0, stop - start)
             columns["possible_next_actions"] = possible.gather(following, has_next)
         return columns
 
-    def _n_step_columns(self, start: int, stop: int) -> dict[str, pa.Array]:
+    def _n_step_columns(self, local: _CopiedColumns, start: int, stop: int) -> dict[str, pa.Array]:
         """Arrays of the values of rows t .. t+n-1 of the episode (fewer near its end)."""
         import pyarrow as pa
 
@@ -582,18 +589,19 @@ class _TimelineRows:
             np.arange(offsets[-1]) - np.repeat(offsets[:-1], counts)
         )
         has_next = episodes.has_next[flat]
+        following = flat - start + 1
         arrays = pa.array(offsets)
         columns = {
             "next_n_rewards": pa.array(self.reward[flat]),
             "next_n_time_diffs": pa.array(self.time_diff[flat]),
-            "next_n_state_features": self.columns.state_features.gather(flat + 1, has_next),
+            "next_n_state_features": local.state_features.gather(following, has_next),
             "next_n_not_terminal": pa.array(has_next),
         }
         if self.action_type is ActionType.DISCRETE:
             columns["next_n_possible_next_actions"] = _masks(self._next_masks(flat))
         elif self.action_type is ActionType.PARAMETRIC:
-            possible = self.columns.possible_actions
-            columns["next_n_possible_next_actions"] = possible.gather(flat + 1, has_next)
+            possible = local.possible_actions
+            columns["next_n_possible_next_actions"] = possible.gather(following, has_next)
         return {name: pa.ListArray.from_arrays(arrays, values) for name, values in columns.items()}
 
 
