@@ -17,8 +17,9 @@ trainer cannot tell them apart and a run folder records training the same way:
   samples from between steps of play with ``train_sampled``. Normalization is fixed while
   training, so ``prepare`` runs the state preprocessor over epoch data once, and its batches
   carry the output beside the raw features (the batch schema's ``*_preprocessed``).
-- threads: ``[trainer] threads`` (``resolve_threads``: one for a small network) is the CPU
-  thread count of ``train_epochs``, and of a host's whole run under ``torch_threads()``.
+- threads: ``[trainer] threads`` (``resolve_threads``: one for a small network) is torch's CPU
+  thread count while ``train_epochs`` runs (``torch_threads``); a host that trains between
+  other work, as the gym runner does between steps of play, sets ``threads`` for its run.
 - epochs: ``end_epoch`` averages the epoch's metrics (``Training/<name>``), evaluates the
   trainer on the eval data when there is some (``Evaluation/<name>``), runs the per-epoch
   estimators (``CPE/<label>/<estimate>``), writes a checkpoint and calls
