@@ -29,11 +29,11 @@ default, as ``[trainer] threads = "auto"`` picks for these networks):
   (``torch.optim.Adam`` imports ``torch._dynamo`` then), the trainer's against torch's; its
   ratio is of seconds, lower is better.
 
-The sides run in interleaved blocks (A B, then B A, ...) so that the load of a shared machine
-falls on both alike; each row prints the medians and ranges of the blocks' rates, the ratio of
-the medians (ours / bare, above 1 is faster) and the range of the blocks' own ratios, then a
-line ``RESULT name=... ours=... baseline=... ratio=... unit=...`` to build a table from
-(baseline: the bare PyTorch loop).
+The sides run in interleaved blocks (A B C, then B C A, ...) so that the load of a shared
+machine falls on all alike; each row prints the medians and ranges of the blocks' rates and the
+median and range of the blocks' ratios (ours / bare, above 1 is faster: each block's sides run
+within seconds of each other), then a line ``RESULT name=... ours=... baseline=... ratio=...
+unit=...`` to build a table from (baseline: the bare PyTorch loop).
 
 ``--threads-sweep`` times a synthetic double-DQN update at growing sizes on one thread and on
 torch's default, interleaved: how ``[trainer] threads = "auto"`` was chosen
@@ -243,9 +243,9 @@ def timed(run: Callable[[], int], repeats: int = 1) -> Callable[[], tuple[int, f
 
 
 def report(name: str, what: str, rates: dict[str, list[float]], unit: str, goal: float) -> None:
-    """The row: medians and ranges of the sides, the ratios of ours to each bare loop (of the
-    medians, and the range of the blocks' own), then its RESULT line (baseline: the bare
-    PyTorch loop)."""
+    """The row: medians and ranges of the sides, the ratio of ours to each bare loop (the median
+    and range of the blocks' own ratios: each pairs runs a second apart, under the same load),
+    then its RESULT line (baseline: the bare PyTorch loop)."""
     labels = {
         "ours": "ours",
         "bare": "bare loop, torch.optim.Adam(foreach=True)",
@@ -260,7 +260,7 @@ def report(name: str, what: str, rates: dict[str, list[float]], unit: str, goal:
     ratios = {}
     for side in ("bare", "bare_same_optimizer"):
         blocks = [a / b for a, b in zip(rates["ours"], rates[side], strict=True)]
-        ratios[side] = (median["ours"] / median[side], min(blocks), max(blocks))
+        ratios[side] = (statistics.median(blocks), min(blocks), max(blocks))
     (ratio, low, high), same = ratios["bare"], ratios["bare_same_optimizer"]
     lines.append(
         f"  ratio {ratio:.2f} [blocks {low:.2f} - {high:.2f}], goal >= {goal}; against the bare "
@@ -409,16 +409,16 @@ def threads_sweep(sizes: Sequence[tuple[int, int]], blocks: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=1370, help="random CartPole episodes")
-    parser.add_argument("--blocks", type=int, help="interleaved blocks per row (default 5)")
-    parser.add_argument("--epochs", type=int, help="epochs per block of an update row (3)")
+    parser.add_argument("--blocks", type=int, help="interleaved blocks per row (default 9)")
+    parser.add_argument("--epochs", type=int, help="epochs per block of an update row (2)")
     parser.add_argument("--stage-epochs", type=int, help="epochs of the stage row (20)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--quick", action="store_true", help="3 blocks, 2 epochs per block")
+    parser.add_argument("--quick", action="store_true", help="5 blocks, 1 epoch per block")
     parser.add_argument("--rows", help="comma-separated rows to run (default: all)")
     parser.add_argument("--threads-sweep", action="store_true", help="only the threads sweep")
     args = parser.parse_args()
-    blocks = args.blocks or (3 if args.quick else 5)
-    epochs = args.epochs or (2 if args.quick else 3)
+    blocks = args.blocks or (5 if args.quick else 9)
+    epochs = args.epochs or (1 if args.quick else 2)
     stage_epochs = args.stage_epochs or 20
     if args.threads_sweep:
         sizes = [(128, 256), (128, 1024), (256, 1024), (512, 1024), (512, 4096), (1024, 2048)]
