@@ -307,8 +307,7 @@ def test_same_table_as_the_local_engine(tmp_path, action_type):
         manifest = run(tmp_path / engine, source, {**timeline, "engine": engine}, "quarantine")
         stages[engine] = manifest["stages"]["timeline"]
         del stages[engine]["seconds"], stages[engine]["import_seconds"]
-            del stages[engine]["details"]["engine"]
-        del stages[engine]["run_id"]
+        del stages[engine]["details"]["engine"], stages[engine]["run_id"]
     assert stages["spark"] == stages["local"]
     assert stages["local"]["rows_out"] > 300
     assert stages["local"]["dropped"]["truncated"] > 10
