@@ -227,7 +227,8 @@ class LocalTimeline(TimelineTransform):
             limit = np.percentile(episodes.lengths, config.outlier_episode_length_percentile)
             drop(episodes.lengths[episodes.episode] > limit, "outlier_episode")
         if config.time_window_limit is not None:
-            drop(episodes.time_since_first > config.time_window_limit, "time_window")
+            time_since_first = episodes.time_since_first(0, episodes.rows)
+            drop(time_since_first > config.time_window_limit, "time_window")
         drop(episodes.cut, "truncated")
         if not config.add_terminal_state_row:
             drop(~episodes.has_next, "terminal_row")
@@ -270,18 +271,23 @@ class _Episodes:
     def rows(self) -> int:
         return len(self.sequence)
 
-    @property
-    def ordinal(self) -> np.ndarray:
-        return np.arange(self.rows) - self.starts[self.episode] + 1
+    # The per-row columns below are computed for a range of positions, by the row group that
+    # writes them (on its thread), rather than for every row up front.
 
-    @property
-    def time_since_first(self) -> np.ndarray:
-        return self.sequence - self.sequence[self.starts[self.episode]]
+    def ordinal(self, start: int, stop: int) -> np.ndarray:
+        return np.arange(start, stop) - self.starts[self.episode[start:stop]] + 1
 
-    @property
-    def time_diff(self) -> np.ndarray:
-        time_diff = np.zeros(self.rows, dtype=np.int64)
-        time_diff[self.has_next] = np.diff(self.sequence)[self.has_next[:-1]]
+    def time_since_first(self, start: int, stop: int) -> np.ndarray:
+        first = self.sequence[self.starts[self.episode[start:stop]]]
+        return self.sequence[start:stop] - first
+
+    def time_diff(self, start: int, stop: int) -> np.ndarray:
+        """The next row's sequence number minus this one's; 0 where the episode ends."""
+        time_diff = np.zeros(stop - start, dtype=np.int64)
+        following = self.sequence[start + 1 : stop + 1]
+        ends = len(following)
+        time_diff[:ends] = following - self.sequence[start : start + ends]
+        time_diff[~self.has_next[start:stop]] = 0
         return time_diff
 
 
@@ -365,7 +371,7 @@ class _DenseMaps:
         width = int(offsets[1] - offsets[0])
         first, count = int(offsets[0]), int(offsets[-1] - offsets[0])
         keys, items = array.keys.slice(first, count), array.items.slice(first, count)
-        if width == 0 or items.null_count or np.any(np.diff(offsets) != width):
+        if width == 0 or items.null_count or not _steps_by(offsets, width):
             return None
         if not _same_strings_every(keys, width):
             return None
@@ -397,6 +403,19 @@ class _DenseMaps:
         return self._maps(values, lengths, None if empty else ~present)
 
 
+CHECKED_AT_ONCE = 1 << 16
+"""Rows the dense-map checks compare at a time: their temporaries stay in the cache, where
+whole-column ones would be fresh memory as large as the column."""
+
+
+def _steps_by(offsets: np.ndarray, step: int) -> bool:
+    """Whether each of ``offsets`` is ``step`` more than the one before."""
+    for start in range(0, len(offsets) - 1, CHECKED_AT_ONCE):
+        if np.any(np.diff(offsets[start : start + CHECKED_AT_ONCE + 1]) != step):
+            return False
+    return True
+
+
 def _same_strings_every(keys: pa.Array, width: int) -> bool:
     """Whether ``keys`` (a string array) repeats its first ``width`` strings throughout.
 
@@ -409,15 +428,22 @@ def _same_strings_every(keys: pa.Array, width: int) -> bool:
         return False
     _, offsets_buffer, data_buffer = keys.buffers()
     offsets = np.frombuffer(offsets_buffer, dtype=np.int32)[keys.offset :][: len(keys) + 1]
-    lengths = np.diff(offsets).reshape(-1, width)
-    if np.any(lengths != lengths[0]):
+    lengths = np.diff(offsets[: width + 1])
+    row_bytes = int(lengths.sum())
+    if not _steps_by(offsets[::width], row_bytes):
         return False
-    row_bytes = int(lengths[0].sum())
     if row_bytes == 0:
         return True
-    data = np.frombuffer(data_buffer, dtype=np.uint8)[offsets[0] : offsets[-1]]
-    rows = data.reshape(-1, row_bytes)
-    return bool(np.all(rows == rows[0]))
+    data = np.frombuffer(data_buffer, dtype=np.uint8)
+    first_row = data[offsets[0] : offsets[0] + row_bytes]
+    entries = CHECKED_AT_ONCE * width
+    for start in range(0, len(offsets) - 1, entries):
+        block = offsets[start : start + entries + 1]
+        if np.any(np.diff(block).reshape(-1, width) != lengths):
+            return False
+        if np.any(data[block[0] : block[-1]].reshape(-1, row_bytes) != first_row):
+            return False
+    return True
 
 
 @dataclass
@@ -500,9 +526,6 @@ class _TimelineRows:
         self.reward = reward
         self.actions = actions
         self.schema = timeline_schema(action_type, n_step)
-        self.ordinal = episodes.ordinal
-        self.time_since_first = episodes.time_since_first
-        self.time_diff = episodes.time_diff
 
     def rows_at(self, positions: np.ndarray) -> pa.Table:
         import pyarrow as pa
@@ -520,9 +543,12 @@ class _TimelineRows:
         import pyarrow as pa
 
         # Positions below are relative to ``start``; ``local`` holds rows from there on.
-        local = self.columns.take(self.order[start : min(stop + self.n_step, len(self.order))])
+        reach = min(stop + self.n_step, len(self.order))
+        local = self.columns.take(self.order[start:reach])
         rows = stop - start
-        has_next = self.episodes.has_next[start:stop]
+        episodes = self.episodes
+        has_next = episodes.has_next[start:stop]
+        time_diff = episodes.time_diff(start, reach)
         columns = {
             "ds": local.ds.rows(0, rows),
             "mdp_id": local.mdp_id.rows(0, rows),
@@ -531,15 +557,15 @@ class _TimelineRows:
             "action_probability": local.action_probability.rows(0, rows),
             "reward": pa.array(self.reward[start:stop]),
             "metrics": local.metrics.rows(0, rows),
-            "sequence_number_ordinal": pa.array(self.ordinal[start:stop]),
-            "time_since_first": pa.array(self.time_since_first[start:stop]),
-            "time_diff": pa.array(self.time_diff[start:stop]),
+            "sequence_number_ordinal": pa.array(episodes.ordinal(start, stop)),
+            "time_since_first": pa.array(episodes.time_since_first(start, stop)),
+            "time_diff": pa.array(time_diff[:rows]),
             "not_terminal": pa.array(has_next),
             "next_state_features": local.state_features.gather(np.arange(1, rows + 1), has_next),
         }
         columns |= self._action_columns(local, start, stop)
         if self.n_step > 1:
-            columns |= self._n_step_columns(local, start, stop)
+            columns |= self._n_step_columns(local, start, stop, time_diff)
         return pa.Table.from_arrays(
             [columns[field.name].cast(field.type) for field in self.schema], schema=self.schema
         )
@@ -574,14 +600,17 @@ class _TimelineRows:
             columns["possible_next_actions"] = possible.gather(following, has_next)
         return columns
 
-    def _n_step_columns(self, local: _CopiedColumns, start: int, stop: int) -> dict[str, pa.Array]:
-        """Arrays of the values of rows t .. t+n-1 of the episode (fewer near its end)."""
+    def _n_step_columns(
+        self, local: _CopiedColumns, start: int, stop: int, time_diff: np.ndarray
+    ) -> dict[str, pa.Array]:
+        """Arrays of the values of rows t .. t+n-1 of the episode (fewer near its end);
+        ``local`` and ``time_diff`` hold the rows from ``start`` on, as far as windows reach."""
         import pyarrow as pa
 
         episodes = self.episodes
         # A cut episode's last row is no step of a window: its next state was never observed.
         usable = episodes.lengths - episodes.cut[episodes.starts + episodes.lengths - 1]
-        remaining = usable[episodes.episode[start:stop]] - (self.ordinal[start:stop] - 1)
+        remaining = usable[episodes.episode[start:stop]] - (episodes.ordinal(start, stop) - 1)
         counts = np.minimum(remaining, self.n_step)
         offsets = np.zeros(stop - start + 1, dtype=np.int32)
         np.cumsum(counts, out=offsets[1:])
@@ -593,7 +622,7 @@ class _TimelineRows:
         arrays = pa.array(offsets)
         columns = {
             "next_n_rewards": pa.array(self.reward[flat]),
-            "next_n_time_diffs": pa.array(self.time_diff[flat]),
+            "next_n_time_diffs": pa.array(time_diff[flat - start]),
             "next_n_state_features": local.state_features.gather(following, has_next),
             "next_n_not_terminal": pa.array(has_next),
         }
