@@ -2,24 +2,31 @@
 
 Every step is a Spark expression, so the rows stay on the executors from the read of
 ``source/rows.parquet`` to the write of ``timeline/train`` and ``timeline/eval``; the driver
-sees counts, the outlier percentile and at most ``BAD_ROWS_SHOWN`` example rows.
+sees a sample of episode ids, the outlier percentile, the counts and at most
+``BAD_ROWS_SHOWN`` example rows.
 
-The plan, in the contract's order:
+The plan, in the contract's order, as one Spark job after two small ones:
 
 1. rows the transform cannot use (an action or possible action not in ``actions``, no reward)
    are set aside, with their reasons, before any window sees them;
-2. one window per episode (``mdp_id`` ordered by ``sequence_number``) gives the next row's
-   values, the ordinal, the time since the first row and the episode length; a second,
-   over the same partitioning and order (so no second shuffle), gathers the n-step arrays;
+2. the usable rows are shuffled once, each episode to the partition of its range of
+   ``mdp_id``; one window per episode (ordered by ``sequence_number``) then gives the next
+   row's values, the ordinal, the time since the first row and the n-step arrays, and the
+   partitions come out of the window's own sort in the order the files must have;
 3. the filters (outlier episodes, time window, an episode's last row cut by a time limit,
-   terminal rows) then only label rows, so that a kept row keeps its real next state, and
-   every dropped row is counted by reason;
-4. the labelled frame is persisted once: the counts, the percentile and both splits' writes
-   read it instead of recomputing the windows.
+   terminal rows) label rows rather than remove them early, so that a kept row keeps its real
+   next state, and every dropped row is counted by reason;
+4. one write, partitioned by split, writes both splits, while Spark observes the counts on
+   the way (``Observation``): nothing is cached, and no row is read or shuffled twice.
+
+The two small jobs before it read only ``mdp_id``: a sample that sets the episode ranges, and,
+when ``outlier_episode_length_percentile`` is set, the episode lengths for the percentile.
 """
 
 from __future__ import annotations
 
+import math
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,7 +43,7 @@ from horizon_engine import (
 from horizon_plugins_spark.session import SparkOptions, hadoop_path, spark_session
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, WindowSpec
+    from pyspark.sql import Column, DataFrame, SparkSession, WindowSpec
     from pyspark.sql.types import StructType
 
     from horizon_engine import RunContext
@@ -44,14 +51,25 @@ if TYPE_CHECKING:
 ROW_INDEX = "_row_index"
 REJECT_KIND = "_reject_kind"
 REJECT_REASON = "_reject_reason"
+REJECT_KINDS = ("missing_reward", "unknown_action")
 DROP_REASON = "_drop_reason"
 IS_EVAL = "_is_eval"
+"""The split of a row, and the column the write partitions the files by."""
+SPLIT_FOLDERS = {"train": f"{IS_EVAL}=false", "eval": f"{IS_EVAL}=true"}
+"""Each split's folder as Spark's partitioned write names it."""
+EPISODE_RANGE = "_episode_range"
+"""The partition of a row: which of the sorted ranges of ``mdp_id`` its episode falls in."""
 EPISODE_LENGTH = "_episode_length"
 CUT = "_cut"
 """True on the last row of an episode that a time limit cut short (``truncated``)."""
 # The pre-timeline columns after the transform's own conversions, beside the originals so a
 # rejected row is quarantined as it came.
 ACTION, POSSIBLE, REWARD = "_action", "_possible", "_reward"
+PARTITION_BYTES = 64 * 2**20
+"""Parquet bytes of rows per partition, at most: Spark's advisory partition size. The rows
+shuffled are about 1.6 times their Parquet size (4 features, 2 actions)."""
+SAMPLE_PER_PARTITION = 100
+"""Episode ids sampled per partition to set the ranges (Spark's own range sampling: 100)."""
 
 
 class SparkTimelineConfig(TimelineConfig):
@@ -76,7 +94,7 @@ class SparkTimeline(TimelineTransform):
         action_type: ActionType,
         quarantine: bool,
     ) -> TimelineResult:
-        from pyspark import StorageLevel
+        from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
         spark = spark_session(self.config.spark)
@@ -84,51 +102,98 @@ class SparkTimeline(TimelineTransform):
         source = spark.read.parquet(hadoop_path(rows, reading=True))
         originals = source.columns
         checked = plan.check(source.select("*", F.col("_metadata.row_index").alias(ROW_INDEX)))
-        kinds = checked.groupBy(REJECT_KIND).count().collect()
-        rows_in = sum(row["count"] for row in kinds)
-        rejected = {row[REJECT_KIND]: row["count"] for row in kinds if row[REJECT_KIND]}
+        usable = checked.where(F.col(REJECT_KIND).isNull())
+        intake = Observation("timeline intake")
+        observed = checked.observe(
+            intake,
+            F.count(F.lit(1)).alias("rows"),
+            *(F.count_if(F.col(REJECT_KIND) == kind).alias(kind) for kind in REJECT_KINDS),
+        )
+        ranges = _episode_ranges(source, _partitions(spark, rows), run.seed)
+        timeline = plan.timeline(observed.where(F.col(REJECT_KIND).isNull()), ranges)
+        labelled = timeline.withColumn(DROP_REASON, plan.drop_reason(plan.outlier_limit(usable)))
+        tally = Observation("timeline tally")
+        kept = F.col(DROP_REASON).isNull()
+        first = F.col("sequence_number_ordinal") == 1
+        counted = labelled.observe(
+            tally,
+            *(F.count_if(F.col(DROP_REASON) == reason).alias(reason) for reason in plan.reasons),
+            *(
+                F.count_if(kept & (F.col(IS_EVAL) == is_eval) & where).alias(f"{name}_{what}")
+                for name, is_eval in (("train", False), ("eval", True))
+                # An episode keeps a row if and only if it keeps its first row: no filter
+                # drops a first row but with the whole episode, or as an episode's only row.
+                for what, where in (("rows", F.lit(True)), ("episodes", first))
+            ),
+        )
+        plan.write(counted.where(kept), output)
+        counts = tally.get
+        intake_counts = intake.get
+        rejected = {kind: intake_counts[kind] for kind in REJECT_KINDS if intake_counts[kind]}
         examples: list[BadRow] = []
         if rejected:
             bad = checked.where(F.col(REJECT_KIND).isNotNull())
             examples = _examples(bad, originals, str(rows))
             if quarantine:
                 _write_quarantine(bad, originals, str(rows), output / "quarantine")
-        usable = checked.where(F.col(REJECT_KIND).isNull())
-        timeline = plan.timeline(usable).persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            labelled = timeline.withColumn(DROP_REASON, plan.drop_reason(timeline))
-            tallies = (
-                labelled.groupBy(DROP_REASON, IS_EVAL)
-                .agg(F.count(F.lit(1)).alias("rows"), F.countDistinct("mdp_id").alias("episodes"))
-                .collect()
-            )
-            for split, is_eval in (("train", False), ("eval", True)):
-                split_rows = labelled.where(
-                    F.col(DROP_REASON).isNull() & (F.col(IS_EVAL) == is_eval)
-                )
-                plan.write(split_rows, output / split)
-        finally:
-            timeline.unpersist()
-        kept = {row[IS_EVAL]: row for row in tallies if row[DROP_REASON] is None}
-        dropped: dict[str, int] = {}
-        for row in tallies:
-            if row[DROP_REASON] is not None:
-                dropped[row[DROP_REASON]] = dropped.get(row[DROP_REASON], 0) + row["rows"]
-
-        def kept_count(is_eval: bool, what: str) -> int:
-            return kept[is_eval][what] if is_eval in kept else 0
-
         return TimelineResult(
-            rows_in=rows_in,
-            train_rows=kept_count(False, "rows"),
-            eval_rows=kept_count(True, "rows"),
-            train_episodes=kept_count(False, "episodes"),
-            eval_episodes=kept_count(True, "episodes"),
-            dropped=dropped,
+            rows_in=intake_counts["rows"],
+            train_rows=counts["train_rows"],
+            eval_rows=counts["eval_rows"],
+            train_episodes=counts["train_episodes"],
+            eval_episodes=counts["eval_episodes"],
+            dropped={reason: counts[reason] for reason in plan.reasons if counts[reason]},
             rejected=rejected,
             examples=examples,
             n_step=self.config.window,
         )
+
+
+def _partitions(spark: SparkSession, rows: Path) -> int:
+    """How many partitions the timeline is built in: about what adaptive execution would
+    coalesce the shuffle of these rows to.
+
+    The session's default parallelism, or more where the rows, as Parquet on disk, are larger
+    than that many ``PARTITION_BYTES``. Chosen here because the shuffle is one that adaptive
+    execution leaves as it is (``repartitionById``), and ``spark.sql.shuffle.partitions``
+    (200 by default) is far too many for a local session and too few for a large table.
+    """
+    files = [rows] if rows.is_file() else [path for path in rows.rglob("*") if path.is_file()]
+    size = sum(path.stat().st_size for path in files)
+    return max(spark.sparkContext.defaultParallelism, math.ceil(size / PARTITION_BYTES))
+
+
+def _episode_ranges(rows: DataFrame, partitions: int, seed: int) -> list[str]:
+    """``mdp_id`` values that cut the rows into ``partitions`` ranges of about as many rows.
+
+    From a sample of the rows' ``mdp_id`` alone, which Spark reads without the other columns:
+    what ``repartitionByRange`` would sample, but it samples the whole rows it is given. The
+    sample is seeded, so a run's files hold the same rows each time.
+    """
+    from pyspark.sql import functions as F
+
+    sample = (
+        rows.select("mdp_id")
+        .orderBy(F.rand(seed))
+        .limit(SAMPLE_PER_PARTITION * partitions)
+        .collect()
+    )
+    ids = sorted(row["mdp_id"] for row in sample)
+    cuts = {ids[len(ids) * part // partitions] for part in range(1, partitions)} if ids else set()
+    return sorted(cuts)
+
+
+def _range_of(column: Column, bounds: list[str], first: int = 0) -> Column:
+    """The index of the range ``column`` falls in: how many of the sorted ``bounds`` are below
+    it. A binary search, so each row compares ``log2(len(bounds))`` strings."""
+    from pyspark.sql import functions as F
+
+    if not bounds:
+        return F.lit(first)
+    middle = len(bounds) // 2
+    return F.when(
+        column <= F.lit(bounds[middle]), _range_of(column, bounds[:middle], first)
+    ).otherwise(_range_of(column, bounds[middle + 1 :], first + middle + 1))
 
 
 class _TimelinePlan:
@@ -210,19 +275,34 @@ class _TimelinePlan:
             extra.append(possible.alias(POSSIBLE))
         return rows.select("*", *extra, kind.alias(REJECT_KIND), reason.alias(REJECT_REASON))
 
-    def timeline(self, rows: DataFrame) -> DataFrame:
-        """The timeline columns of the usable rows, the split, and the columns the filters use."""
+    def timeline(self, rows: DataFrame, ranges: list[str]) -> DataFrame:
+        """The timeline columns of the usable rows, the split, and the columns the filters use.
+
+        The rows are shuffled once, by the range of ``mdp_id`` their episode falls in (the
+        ``ranges`` bounds): the window needs an episode's rows together, and the files need
+        the episodes in order. The window partitions by (split, episode, range), each a
+        function of ``mdp_id``, so its groups are the episodes, and the sort it makes for them,
+        by split and then ``mdp_id``, is the one the partitioned write needs, too.
+        """
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
-        episode = Window.partitionBy("mdp_id").orderBy("sequence_number")
-        whole = episode.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+        rows = rows.select(
+            "*",
+            self._is_eval().alias(IS_EVAL),
+            _range_of(F.col("mdp_id"), ranges).alias(EPISODE_RANGE),
+        ).repartitionById(len(ranges) + 1, EPISODE_RANGE)
+        episode = Window.partitionBy(IS_EVAL, "mdp_id", EPISODE_RANGE).orderBy("sequence_number")
         following = {
             "_next_sequence_number": "sequence_number",
             "_next_state": "state_features",
             "_next_action": ACTION,
             **({"_next_possible": POSSIBLE} if self.has_possible else {}),
         }
+        extra = []
+        if self.config.outlier_episode_length_percentile is not None:
+            whole = episode.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+            extra.append(F.count(F.lit(1)).over(whole).alias(EPISODE_LENGTH))
         rows = rows.select(
             "*",
             *(F.lead(column).over(episode).alias(name) for name, column in following.items()),
@@ -230,7 +310,7 @@ class _TimelinePlan:
             (F.col("sequence_number") - F.first("sequence_number").over(episode)).alias(
                 "time_since_first"
             ),
-            F.count(F.lit(1)).over(whole).alias(EPISODE_LENGTH),
+            *extra,
         )
         not_terminal = F.col("_next_sequence_number").isNotNull()
         columns = {
@@ -257,25 +337,22 @@ class _TimelinePlan:
         rows = rows.select("*", *(value.alias(name) for name, value in columns.items()))
         if self.config.window > 1:
             rows = self._n_step(rows, episode)
-        # Only what is written and what the filters read: the frame is cached as it is.
-        renamed = {"action": ACTION, "reward": REWARD, "possible_actions": POSSIBLE}
-        columns = [
-            F.col(renamed.get(field.name, field.name)).cast(field.dataType).alias(field.name)
-            for field in self.schema.fields
-        ]
-        return rows.select(*columns, EPISODE_LENGTH, CUT, self._is_eval().alias(IS_EVAL))
+        return rows
 
     def _n_step(self, rows: DataFrame, episode: WindowSpec) -> DataFrame:
         """The values of rows t .. t+n-1 of the episode, as arrays.
 
-        One ``collect_list`` of a struct per row: a struct is never null, so a null value
-        (a parametric row's unknown possible next actions) keeps its place in the array, where
-        ``collect_list`` of the bare column would skip it. A cut episode's last row contributes
-        a null, which ``collect_list`` skips: the windows end before it, as in the local engine.
+        Row t+k's value is ``lead(value, k)``, read where the window holds the row already
+        (``collect_list`` over a frame of n rows would copy each value n times, as objects).
+        Each array is then cut to the steps there are: the episode's rows, less a cut episode's
+        last row, which is no step (its next state was never observed), so the windows end
+        before it, as in the local engine. Such a row only ever ends an episode, so the steps
+        kept are always the first ones. A null value (a parametric row's unknown possible next
+        actions) keeps its place.
         """
         from pyspark.sql import functions as F
 
-        frame = episode.rowsBetween(0, self.config.window - 1)
+        window = self.config.window
         steps = {
             "next_n_rewards": REWARD,
             "next_n_time_diffs": "time_diff",
@@ -284,12 +361,23 @@ class _TimelinePlan:
         }
         if self.has_possible:
             steps["next_n_possible_next_actions"] = "possible_next_actions"
-        step = F.struct(*(F.col(column).alias(name) for name, column in steps.items()))
-        step = F.when(~F.col(CUT), step)
-        rows = rows.withColumn("_steps", F.collect_list(step).over(frame))
+        is_step = ~F.col(CUT)
+        following = [
+            F.coalesce(F.lead(is_step, k).over(episode), F.lit(False)) for k in range(1, window)
+        ]
+        length = sum((step.cast("int") for step in following), is_step.cast("int"))
         return rows.select(
             "*",
-            *(F.col(f"_steps.{name}").alias(name) for name in steps),
+            *(
+                F.slice(
+                    F.array(
+                        F.col(column), *(F.lead(column, k).over(episode) for k in range(1, window))
+                    ),
+                    1,
+                    length,
+                ).alias(name)
+                for name, column in steps.items()
+            ),
         )
 
     def _is_eval(self) -> Column:
@@ -300,29 +388,45 @@ class _TimelinePlan:
         value = F.conv(F.substring(digest, 1, 8), 16, 10).cast("double") / float(2**32)
         return value < F.lit(self.config.eval_fraction)
 
-    def drop_reason(self, rows: DataFrame) -> Column:
+    @property
+    def reasons(self) -> list[str]:
+        """The filters' reasons to drop a row, in the order they decide."""
+        config = self.config
+        return [
+            *(["outlier_episode"] if config.outlier_episode_length_percentile is not None else []),
+            *(["time_window"] if config.time_window_limit is not None else []),
+            "truncated",
+            *([] if config.add_terminal_state_row else ["terminal_row"]),
+        ]
+
+    def outlier_limit(self, rows: DataFrame) -> float | None:
+        """The episode length above which an episode is an outlier (None: no such filter, or
+        no rows), from the episode lengths alone: a job that reads only ``mdp_id``."""
+        from pyspark.sql import functions as F
+
+        percentile = self.config.outlier_episode_length_percentile
+        if percentile is None:
+            return None
+        lengths = rows.groupBy("mdp_id").count()
+        return lengths.agg(F.percentile("count", F.lit(percentile / 100))).first()[0]
+
+    def drop_reason(self, outlier_limit: float | None) -> Column:
         """Why a row is left out of the timeline (null: kept), the first filter deciding."""
         from pyspark.sql import functions as F
 
-        reasons: list[tuple[Column, str]] = []
-        percentile = self.config.outlier_episode_length_percentile
-        if percentile is not None:
-            limit = (
-                rows.where(F.col("sequence_number_ordinal") == 1)
-                .agg(F.percentile(EPISODE_LENGTH, F.lit(percentile / 100)))
-                .first()[0]
-            )
-            if limit is not None:
-                reasons.append((F.col(EPISODE_LENGTH) > F.lit(limit), "outlier_episode"))
-        if self.config.time_window_limit is not None:
-            limit = self.config.time_window_limit
-            reasons.append((F.col("time_since_first") > F.lit(limit), "time_window"))
-        reasons.append((F.col(CUT), "truncated"))
-        if not self.config.add_terminal_state_row:
-            reasons.append((~F.col("not_terminal"), "terminal_row"))
+        found = {
+            "outlier_episode": (
+                F.col(EPISODE_LENGTH) > F.lit(outlier_limit)
+                if outlier_limit is not None
+                else F.lit(False)
+            ),
+            "time_window": F.col("time_since_first") > F.lit(self.config.time_window_limit),
+            "truncated": F.col(CUT),
+            "terminal_row": ~F.col("not_terminal"),
+        }
         reason = F.lit(None).cast("string")
-        for dropped, name in reversed(reasons):
-            reason = F.when(dropped, F.lit(name)).otherwise(reason)
+        for name in reversed(self.reasons):
+            reason = F.when(found[name], F.lit(name)).otherwise(reason)
         return reason
 
     @property
@@ -334,18 +438,50 @@ class _TimelinePlan:
 
         return from_arrow_schema(timeline_schema(self.action_type, self.config.window))
 
-    def write(self, rows: DataFrame, folder: Path) -> None:
-        """Write rows in the timeline schema, sorted by (mdp_id, sequence_number) across files.
+    def write(self, rows: DataFrame, output: Path) -> None:
+        """Write ``output/train`` and ``output/eval`` in the timeline schema, each sorted by
+        (mdp_id, sequence_number) across its files, in one partitioned write.
 
-        Spark writes a column as NOT NULL when its expression cannot be null (``not_terminal``,
-        the n-step arrays...). A union with an empty frame of the nullable schema makes every
-        column nullable, as in ``timeline_schema``, so both engines' files have one schema.
+        The rows come sorted by split, then episode, within each partition, and the partitions
+        in episode order, so Spark writes them as they come, with no sort. Spark writes a
+        column as NOT NULL when its expression cannot be null (``not_terminal``, the n-step
+        arrays...): every column is ``_nullable``, so both engines' files have one schema. A
+        split without rows gets a file with the schema alone, as the local engine writes.
         """
+        from pyspark.sql import functions as F
+
         schema = self.schema
+        renamed = {"action": ACTION, "reward": REWARD, "possible_actions": POSSIBLE}
+        columns = [
+            _nullable(F.col(renamed.get(field.name, field.name)).cast(field.dataType)).alias(
+                field.name
+            )
+            for field in schema.fields
+        ]
+        written = output / "_splits"
+        rows.select(*columns, IS_EVAL).write.partitionBy(IS_EVAL).parquet(hadoop_path(written))
         session = rows.sparkSession
-        nullable = session.createDataFrame(session.sparkContext.emptyRDD(), schema)
-        table = rows.select(*schema.fieldNames()).unionByName(nullable)
-        table.orderBy("mdp_id", "sequence_number").write.parquet(hadoop_path(folder))
+        for split, folder in SPLIT_FOLDERS.items():
+            if (written / folder).is_dir():
+                (written / folder).rename(output / split)
+            else:
+                empty = session.createDataFrame([], schema)
+                empty.write.parquet(hadoop_path(output / split))
+        shutil.rmtree(written)
+
+
+def _nullable(column: Column) -> Column:
+    """``column``, as an expression Spark cannot prove non-null: it writes such a column as
+    nullable, and arrays of it with nullable items.
+
+    ``sequence_number_ordinal > 0`` holds on every row (``row_number`` starts at 1), but no
+    optimizer rule folds it. A cast to the nullable type does not do this (Spark removes a
+    cast that only widens nullability), and a union with an empty frame of the nullable
+    schema, which does, hides the rows' order from the write, which would sort them again.
+    """
+    from pyspark.sql import functions as F
+
+    return F.when(F.col("sequence_number_ordinal") > 0, column)
 
 
 def _records(bad: DataFrame, originals: list[str], rows: str) -> DataFrame:
