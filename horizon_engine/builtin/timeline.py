@@ -77,40 +77,41 @@ class LocalTimeline(TimelineTransform):
         action_type: ActionType,
         quarantine: bool,
     ) -> TimelineResult:
+        from concurrent.futures import ThreadPoolExecutor
+
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
         config = self.config
         # One chunk per column: Arrow's take on a many-chunked column resolves chunks per row.
-        # ParquetFile.read makes a chunk per row group (read_table one per batch of 128k rows),
-        # so a file of one row group is not copied again to combine its chunks.
+        # ParquetFile.read makes one (read_table one per batch of 128k rows, to be copied).
         table = pq.ParquetFile(rows, memory_map=True).read().combine_chunks()
-        rejections = _Rejections.none(table.num_rows)
-        reward = self._reward(table, rejections)
-        actions = (
-            self._discrete_actions(table, rejections)
-            if action_type is ActionType.DISCRETE
-            else None
-        )
+        # Three independent pieces of work, two on a pool and one here (Arrow and numpy release
+        # the GIL): the rows the transform cannot use, the columns the output copies, and the
+        # order of every row by (split, episode, sequence number), rejected rows left out after.
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            checked = pool.submit(self._checked, table, action_type)
+            mdp_ids = pc.dictionary_encode(_single_array(table["mdp_id"]))
+            copied = pool.submit(_CopiedColumns.of, table, action_type, mdp_ids)
+            codes = mdp_ids.indices.to_numpy()
+            episode_names = mdp_ids.dictionary
+            rank = pc.rank(episode_names, sort_keys="ascending").to_numpy(zero_copy_only=False)
+            eval_episode = eval_episodes(run.seed, episode_names.to_pylist(), config.eval_fraction)
+            # Eval episodes sort after every train episode, so each split is one run of sorted
+            # positions and a row group's rows lie between its first and last position.
+            split_rank = rank.astype(np.int64) + eval_episode * len(rank)
+            sequence = table["sequence_number"].to_numpy()
+            every_row = sort_episodes(split_rank[codes], sequence)
+            rejections, reward, actions = checked.result()
+            columns = copied.result()
         examples = self._examples(rows, table, rejections, quarantine, output)
-
-        mdp_ids = pc.dictionary_encode(_single_array(table["mdp_id"]))
-        codes = mdp_ids.indices.to_numpy()
-        episode_names = mdp_ids.dictionary
-        rank = pc.rank(episode_names, sort_keys="ascending").to_numpy(zero_copy_only=False)
-        eval_episode = eval_episodes(run.seed, episode_names.to_pylist(), config.eval_fraction)
-        # Eval episodes sort after every train episode, so each split is one run of sorted
-        # positions and a part of it is built from slices of the sorted columns.
-        split_rank = rank.astype(np.int64) + eval_episode * len(rank)
-        sequence = table["sequence_number"].to_numpy()
-        kept = np.flatnonzero(~rejections.mask)
-        order = kept[sort_episodes(split_rank[codes[kept]], sequence[kept])]
+        order = every_row[~rejections.mask[every_row]]
         episodes = _Episodes.of(codes[order], sequence[order], _truncated(table)[order])
         survives, dropped = self._filters(episodes)
         is_eval = eval_episode[episodes.codes]
         sorted_actions = actions and _DiscreteActions(actions.index[order], actions.masks[order])
         builder = _TimelineRows(
-            _CopiedColumns.of(table, action_type, mdp_ids),
+            columns,
             order,
             action_type,
             config.window,
@@ -132,6 +133,19 @@ class LocalTimeline(TimelineTransform):
             examples=examples,
             n_step=config.window,
         )
+
+    def _checked(
+        self, table: pa.Table, action_type: ActionType
+    ) -> tuple[_Rejections, np.ndarray, _DiscreteActions | None]:
+        """The rows the transform cannot use, each row's reward, and discrete actions."""
+        rejections = _Rejections.none(table.num_rows)
+        reward = self._reward(table, rejections)
+        actions = (
+            self._discrete_actions(table, rejections)
+            if action_type is ActionType.DISCRETE
+            else None
+        )
+        return rejections, reward, actions
 
     def _reward(self, table: pa.Table, rejections: _Rejections) -> np.ndarray:
         if self.config.reward is not None:
