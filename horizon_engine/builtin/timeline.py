@@ -109,17 +109,8 @@ class LocalTimeline(TimelineTransform):
         episodes = _Episodes.of(codes[order], sequence[order], _truncated(table)[order])
         survives, dropped = self._filters(episodes)
         is_eval = eval_episode[episodes.codes]
-        sorted_actions = actions and _DiscreteActions(
-            actions.index[order], np.take(actions.masks, order, axis=0)
-        )
         builder = _TimelineRows(
-            columns,
-            order,
-            action_type,
-            config.window,
-            episodes,
-            reward[order],
-            sorted_actions,
+            columns, order, action_type, config.window, episodes, reward, actions
         )
         train = np.flatnonzero(survives & ~is_eval)
         evaluation = np.flatnonzero(survives & is_eval)
@@ -257,6 +248,9 @@ class _DiscreteActions:
 
     index: np.ndarray
     masks: np.ndarray
+
+    def take(self, rows: np.ndarray) -> _DiscreteActions:
+        return _DiscreteActions(self.index[rows], np.take(self.masks, rows, axis=0))
 
 
 @dataclass
@@ -517,6 +511,18 @@ class _CopiedColumns:
         )
 
 
+@dataclass
+class _GroupInput:
+    """What a row group reads: its rows and, after them, the rows its next states and n-step
+    windows reach, in sorted order, numbered from the group's first row (0)."""
+
+    columns: _CopiedColumns
+    reward: np.ndarray
+    actions: _DiscreteActions | None
+    has_next: np.ndarray
+    time_diff: np.ndarray
+
+
 class _TimelineRows:
     """Builds output rows for any set of positions in the sorted input.
 
@@ -538,6 +544,7 @@ class _TimelineRows:
     ) -> None:
         self.columns = columns
         self.order = order
+        """The input row at each sorted position; ``reward`` and ``actions`` are by input row."""
         self.action_type = action_type
         self.n_step = n_step
         self.episodes = episodes
@@ -556,73 +563,71 @@ class _TimelineRows:
         return table
 
     def _rows_between(self, start: int, stop: int) -> pa.Table:
-        """The rows at sorted positions ``start`` to ``stop``, from the copied columns of
-        those rows and of the rows their next states and windows read."""
+        """The rows at sorted positions ``start`` to ``stop``."""
         import pyarrow as pa
 
-        # Positions below are relative to ``start``; ``local`` holds rows from there on.
         reach = min(stop + self.n_step, len(self.order))
-        local = self.columns.take(self.order[start:reach])
-        rows = stop - start
+        read = self.order[start:reach]
         episodes = self.episodes
-        has_next = episodes.has_next[start:stop]
-        time_diff = episodes.time_diff(start, reach)
+        group = _GroupInput(
+            self.columns.take(read),
+            self.reward[read],
+            self.actions and self.actions.take(read),
+            episodes.has_next[start:reach],
+            episodes.time_diff(start, reach),
+        )
+        rows = stop - start
+        has_next = group.has_next[:rows]
+        state = group.columns.state_features
         columns = {
-            "ds": local.ds.rows(0, rows),
-            "mdp_id": local.mdp_id.rows(0, rows),
-            "sequence_number": pa.array(self.episodes.sequence[start:stop]),
-            "state_features": local.state_features.rows(0, rows),
-            "action_probability": local.action_probability.rows(0, rows),
-            "reward": pa.array(self.reward[start:stop]),
-            "metrics": local.metrics.rows(0, rows),
+            "ds": group.columns.ds.rows(0, rows),
+            "mdp_id": group.columns.mdp_id.rows(0, rows),
+            "sequence_number": pa.array(episodes.sequence[start:stop]),
+            "state_features": state.rows(0, rows),
+            "action_probability": group.columns.action_probability.rows(0, rows),
+            "reward": pa.array(group.reward[:rows]),
+            "metrics": group.columns.metrics.rows(0, rows),
             "sequence_number_ordinal": pa.array(episodes.ordinal(start, stop)),
             "time_since_first": pa.array(episodes.time_since_first(start, stop)),
-            "time_diff": pa.array(time_diff[:rows]),
+            "time_diff": pa.array(group.time_diff[:rows]),
             "not_terminal": pa.array(has_next),
-            "next_state_features": local.state_features.gather(np.arange(1, rows + 1), has_next),
+            "next_state_features": state.gather(np.arange(1, rows + 1), has_next),
         }
-        columns |= self._action_columns(local, start, stop)
+        columns |= self._action_columns(group, rows)
         if self.n_step > 1:
-            columns |= self._n_step_columns(local, start, stop, time_diff)
+            columns |= self._n_step_columns(group, start, stop)
         return pa.Table.from_arrays(
             [columns[field.name].cast(field.type) for field in self.schema], schema=self.schema
         )
 
-    def _next_masks(self, positions: np.ndarray) -> np.ndarray:
-        following = np.minimum(positions + 1, self.episodes.rows - 1)
-        masks = np.take(self.actions.masks, following, axis=0)
-        masks[~self.episodes.has_next[positions]] = 0
-        return masks
-
-    def _action_columns(self, local: _CopiedColumns, start: int, stop: int) -> dict[str, pa.Array]:
+    def _action_columns(self, group: _GroupInput, rows: int) -> dict[str, pa.Array]:
         import pyarrow as pa
 
-        has_next = self.episodes.has_next[start:stop]
+        has_next = group.has_next[:rows]
+        following = np.arange(1, rows + 1)
         if self.action_type is ActionType.DISCRETE:
-            index = self.actions.index
-            following = np.minimum(np.arange(start + 1, stop + 1), self.episodes.rows - 1)
+            index, masks = group.actions.index, group.actions.masks
             return {
-                "action": pa.array(index[start:stop]),
-                "possible_actions": _masks(self.actions.masks[start:stop]),
-                "next_action": pa.array(index[following], mask=~has_next),
-                "possible_next_actions": _masks(self._next_masks(np.arange(start, stop))),
+                "action": pa.array(index[:rows]),
+                "possible_actions": _masks(masks[:rows]),
+                "next_action": pa.array(
+                    index[np.minimum(following, len(index) - 1)], mask=~has_next
+                ),
+                "possible_next_actions": _masks(_next_masks(group, np.arange(rows))),
             }
-        following = np.arange(1, stop - start + 1)
+        action = group.columns.action
         columns = {
-            "action": local.action.rows(0, stop - start),
-            "next_action": local.action.gather(following, has_next, empty=False),
+            "action": action.rows(0, rows),
+            "next_action": action.gather(following, has_next, empty=False),
         }
         if self.action_type is ActionType.PARAMETRIC:
-            possible = local.possible_actions
-            columns["possible_actions"] = possible.rows(0, stop - start)
+            possible = group.columns.possible_actions
+            columns["possible_actions"] = possible.rows(0, rows)
             columns["possible_next_actions"] = possible.gather(following, has_next)
         return columns
 
-    def _n_step_columns(
-        self, local: _CopiedColumns, start: int, stop: int, time_diff: np.ndarray
-    ) -> dict[str, pa.Array]:
-        """Arrays of the values of rows t .. t+n-1 of the episode (fewer near its end);
-        ``local`` and ``time_diff`` hold the rows from ``start`` on, as far as windows reach."""
+    def _n_step_columns(self, group: _GroupInput, start: int, stop: int) -> dict[str, pa.Array]:
+        """Arrays of the values of rows t .. t+n-1 of the episode (fewer near its end)."""
         import pyarrow as pa
 
         episodes = self.episodes
@@ -632,24 +637,32 @@ class _TimelineRows:
         counts = np.minimum(remaining, self.n_step)
         offsets = np.zeros(stop - start + 1, dtype=np.int32)
         np.cumsum(counts, out=offsets[1:])
-        flat = np.repeat(np.arange(start, stop), counts) + (
+        flat = np.repeat(np.arange(stop - start), counts) + (
             np.arange(offsets[-1]) - np.repeat(offsets[:-1], counts)
         )
-        has_next = episodes.has_next[flat]
-        following = flat - start + 1
+        has_next = group.has_next[flat]
         arrays = pa.array(offsets)
         columns = {
-            "next_n_rewards": pa.array(self.reward[flat]),
-            "next_n_time_diffs": pa.array(time_diff[flat - start]),
-            "next_n_state_features": local.state_features.gather(following, has_next),
+            "next_n_rewards": pa.array(group.reward[flat]),
+            "next_n_time_diffs": pa.array(group.time_diff[flat]),
+            "next_n_state_features": group.columns.state_features.gather(flat + 1, has_next),
             "next_n_not_terminal": pa.array(has_next),
         }
         if self.action_type is ActionType.DISCRETE:
-            columns["next_n_possible_next_actions"] = _masks(self._next_masks(flat))
+            columns["next_n_possible_next_actions"] = _masks(_next_masks(group, flat))
         elif self.action_type is ActionType.PARAMETRIC:
-            possible = local.possible_actions
-            columns["next_n_possible_next_actions"] = possible.gather(following, has_next)
+            possible = group.columns.possible_actions
+            columns["next_n_possible_next_actions"] = possible.gather(flat + 1, has_next)
         return {name: pa.ListArray.from_arrays(arrays, values) for name, values in columns.items()}
+
+
+def _next_masks(group: _GroupInput, positions: np.ndarray) -> np.ndarray:
+    """The possible-action masks of the rows after ``positions``; all zero where none is."""
+    masks = group.actions.masks
+    following = np.minimum(positions + 1, len(masks) - 1)
+    next_masks = np.take(masks, following, axis=0)
+    next_masks[~group.has_next[positions]] = 0
+    return next_masks
 
 
 def _truncated(table: pa.Table) -> np.ndarray:
