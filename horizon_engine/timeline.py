@@ -258,7 +258,10 @@ def sort_episodes(episode_rank: np.ndarray, sequence_numbers: np.ndarray) -> np.
     low = int(sequence_numbers.min())
     span = int(sequence_numbers.max()) - low + 1
     if int(episode_rank.max()) * span + span < 2**63:
-        return _radix_argsort(episode_rank.astype(np.int64) * span + (sequence_numbers - low))
+        keys = episode_rank.astype(np.int64)  # a copy, changed in place: fewer temporaries
+        keys *= span
+        keys += sequence_numbers - low
+        return _radix_argsort(keys)
     return np.lexsort((sequence_numbers, episode_rank))
 
 

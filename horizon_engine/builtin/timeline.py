@@ -110,8 +110,12 @@ class LocalTimeline(TimelineTransform):
             rejections, reward, actions = checked.result()
             columns = copied.result()
         examples = self._examples(rows, table, rejections, quarantine, output)
-        order = every_row[~rejections.mask[every_row]]
-        episodes = _Episodes.of(codes[order], sequence[order], _truncated(table)[order])
+        # Each of these gathers reads memory at random, which costs more per row the more rows
+        # there are: the ones that would change nothing are skipped.
+        order = every_row[~rejections.mask[every_row]] if rejections.mask.any() else every_row
+        truncated = _truncated(table)
+        cut = truncated[order] if truncated.any() else np.zeros(len(order), dtype=bool)
+        episodes = _Episodes.of(codes[order], sequence[order], cut)
         survives, dropped = self._filters(episodes)
         is_eval = eval_episode[episodes.codes]
         builder = _TimelineRows(
@@ -124,8 +128,8 @@ class LocalTimeline(TimelineTransform):
             rows_in=table.num_rows,
             train_rows=len(train),
             eval_rows=len(evaluation),
-            train_episodes=np.count_nonzero(np.bincount(episodes.codes[train])),
-            eval_episodes=np.count_nonzero(np.bincount(episodes.codes[evaluation])),
+            train_episodes=episodes.count(train),
+            eval_episodes=episodes.count(evaluation),
             dropped=dropped,
             rejected=rejections.counts(),
             examples=examples,
@@ -285,6 +289,11 @@ class _Episodes:
     @property
     def rows(self) -> int:
         return len(self.sequence)
+
+    def count(self, positions: np.ndarray) -> int:
+        """How many episodes have a row at ``positions`` (increasing)."""
+        episode = self.episode[positions]
+        return int(len(episode) > 0) + int(np.count_nonzero(episode[1:] != episode[:-1]))
 
     # The per-row columns below are computed for a range of positions, by the row group that
     # writes them (on its thread), rather than for every row up front.
