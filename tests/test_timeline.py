@@ -300,6 +300,53 @@ def test_n_step_arrays(tmp_path, engine):
     assert out[2]["next_n_possible_next_actions"] == [[1, 1], [0, 0]]
 
 
+def test_feature_maps_that_differ_from_row_to_row(tmp_path, engine):
+    """Two keys in every row, but in another order, or another key: each row's own map, in its
+    next states and windows too (the local engine keeps maps with the same keys in the same
+    order in every row apart)."""
+    states = [
+        {"0": 0.0, "1": 1.0},
+        {"1": 3.0, "0": 2.0},
+        {"0": 4.0, "2": 5.0},
+        {"0": 6.0, "1": 7.0},
+    ]
+    rows = [decision("a", step, state_features=state) for step, state in enumerate(states)]
+    run_timeline(tmp_path, engine, rows, actions=["0", "1"], n_step=2)
+    out = read_split(tmp_path)
+    assert [row["state_features"] for row in out] == states
+    assert [row["next_state_features"] for row in out] == [*states[1:], {}]
+    assert [row["next_n_state_features"] for row in out] == [
+        states[1:3],
+        states[2:4],
+        [states[3], {}],
+        [{}],
+    ]
+
+
+def test_files_and_row_groups_do_not_change_the_rows(tmp_path, monkeypatch):
+    """The local engine builds each row group from the sorted rows it covers and those its
+    next states and n-step windows reach: rows cut into files of 5 rows and row groups of 2
+    are the rows of one file, in the same order."""
+    import horizon_engine.timeline
+
+    rows = [
+        decision(f"ep{episode}", step, reward=float(step), metrics={"reward": step / 2})
+        for episode in range(12)
+        for step in range(episode % 5 + 1)
+    ]
+    splits = {}
+    for name in ("whole", "cut"):
+        if name == "cut":
+            monkeypatch.setattr(horizon_engine.timeline, "PART_ROWS", 5)
+            monkeypatch.setattr(horizon_engine.timeline, "ROW_GROUP_ROWS", 2)
+        (tmp_path / name).mkdir()
+        run_timeline(tmp_path / name, "local", rows[::-1], actions=["0", "1"], eval_fraction=0.3)
+        splits[name] = [read_split(tmp_path / name, split) for split in ("train", "eval")]
+    assert len(list((tmp_path / "cut" / "run" / "timeline" / "train").glob("*.parquet"))) > 1
+    assert splits["cut"] == splits["whole"]
+    assert all(splits["whole"])
+
+
 def test_parametric_actions(tmp_path, engine):
     left, right = {"4": 1.0}, {"5": 1.0}
     rows = [
