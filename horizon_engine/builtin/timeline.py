@@ -1,10 +1,19 @@
 """The local Timeline engine: pyarrow and numpy, in-process, the embedded default.
 
-Every step is a whole-column operation: one sort of the rows by (episode, sequence number),
-then next-row columns as ``take`` with shifted indices, episode boundaries and filters as
-numpy masks, and n-step arrays as list arrays over a flat index. No Python runs per row,
-which is what lets it build millions of rows a second on one core. The semantics are those of
-``horizon_engine.timeline``; the Spark engine builds the same table.
+Every step is a whole-column operation, and no Python runs per row:
+
+- the rows are ordered by one radix sort of an int64 key (split, episode, sequence number),
+  the id columns read as dictionary codes; episode boundaries and filters are numpy masks over
+  the sorted positions;
+- each split is then one run of sorted positions, written in files of row groups, a file per
+  thread; a row group gathers its rows from the input once (with the few after it that its
+  next states and n-step windows reach), so next-row columns are shifted slices and n-step
+  arrays list arrays over a flat index, and the one random read of a shuffled input is spread
+  over the writing threads;
+- feature maps with the same keys in every row (dense features) travel as value matrices.
+
+The semantics are those of ``horizon_engine.timeline``; the Spark engine builds the same table.
+``benchmarks/timeline.py`` measures it against a plain pyarrow/numpy script.
 """
 
 from __future__ import annotations
@@ -264,7 +273,7 @@ class _DiscreteActions:
 
 @dataclass
 class _Episodes:
-    """Episode structure of rows sorted by (mdp_id, sequence_number): per sorted position."""
+    """Episode structure of the sorted rows (split, mdp_id, sequence_number), by position."""
 
     codes: np.ndarray
     sequence: np.ndarray
