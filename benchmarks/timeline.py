@@ -21,10 +21,11 @@ reading the rows to both splits written. The baselines build the same table as t
 checked on 10^4 rows before the timing (``--no-check`` skips it).
 
 ``local`` and ``plain_arrow`` build in a fresh process each time, as ``horizon run`` does
-(the memory it touches is its own: on this VM fresh memory costs as much as the arithmetic),
-in turns A B, B A, ...; the median is reported with the range. Spark's two run in one process
-on one session, whose start is reported apart and not counted, after a warm-up build of each,
-in the same alternating turns.
+(the memory it touches is its own, and on a VM touching fresh memory can cost as much as the
+arithmetic), in turns A B, B A, ...; the median is reported with the range, and the CPU
+seconds of the process beside it (on a loaded machine, what the build did rather than what it
+waited for). Spark's two run in one process on one session, whose start is reported apart and
+not counted, after a warm-up build of each, in the same alternating turns.
 
 Prints a table, then one line per pair and size for machines to read, e.g.
 
@@ -68,7 +69,7 @@ FEATURES = 4
 SEED = 0
 EVAL_FRACTION = 0.1
 CHECK_ROWS = 10_000
-"""Rows the baselines are checked on, against the engines, and Spark's warm-up builds."""
+"""Rows the baselines are checked on, against the engines; Spark's warm-up builds, too."""
 PAIRS = {"local": "plain_arrow", "spark": "plain_spark"}
 """Each engine and the baseline it is measured against."""
 BUILDERS = [*PAIRS, *PAIRS.values()]
@@ -339,18 +340,21 @@ def measure_fresh(name: str, rows: Path) -> dict[str, float]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def spark_runs(names: list[str], inputs: list[str], repeats: int, check_rows: str | None) -> dict:
-    """Spark's builders on one session, in this process: warm-up, check, alternating turns."""
+def spark_runs(
+    names: list[str], inputs: list[str], repeats: int, warm_up: str, check: bool
+) -> dict:
+    """Spark's builders on one session, in this process: a warm-up build of each on the
+    ``warm_up`` rows (compared, with ``check``), then alternating turns at every size."""
     from horizon_plugins_spark import SparkOptions, spark_session
 
     started = time.perf_counter()
     session = spark_session(SparkOptions(conf={"spark.driver.memory": "4g"}))
     report: dict = {"session_start_s": time.perf_counter() - started, "runs": {}}
-    if check_rows is not None:
+    if check and set(SPARK_BUILDERS) <= set(names):
+        report["check"] = check_baseline("spark", Path(warm_up))
+    else:
         for name in names:
-            timed_build(name, Path(check_rows))
-        if set(SPARK_BUILDERS) <= set(names):
-            report["check"] = check_baseline("spark", Path(check_rows))
+            timed_build(name, Path(warm_up))
     for rows in inputs:
         runs: dict[str, list[float]] = {name: [] for name in names}
         for turn in range(repeats):
@@ -448,18 +452,30 @@ def main() -> None:
                 "names": spark_names,
                 "inputs": [str(inputs[rows]) for rows in spark_sizes],
                 "repeats": args.repeats,
-                "check_rows": None if args.no_check else str(inputs[CHECK_ROWS]),
+                "warm_up": str(inputs[CHECK_ROWS]),
+                "check": not args.no_check,
             }
             command = [sys.executable, __file__, "--spark-runs", json.dumps(options)]
-            done = subprocess.run(command, capture_output=True, text=True, check=True)
-            report = json.loads(done.stdout.strip().splitlines()[-1])
-            if "check" in report:
-                print(f"plain_spark builds the Spark engine's table: {report['check'] or 'yes'}")
-            print(f"Spark session start (not counted): {report['session_start_s']:.1f} s")
-            for rows in spark_sizes:
-                for name, seconds in report["runs"][str(inputs[rows])].items():
-                    figures[(name, rows)] = Figures(seconds)
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode:
+                # The other figures still stand; say why Spark's are missing.
+                print(f"Spark's builders failed:\n{done.stderr[-3000:]}")
+            else:
+                record_spark(json.loads(done.stdout.strip().splitlines()[-1]), figures, inputs)
     report_figures(figures, args.repeats)
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
+
+
+def record_spark(
+    report: dict, figures: dict[tuple[str, int], Figures], inputs: dict[int, Path]
+) -> None:
+    """Print what ``spark_runs`` reported beside the times, and add the times to ``figures``."""
+    if "check" in report:
+        print(f"plain_spark builds the Spark engine's table: {report['check'] or 'yes'}")
+    print(f"Spark session start (not counted): {report['session_start_s']:.1f} s")
+    for rows, path in inputs.items():
+        for name, seconds in report["runs"].get(str(path), {}).items():
+            figures[(name, rows)] = Figures(seconds)
 
 
 def report_figures(figures: dict[tuple[str, int], Figures], repeats: int) -> None:
