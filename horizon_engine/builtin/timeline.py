@@ -186,26 +186,39 @@ class LocalTimeline(TimelineTransform):
             lambda row: f"action {logged[row].as_py()!r} is not in [timeline] actions {actions}",
         )
         possible = _single_array(table["possible_actions"])
-        parents, possible_names = list_entries(possible)
-        possible_index = pc.index_in(possible_names, value_set=names)
+        offsets = possible.offsets.to_numpy(zero_copy_only=False)
+        lengths = np.diff(offsets)
+        logged_names = possible.values.slice(offsets[0], offsets[-1] - offsets[0])
+        possible_index = pc.index_in(logged_names, value_set=names)
+        # Lists of one length in every row (every action listed, as loggers mostly write them)
+        # need no row number per name: their names reshape to [rows, length].
+        width = int(lengths[0]) if len(lengths) else 0
+        same_length = width > 0 and not possible.null_count and bool(np.all(lengths == width))
+        parents = None if same_length else np.repeat(np.arange(len(possible)), lengths)
         if possible_index.null_count:
-            known = possible_index.is_valid().to_numpy(zero_copy_only=False)
-            bad_parents = np.zeros(len(possible), dtype=bool)
-            bad_parents[parents[~known]] = True
+            unknown = possible_index.is_null().to_numpy(zero_copy_only=False)
+            if same_length:
+                naming_unknown = unknown.reshape(-1, width).any(axis=1)
+            else:
+                naming_unknown = np.zeros(len(possible), dtype=bool)
+                naming_unknown[parents[unknown]] = True
             rejections.add(
-                bad_parents,
+                naming_unknown,
                 "unknown_action",
                 lambda row: (
                     f"possible_actions {possible[row].as_py()!r} name an action not in "
                     f"[timeline] actions {actions}"
                 ),
             )
-            parents, possible_index = parents[known], possible_index.drop_null()
+        # A rejected row's mask is never read, so an unknown name may mark action 0 there.
+        slots = possible_index.fill_null(0).to_numpy()
         masks = np.zeros((len(possible), len(actions)), dtype=np.int8)
-        lengths = np.diff(possible.offsets.to_numpy(zero_copy_only=False))
-        unrecorded = possible.is_null().to_numpy(zero_copy_only=False) | (lengths == 0)
-        masks[unrecorded] = 1
-        masks[parents, possible_index.to_numpy()] = 1
+        if same_length:
+            np.put_along_axis(masks, slots.reshape(-1, width), 1, axis=1)
+        else:
+            unrecorded = possible.is_null().to_numpy(zero_copy_only=False) | (lengths == 0)
+            masks[unrecorded] = 1
+            masks[parents, slots] = 1
         return _DiscreteActions(index.fill_null(-1).to_numpy().astype(np.int64), masks)
 
     def _examples(
