@@ -224,12 +224,23 @@ def weighted_reward(metrics: pa.Array, weights: dict[str, float]) -> np.ndarray:
 
 
 def eval_episodes(seed: int, mdp_ids: Iterable[str], eval_fraction: float) -> np.ndarray:
-    """Which of the given episodes go to the eval split (a boolean per id)."""
+    """Which of the given episodes go to the eval split (a boolean per id).
+
+    ``eval_split_value`` of each id, computed for many at once: the hash of the seed's prefix
+    is copied rather than redone, and the first 4 bytes of each digest (its first 8 hex
+    digits) are read as one big-endian array, in about half the time for an episode of one
+    row (contextual bandits: one hash per row).
+    """
     import numpy as np
 
-    return np.array(
-        [eval_split_value(seed, mdp_id) < eval_fraction for mdp_id in mdp_ids], dtype=bool
-    )
+    prefix = hashlib.md5(f"{seed}:".encode(), usedforsecurity=False)
+    digests = []
+    for mdp_id in mdp_ids:
+        digest = prefix.copy()
+        digest.update(mdp_id.encode())
+        digests.append(digest.digest()[:4])
+    values = np.frombuffer(b"".join(digests), dtype=">u4") / 2**32
+    return values < eval_fraction
 
 
 def episode_order(mdp_ids: pa.Array, sequence_numbers: np.ndarray) -> np.ndarray:

@@ -402,3 +402,13 @@ def test_eval_split_value_is_the_documented_md5():
     assert eval_split_value(1, "ep0") == int(digest[:8], 16) / 2**32
     assert 0 <= eval_split_value(1, "ep0") < 1
     assert eval_split_value(1, "ep0") != eval_split_value(2, "ep0")
+
+
+def test_eval_episodes_splits_by_eval_split_value():
+    """The local engine hashes many ids at once; each falls on the side its value says."""
+    from horizon_engine.timeline import eval_episodes
+
+    ids = ["ep0", "", "é", "user 7", "日本", *(str(number) for number in range(2000))]
+    for seed, fraction in ((0, 0.1), (1, 0.5), (-3, 0.99), (12345, 0.0)):
+        expected = [eval_split_value(seed, mdp_id) < fraction for mdp_id in ids]
+        assert eval_episodes(seed, ids, fraction).tolist() == expected
