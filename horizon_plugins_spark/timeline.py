@@ -26,7 +26,9 @@ when ``outlier_episode_length_percentile`` is set, the episode lengths for the p
 from __future__ import annotations
 
 import math
+import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -54,11 +56,10 @@ REJECT_REASON = "_reject_reason"
 REJECT_KINDS = ("missing_reward", "unknown_action")
 DROP_REASON = "_drop_reason"
 IS_EVAL = "_is_eval"
-"""The split of a row, and the column the write partitions the files by."""
-SPLIT_FOLDERS = {"train": f"{IS_EVAL}=false", "eval": f"{IS_EVAL}=true"}
-"""Each split's folder as Spark's partitioned write names it."""
-EPISODE_RANGE = "_episode_range"
-"""The partition of a row: which of the sorted ranges of ``mdp_id`` its episode falls in."""
+PARTITION = "_partition"
+"""The partition that builds and writes a row (``_Partitioning``)."""
+PART_FILE = re.compile(r"\.?part-(\d+)-.*")
+"""A file Spark writes (or its checksum), named after the number of the partition it holds."""
 EPISODE_LENGTH = "_episode_length"
 CUT = "_cut"
 """True on the last row of an episode that a time limit cut short (``truncated``)."""
@@ -101,7 +102,7 @@ class SparkTimeline(TimelineTransform):
         plan = _TimelinePlan(self.config, action_type, run.seed)
         source = spark.read.parquet(hadoop_path(rows, reading=True))
         originals = source.columns
-        checked = plan.check(source.select("*", F.col("_metadata.row_index").alias(ROW_INDEX)))
+        checked = plan.check(source)
         usable = checked.where(F.col(REJECT_KIND).isNull())
         intake = Observation("timeline intake")
         observed = checked.observe(
@@ -109,8 +110,8 @@ class SparkTimeline(TimelineTransform):
             F.count(F.lit(1)).alias("rows"),
             *(F.count_if(F.col(REJECT_KIND) == kind).alias(kind) for kind in REJECT_KINDS),
         )
-        ranges = _episode_ranges(source, _partitions(spark, rows), run.seed)
-        timeline = plan.timeline(observed.where(F.col(REJECT_KIND).isNull()), ranges)
+        partitioning = _Partitioning.sample(source, _partitions(spark, rows), plan)
+        timeline = plan.timeline(observed.where(F.col(REJECT_KIND).isNull()), partitioning)
         labelled = timeline.withColumn(DROP_REASON, plan.drop_reason(plan.outlier_limit(usable)))
         tally = Observation("timeline tally")
         kept = F.col(DROP_REASON).isNull()
@@ -126,13 +127,14 @@ class SparkTimeline(TimelineTransform):
                 for what, where in (("rows", F.lit(True)), ("episodes", first))
             ),
         )
-        plan.write(counted.where(kept), output)
+        plan.write(counted.where(kept), output, partitioning)
         counts = tally.get
         intake_counts = intake.get
         rejected = {kind: intake_counts[kind] for kind in REJECT_KINDS if intake_counts[kind]}
         examples: list[BadRow] = []
         if rejected:
-            bad = checked.where(F.col(REJECT_KIND).isNotNull())
+            indexed = source.select("*", F.col("_metadata.row_index").alias(ROW_INDEX))
+            bad = plan.check(indexed).where(F.col(REJECT_KIND).isNotNull())
             examples = _examples(bad, originals, str(rows))
             if quarantine:
                 _write_quarantine(bad, originals, str(rows), output / "quarantine")
@@ -163,29 +165,73 @@ def _partitions(spark: SparkSession, rows: Path) -> int:
     return max(spark.sparkContext.defaultParallelism, math.ceil(size / PARTITION_BYTES))
 
 
-def _episode_ranges(rows: DataFrame, partitions: int, seed: int) -> list[str]:
-    """``mdp_id`` values that cut the rows into ``partitions`` ranges of about as many rows.
+@dataclass(frozen=True)
+class _Partitioning:
+    """Which partition builds and writes each episode: one per range of ``mdp_id`` within a
+    split, the train split's first, so that each file holds one split's episodes in order.
 
-    From a sample of the rows' ``mdp_id`` alone, which Spark reads without the other columns:
-    what ``repartitionByRange`` would sample, but it samples the whole rows it is given. The
-    sample is seeded, so a run's files hold the same rows each time.
+    The ranges cut the rows (in split, then ``mdp_id`` order) into parts of about as many rows,
+    and a part that holds the end of the train split and the start of the eval one is cut in
+    two there: each split gets a partition at least.
     """
-    from pyspark.sql import functions as F
 
-    sample = (
-        rows.select("mdp_id")
-        .orderBy(F.rand(seed))
-        .limit(SAMPLE_PER_PARTITION * partitions)
-        .collect()
-    )
-    ids = sorted(row["mdp_id"] for row in sample)
-    cuts = {ids[len(ids) * part // partitions] for part in range(1, partitions)} if ids else set()
-    return sorted(cuts)
+    train_bounds: list[str]
+    """The train split's ranges: rows with ``mdp_id`` up to the first bound, ... after the last."""
+    eval_bounds: list[str]
+    """The eval split's ranges, likewise."""
+
+    @classmethod
+    def sample(cls, rows: DataFrame, partitions: int, plan: _TimelinePlan) -> _Partitioning:
+        """Ranges for about ``partitions`` parts, from a sample of the rows' ``mdp_id`` alone.
+
+        Spark reads that column without the others, where ``repartitionByRange`` would
+        sample whole rows; the sample is seeded, so a run's files hold the same rows each time.
+        """
+        from pyspark.sql import functions as F
+
+        from horizon_engine import eval_split_value
+
+        sample = (
+            rows.select("mdp_id")
+            .orderBy(F.rand(plan.seed))
+            .limit(SAMPLE_PER_PARTITION * partitions)
+            .collect()
+        )
+        fraction = plan.config.eval_fraction
+        ordered = sorted(
+            (eval_split_value(plan.seed, row["mdp_id"]) < fraction, row["mdp_id"]) for row in sample
+        )
+        parts = range(1, partitions) if ordered else range(0)
+        cuts = {ordered[len(ordered) * part // partitions] for part in parts}
+        return cls(
+            sorted(mdp_id for is_eval, mdp_id in cuts if not is_eval),
+            sorted(mdp_id for is_eval, mdp_id in cuts if is_eval),
+        )
+
+    @property
+    def train_partitions(self) -> int:
+        return len(self.train_bounds) + 1
+
+    @property
+    def partitions(self) -> int:
+        return self.train_partitions + len(self.eval_bounds) + 1
+
+    def partition(self, mdp_id: Column, is_eval: Column) -> Column:
+        """The partition of a row of episode ``mdp_id``, in split ``is_eval``."""
+        from pyspark.sql import functions as F
+
+        return F.when(
+            is_eval, _range_of(mdp_id, self.eval_bounds, self.train_partitions)
+        ).otherwise(_range_of(mdp_id, self.train_bounds))
+
+    def split(self, partition: int) -> str:
+        """The split whose rows partition number ``partition`` holds."""
+        return "train" if partition < self.train_partitions else "eval"
 
 
 def _range_of(column: Column, bounds: list[str], first: int = 0) -> Column:
-    """The index of the range ``column`` falls in: how many of the sorted ``bounds`` are below
-    it. A binary search, so each row compares ``log2(len(bounds))`` strings."""
+    """``first`` plus the index of the range ``column`` falls in: how many of the sorted
+    ``bounds`` are below it. A binary search, so a row compares ``log2(len(bounds))`` strings."""
     from pyspark.sql import functions as F
 
     if not bounds:
@@ -275,24 +321,25 @@ class _TimelinePlan:
             extra.append(possible.alias(POSSIBLE))
         return rows.select("*", *extra, kind.alias(REJECT_KIND), reason.alias(REJECT_REASON))
 
-    def timeline(self, rows: DataFrame, ranges: list[str]) -> DataFrame:
+    def timeline(self, rows: DataFrame, partitioning: _Partitioning) -> DataFrame:
         """The timeline columns of the usable rows, the split, and the columns the filters use.
 
-        The rows are shuffled once, by the range of ``mdp_id`` their episode falls in (the
-        ``ranges`` bounds): the window needs an episode's rows together, and the files need
-        the episodes in order. The window partitions by (split, episode, range), each a
-        function of ``mdp_id``, so its groups are the episodes, and the sort it makes for them,
-        by split and then ``mdp_id``, is the one the partitioned write needs, too.
+        The rows are shuffled once, each to the partition ``partitioning`` gives its episode:
+        the window needs an episode's rows together, and the files need the episodes in order.
+        The window partitions by (episode, partition), the second a function of the first, so
+        its groups are the episodes, and the sort it makes for them, by ``mdp_id`` first, is
+        the files' order. (A sort by the split first would compare most rows in full, where
+        ``mdp_id`` first tells most rows apart by an 8-byte prefix.)
         """
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
-        rows = rows.select(
-            "*",
-            self._is_eval().alias(IS_EVAL),
-            _range_of(F.col("mdp_id"), ranges).alias(EPISODE_RANGE),
-        ).repartitionById(len(ranges) + 1, EPISODE_RANGE)
-        episode = Window.partitionBy(IS_EVAL, "mdp_id", EPISODE_RANGE).orderBy("sequence_number")
+        rows = rows.withColumn(IS_EVAL, self._is_eval())
+        partition = partitioning.partition(F.col("mdp_id"), F.col(IS_EVAL))
+        rows = rows.withColumn(PARTITION, partition).repartitionById(
+            partitioning.partitions, PARTITION
+        )
+        episode = Window.partitionBy("mdp_id", PARTITION).orderBy("sequence_number")
         following = {
             "_next_sequence_number": "sequence_number",
             "_next_state": "state_features",
@@ -381,12 +428,18 @@ class _TimelinePlan:
         )
 
     def _is_eval(self) -> Column:
-        """``eval_split_value(seed, mdp_id) < eval_fraction``, computed by Spark."""
+        """``eval_split_value(seed, mdp_id) < eval_fraction``, computed by Spark.
+
+        That value is the first 8 hex digits of an md5 over 2**32, so it is below the fraction
+        exactly when those digits, as a string, sort below the first whole number that is not.
+        """
         from pyspark.sql import functions as F
 
+        first_not_below = math.ceil(self.config.eval_fraction * 2**32)
+        if first_not_below >= 2**32:
+            return F.lit(True)
         digest = F.md5(F.concat(F.lit(f"{self.seed}:"), F.col("mdp_id")))
-        value = F.conv(F.substring(digest, 1, 8), 16, 10).cast("double") / float(2**32)
-        return value < F.lit(self.config.eval_fraction)
+        return F.substring(digest, 1, 8) < F.lit(f"{first_not_below:08x}")
 
     @property
     def reasons(self) -> list[str]:
@@ -438,50 +491,50 @@ class _TimelinePlan:
 
         return from_arrow_schema(timeline_schema(self.action_type, self.config.window))
 
-    def write(self, rows: DataFrame, output: Path) -> None:
+    def write(self, rows: DataFrame, output: Path, partitioning: _Partitioning) -> None:
         """Write ``output/train`` and ``output/eval`` in the timeline schema, each sorted by
-        (mdp_id, sequence_number) across its files, in one partitioned write.
+        (mdp_id, sequence_number) across its files, in one write.
 
-        The rows come sorted by split, then episode, within each partition, and the partitions
-        in episode order, so Spark writes them as they come, with no sort. Spark writes a
-        column as NOT NULL when its expression cannot be null (``not_terminal``, the n-step
-        arrays...): every column is ``_nullable``, so both engines' files have one schema. A
-        split without rows gets a file with the schema alone, as the local engine writes.
+        Each partition holds one split's episodes, sorted, and the partitions come in order, so
+        Spark writes the rows as they come, with no sort, a file per partition, which is then
+        moved to its split's folder. A split without rows gets a file with the schema alone,
+        as the local engine writes.
+
+        Spark writes a column as NOT NULL when its expression cannot be null (``not_terminal``,
+        the n-step arrays...), so every column is written as ``CASE WHEN
+        sequence_number_ordinal > 0 THEN column END``: true on every row (``row_number``
+        starts at 1), but no optimizer rule folds it, so the column is nullable, and an array
+        of it has nullable items, as in ``timeline_schema``. A cast to the nullable type would
+        not do (Spark removes a cast that only widens nullability), and a union with an empty
+        frame of the nullable schema, which would, hides the rows' order from the write, which
+        then sorts them again.
         """
         from pyspark.sql import functions as F
 
         schema = self.schema
         renamed = {"action": ACTION, "reward": REWARD, "possible_actions": POSSIBLE}
-        columns = [
-            _nullable(F.col(renamed.get(field.name, field.name)).cast(field.dataType)).alias(
-                field.name
-            )
-            for field in schema.fields
-        ]
-        written = output / "_splits"
-        rows.select(*columns, IS_EVAL).write.partitionBy(IS_EVAL).parquet(hadoop_path(written))
-        session = rows.sparkSession
-        for split, folder in SPLIT_FOLDERS.items():
-            if (written / folder).is_dir():
-                (written / folder).rename(output / split)
-            else:
-                empty = session.createDataFrame([], schema)
-                empty.write.parquet(hadoop_path(output / split))
+        built = {field.name: field.dataType.simpleString() for field in rows.schema.fields}
+        every_row = F.col("sequence_number_ordinal") > 0
+        columns = []
+        for field in schema.fields:
+            column = F.col(renamed.get(field.name, field.name))
+            if built[renamed.get(field.name, field.name)] != field.dataType.simpleString():
+                column = column.cast(field.dataType)
+            columns.append(F.when(every_row, column).alias(field.name))
+        written = output / "_parts"
+        rows.select(*columns).write.parquet(hadoop_path(written))
+        for split in ("train", "eval"):
+            (output / split).mkdir()
+        for path in written.iterdir():
+            part = PART_FILE.fullmatch(path.name)
+            if part:
+                path.rename(output / partitioning.split(int(part[1])) / path.name)
         shutil.rmtree(written)
-
-
-def _nullable(column: Column) -> Column:
-    """``column``, as an expression Spark cannot prove non-null: it writes such a column as
-    nullable, and arrays of it with nullable items.
-
-    ``sequence_number_ordinal > 0`` holds on every row (``row_number`` starts at 1), but no
-    optimizer rule folds it. A cast to the nullable type does not do this (Spark removes a
-    cast that only widens nullability), and a union with an empty frame of the nullable
-    schema, which does, hides the rows' order from the write, which would sort them again.
-    """
-    from pyspark.sql import functions as F
-
-    return F.when(F.col("sequence_number_ordinal") > 0, column)
+        session = rows.sparkSession
+        for split in ("train", "eval"):
+            if not any((output / split).glob("part-*")):
+                (output / split).rmdir()
+                session.createDataFrame([], schema).write.parquet(hadoop_path(output / split))
 
 
 def _records(bad: DataFrame, originals: list[str], rows: str) -> DataFrame:
