@@ -29,7 +29,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -148,8 +148,9 @@ def generate_rows(path: Path, rows: int, episode_length: int = 50, seed: int = 0
     pq.write_table(table.take(pa.array(rng.permutation(rows))), path)
 
 
-def _engine_build(rows: Path, output: Path) -> None:
-    """The engine's build of the same rows, as the pipeline's timeline stage calls it."""
+def spark_engine() -> Callable[[Path, Path], None]:
+    """The engine's build of rows into a fresh folder, as the pipeline's timeline stage calls it,
+    its plugin found and configured beforehand (as the stage does, before it is timed)."""
     from horizon_engine import ActionType
     from horizon_engine.plugins import PluginHost
 
@@ -158,8 +159,12 @@ def _engine_build(rows: Path, output: Path) -> None:
 
     component = PluginHost().component("transforms", "timeline", "spark")
     transform = component.cls(component.cls.Config(actions=ACTIONS))
-    output.mkdir()
-    transform.build(Run(), rows, output, ActionType.DISCRETE, quarantine=False)
+
+    def build(rows: Path, output: Path) -> None:
+        output.mkdir()
+        transform.build(Run(), rows, output, ActionType.DISCRETE, quarantine=False)
+
+    return build
 
 
 def main() -> None:
@@ -176,7 +181,7 @@ def main() -> None:
     print(f"session start {time.perf_counter() - started:.1f} s (not counted), {args.master}")
     sides = {
         "plain": lambda rows, out: build_plain_timeline(spark, rows, out, ACTIONS),
-        "engine": _engine_build,
+        "engine": spark_engine(),
     }
     with tempfile.TemporaryDirectory() as folder:
         for size in (int(text) for text in args.rows.split(",")):

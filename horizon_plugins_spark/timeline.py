@@ -103,31 +103,34 @@ class SparkTimeline(TimelineTransform):
         source = spark.read.parquet(hadoop_path(rows, reading=True))
         originals = source.columns
         checked = plan.check(source)
-        usable = checked.where(F.col(REJECT_KIND).isNull())
+        partitioning = _Partitioning.sample(source, _partitions(spark, rows), plan)
+        # Observed where the rows come out of the shuffle, which copies them anyway: an
+        # observation among the first stage's expressions would have the rows copied for it.
         intake = Observation("timeline intake")
-        observed = checked.observe(
+        arrived = plan.shuffle(checked, partitioning).observe(
             intake,
             F.count(F.lit(1)).alias("rows"),
-            *(F.count_if(F.col(REJECT_KIND) == kind).alias(kind) for kind in REJECT_KINDS),
+            *(_count_where(F.col(REJECT_KIND) == kind).alias(kind) for kind in REJECT_KINDS),
         )
-        partitioning = _Partitioning.sample(source, _partitions(spark, rows), plan)
-        timeline = plan.timeline(observed.where(F.col(REJECT_KIND).isNull()), partitioning)
-        labelled = timeline.withColumn(DROP_REASON, plan.drop_reason(plan.outlier_limit(usable)))
+        usable = checked.where(F.col(REJECT_KIND).isNull())
+        outlier_limit = plan.outlier_limit(usable)
+        labelled = plan.timeline(arrived.where(F.col(REJECT_KIND).isNull()), outlier_limit)
+        # Observed before the second window, which copies the rows into its buffer anyway.
         tally = Observation("timeline tally")
         kept = F.col(DROP_REASON).isNull()
         first = F.col("sequence_number_ordinal") == 1
         counted = labelled.observe(
             tally,
-            *(F.count_if(F.col(DROP_REASON) == reason).alias(reason) for reason in plan.reasons),
+            *(_count_where(F.col(DROP_REASON) == reason).alias(reason) for reason in plan.reasons),
             *(
-                F.count_if(kept & (F.col(IS_EVAL) == is_eval) & where).alias(f"{name}_{what}")
+                _count_where(kept & (F.col(IS_EVAL) == is_eval) & where).alias(f"{name}_{what}")
                 for name, is_eval in (("train", False), ("eval", True))
                 # An episode keeps a row if and only if it keeps its first row: no filter
                 # drops a first row but with the whole episode, or as an episode's only row.
                 for what, where in (("rows", F.lit(True)), ("episodes", first))
             ),
         )
-        plan.write(counted.where(kept), output, partitioning)
+        plan.write(plan.n_step(counted).where(kept), output, partitioning)
         counts = tally.get
         intake_counts = intake.get
         rejected = {kind: intake_counts[kind] for kind in REJECT_KINDS if intake_counts[kind]}
@@ -149,6 +152,14 @@ class SparkTimeline(TimelineTransform):
             examples=examples,
             n_step=self.config.window,
         )
+
+
+def _count_where(condition: Column) -> Column:
+    """How many rows meet ``condition``, for an observation: ``count_if`` would have Spark
+    compute the condition in a projection of its own, which copies every row."""
+    from pyspark.sql import functions as F
+
+    return F.count(F.when(condition, 1))
 
 
 def _partitions(spark: SparkSession, rows: Path) -> int:
@@ -321,25 +332,39 @@ class _TimelinePlan:
             extra.append(possible.alias(POSSIBLE))
         return rows.select("*", *extra, kind.alias(REJECT_KIND), reason.alias(REJECT_REASON))
 
-    def timeline(self, rows: DataFrame, partitioning: _Partitioning) -> DataFrame:
-        """The timeline columns of the usable rows, the split, and the columns the filters use.
+    @property
+    def episode(self) -> WindowSpec:
+        """An episode's rows in order.
 
-        The rows are shuffled once, each to the partition ``partitioning`` gives its episode:
-        the window needs an episode's rows together, and the files need the episodes in order.
-        The window partitions by (episode, partition), the second a function of the first, so
-        its groups are the episodes, and the sort it makes for them, by ``mdp_id`` first, is
-        the files' order. (A sort by the split first would compare most rows in full, where
-        ``mdp_id`` first tells most rows apart by an 8-byte prefix.)
+        Partitioned by (episode, partition), the second a function of the first, so that the
+        groups are the episodes, and the shuffle ``shuffle`` made serves the window. The sort
+        the window makes, by ``mdp_id`` first, is the files' order, and tells most rows apart
+        by the 8-byte prefix of ``mdp_id``, where a sort by the split first would compare most
+        rows in full.
         """
         from pyspark.sql import Window
+
+        return Window.partitionBy("mdp_id", PARTITION).orderBy("sequence_number")
+
+    def shuffle(self, rows: DataFrame, partitioning: _Partitioning) -> DataFrame:
+        """The rows with their split, each moved to the partition ``partitioning`` gives its
+        episode: the window needs an episode's rows together, and the files need the episodes
+        in order."""
         from pyspark.sql import functions as F
 
         rows = rows.withColumn(IS_EVAL, self._is_eval())
         partition = partitioning.partition(F.col("mdp_id"), F.col(IS_EVAL))
-        rows = rows.withColumn(PARTITION, partition).repartitionById(
+        return rows.withColumn(PARTITION, partition).repartitionById(
             partitioning.partitions, PARTITION
         )
-        episode = Window.partitionBy("mdp_id", PARTITION).orderBy("sequence_number")
+
+    def timeline(self, rows: DataFrame, outlier_limit: float | None) -> DataFrame:
+        """The timeline columns of the usable rows but the n-step arrays, and why a row is
+        dropped (``DROP_REASON``; null: kept)."""
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        episode = self.episode
         following = {
             "_next_sequence_number": "sequence_number",
             "_next_state": "state_features",
@@ -382,12 +407,10 @@ class _TimelinePlan:
         truncated = F.col("truncated") if "truncated" in rows.columns else F.lit(None)
         columns[CUT] = ~not_terminal & F.coalesce(truncated.cast("boolean"), F.lit(False))
         rows = rows.select("*", *(value.alias(name) for name, value in columns.items()))
-        if self.config.window > 1:
-            rows = self._n_step(rows, episode)
-        return rows
+        return rows.withColumn(DROP_REASON, self.drop_reason(outlier_limit))
 
-    def _n_step(self, rows: DataFrame, episode: WindowSpec) -> DataFrame:
-        """The values of rows t .. t+n-1 of the episode, as arrays.
+    def n_step(self, rows: DataFrame) -> DataFrame:
+        """The values of rows t .. t+n-1 of the episode, as arrays (none for n = 1).
 
         Row t+k's value is ``lead(value, k)``, read where the window holds the row already
         (``collect_list`` over a frame of n rows would copy each value n times, as objects).
@@ -400,6 +423,9 @@ class _TimelinePlan:
         from pyspark.sql import functions as F
 
         window = self.config.window
+        if window == 1:
+            return rows
+        episode = self.episode
         steps = {
             "next_n_rewards": REWARD,
             "next_n_time_diffs": "time_diff",
