@@ -467,8 +467,8 @@ def _steps_by(offsets: np.ndarray, step: int) -> bool:
 def _same_strings_every(keys: pa.Array, width: int) -> bool:
     """Whether ``keys`` (a string array) repeats its first ``width`` strings throughout.
 
-    Compared on the raw offsets and bytes, which costs a few milliseconds for millions of
-    keys, where Arrow's string comparison would cost tens.
+    Compared on the raw offsets and bytes, a block of rows at a time, rather than against a
+    column of the expected keys built for the purpose.
     """
     import pyarrow as pa
 
@@ -516,7 +516,6 @@ class _CopiedColumns:
     def of(
         cls, table: pa.Table, action_type: ActionType, mdp_ids: pa.DictionaryArray
     ) -> _CopiedColumns:
-
         def maps(name: str) -> _Column | _DenseMaps:
             column = _single_array(table[name])
             return _DenseMaps.of(column) or _Column(column)
