@@ -19,7 +19,9 @@ names, and an import-linter contract run by ``make test`` holds them to it.
   and the policy helpers (``masked_scores``, ``action_probabilities``);
 - the policy-output type every consumer of a policy reads: ``PolicyOutput``,
   ``policy_output``, ``ExplorationConfig``;
-- estimators: ``EstimatorBase``, ``EstimatorConfig``, ``EvaluationEpisodes``;
+- estimators: ``EstimatorBase``, ``EstimatorConfig``, ``EvaluationEpisodes``, ``Estimate``,
+  ``NotApplicable``; and for commands that evaluate a finished run: ``evaluate_run``,
+  ``estimates_table``;
 - exporters: ``ExporterBase``, ``ExportConfig``, ``PolicyBundle``;
 - users: ``Engine`` and ``run_pipeline`` (imported on first use).
 
@@ -51,7 +53,14 @@ from horizon_engine.errors import (
     PluginError,
     StageInputError,
 )
-from horizon_engine.estimation import EstimatorBase, EstimatorConfig, EvaluationEpisodes
+from horizon_engine.estimation import (
+    Estimate,
+    EstimatorBase,
+    EstimatorConfig,
+    EvaluationEpisodes,
+    NotApplicable,
+)
+from horizon_engine.evaluation import estimates_table, evaluate_run
 from horizon_engine.export import ExportConfig, ExporterBase, PolicyBundle
 from horizon_engine.files import atomic_output
 from horizon_engine.hookspecs import hookimpl
@@ -96,6 +105,7 @@ __all__ = [
     "ConfigError",
     "DataSource",
     "Engine",
+    "Estimate",
     "Estimator",
     "EstimatorBase",
     "EstimatorConfig",
@@ -109,6 +119,7 @@ __all__ = [
     "NormalizationConfig",
     "NormalizationParameters",
     "NormalizationTransform",
+    "NotApplicable",
     "PluginError",
     "PolicyBundle",
     "PolicyOutput",
@@ -135,7 +146,9 @@ __all__ = [
     "batch_fields",
     "check_batch",
     "detect_layout",
+    "estimates_table",
     "eval_split_value",
+    "evaluate_run",
     "feature_module",
     "group_map_values",
     "hookimpl",

@@ -123,7 +123,18 @@ def run(pipeline: Path, overrides: tuple[str, ...], stages: str | None, overwrit
         )
         for warning in report["warnings"]:
             click.echo(f"  warning: {warning}")
+    if "evaluation" in manifest["executed"]:
+        _echo_estimates(Path(output_dir))
     click.echo(f"run {manifest['run_id']} {manifest['status']}: {output_dir}/manifest.json")
+
+
+def _echo_estimates(run_dir: Path) -> None:
+    """The evaluation stage's estimates (``cpe.json``) as a table."""
+    from horizon_engine.evaluation import CPE_FILE, estimates_table
+
+    record = json.loads((run_dir / CPE_FILE).read_text(encoding="utf-8"))
+    click.echo(estimates_table(record))
+    click.echo(f"(every figure, and each epoch's: {run_dir / CPE_FILE})")
 
 
 @main.command()

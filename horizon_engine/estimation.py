@@ -3,10 +3,14 @@
 An estimator answers "what would the trained policy have earned on the eval split's states,
 had it made the decisions?" from logged data alone. It receives the eval split as episodes
 (``EvaluationEpisodes``: the rows in episode and step order, with the logged propensities,
-rewards and metrics, the evaluated policy's ``PolicyOutput`` on every row, and the models the
-trainer trained beside the policy) and returns named estimates. The training driver runs the
-``[[evaluation]]`` estimators after every epoch (``every_epoch``) and the evaluation stage runs
-them once after training (``horizon_engine.evaluation``).
+rewards and metrics, the evaluated policy's ``PolicyOutput`` on every row, the models the
+trainer trained beside the policy, its discount and the run's seed) and returns named
+estimates: an ``Estimate`` (the value with its interval, relative to the logged policy's value,
+and its effective sample size) or a plain float. An estimator that cannot apply to the data at
+all (importance weights of a continuous policy, which gives no probability of the logged
+action) raises ``NotApplicable`` with the reason, which the core records instead of a number.
+The training driver runs the ``[[evaluation]]`` estimators after every epoch (``every_epoch``)
+and the evaluation stage runs them once after training (``horizon_engine.evaluation``).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from horizon_engine.components import ComponentConfig, Estimator
+from horizon_engine.errors import HorizonError
 from horizon_engine.policies import ExplorationConfig
 
 if TYPE_CHECKING:
@@ -24,6 +29,48 @@ if TYPE_CHECKING:
     from horizon_engine.dataset import TimelineTensors
     from horizon_engine.policies import PolicyOutput
     from horizon_engine.schema import ActionType
+
+
+class NotApplicable(HorizonError):
+    """Raised by ``EstimatorBase.estimate`` when the estimator cannot apply to these episodes at
+    all (say, importance weights for continuous actions); the message is the reason, which the
+    core records for the entry (``cpe.json``'s ``entries``) instead of an estimate."""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One estimate of the evaluated policy's value with what is needed to judge it.
+
+    ``value`` is the raw estimate (the metric's mean per episode under the evaluated policy, or
+    per decision for one-step estimators), ``low`` and ``high`` its confidence interval (None
+    when none was computed), ``logged_value`` the logging policy's value of the same quantity
+    on the same rows, ``relative`` = ``value / logged_value`` (1.0 = parity, the Horizon paper's
+    Figure 2) with its interval, None when the logged value is too near zero to divide by (the
+    ``note`` says so), and ``effective_sample_size`` of the importance weights where there are
+    any.
+    """
+
+    value: float
+    low: float | None = None
+    high: float | None = None
+    logged_value: float | None = None
+    relative: float | None = None
+    relative_low: float | None = None
+    relative_high: float | None = None
+    effective_sample_size: float | None = None
+    note: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields as a JSON object; a value that is not finite becomes null."""
+        import math
+
+        def plain(value: Any) -> Any:
+            if value is None or isinstance(value, str):
+                return value
+            number = float(value)
+            return number if math.isfinite(number) else None
+
+        return {name: plain(getattr(self, name)) for name in self.__dataclass_fields__}
 
 
 class EstimatorConfig(ExplorationConfig):
@@ -55,6 +102,10 @@ class EvaluationEpisodes:
     models: dict[str, Any] = field(default_factory=dict)
     """What ``TrainerBase.evaluation_models()`` offers: reward and value models trained beside
     the policy, by name."""
+    discount: float | None = None
+    """The trainer's discount per step (``TrainerBase.discount()``), None when it has none."""
+    seed: int | None = None
+    """The run's seed, for estimators that draw random numbers (bootstrap intervals)."""
 
     @property
     def episode_count(self) -> int:
@@ -75,8 +126,18 @@ class EstimatorBase(Estimator):
     as an estimator; ``[[evaluation]] kind`` selects it by ``name``."""
 
     Config: ClassVar[type[ComponentConfig]] = EstimatorConfig
+    details: dict[str, Any]
+    """What the last ``estimate`` wants recorded beside its figures (the options in force, such
+    as the discount it resolved); the core writes it into ``cpe.json``'s ``entries``."""
+
+    def __init__(self, config: ComponentConfig) -> None:
+        super().__init__(config)
+        self.details = {}
 
     @abstractmethod
-    def estimate(self, episodes: EvaluationEpisodes) -> dict[str, float]:
-        """Named estimates for the evaluated policy (or the logged one) on ``episodes``; an
-        estimate it cannot make is left out, not reported as a number it does not mean."""
+    def estimate(self, episodes: EvaluationEpisodes) -> dict[str, Estimate | float]:
+        """Named estimates for the evaluated policy (or the logged one) on ``episodes``: an
+        ``Estimate`` per metric for a counterfactual estimator (``"reward"``, then each logged
+        metric), or plain floats. An estimate it cannot make is left out, not reported as a
+        number it does not mean; when it can make none on such data, raise
+        ``NotApplicable`` with the reason."""

@@ -1,15 +1,38 @@
 """Running the ``[[evaluation]]`` estimators: after every training epoch, and as a stage.
 
 Both read the eval split as ``EvaluationEpisodes`` (rows in episode and step order, each
-metric's values, the trainer's evaluation models) and compute the evaluated policy's
-``PolicyOutput`` under each entry's exploration. The stage restores the latest checkpoint and
-writes ``evaluation.json``: each entry's estimates, by the entry's label (its ``kind``, with
-``[i]`` added when two entries share one).
+metric's values, the trainer's evaluation models, its discount and the run's seed) and compute
+the evaluated policy's ``PolicyOutput`` under each entry's exploration. Each entry is known by
+its label: its ``kind``, with ``[i]`` added when two entries share one.
+
+An estimator returns ``Estimate``s by metric (the counterfactual ones) or plain floats
+(``logged_value``). As epoch metrics, an ``Estimate`` of metric ``m`` by entry ``L`` is
+``CPE/<m>/<L>``, its value relative to the logged policy's (the raw value when there is no
+relative one), and ``CPE/<m>/<L>/raw``; a float ``x`` named ``n`` is ``CPE/<L>/<n>``.
+
+The files, each written whole (temporary name, then rename) and owned by one stage:
+
+- ``cpe_epochs.json``, the train stage's: every epoch's estimates, rewritten as each epoch
+  ends, so a long training can be watched (and is not lost when it is killed);
+- ``cpe.json``, the evaluation stage's: what a user reads, ``{"eval_rows", "episodes",
+  "entries", "final", "epochs"}``. ``entries`` gives each label's kind, options as configured,
+  the details the estimator recorded (the options in force: the discount it resolved,
+  clipping, floor) and, for an estimator that cannot apply to the data, ``not_applicable``
+  with the reason; ``final`` the latest checkpoint's estimates by label; ``epochs`` a copy of
+  ``cpe_epochs.json``'s epochs, so one file holds the whole story. Two stages never write one
+  file: a later ``--stages train`` run replaces ``cpe_epochs.json`` and marks ``cpe.json``
+  stale, as for any output read from a replaced one.
+
+``evaluate_run`` evaluates a finished run's latest checkpoint on its own eval split or another
+timeline's (``horizon evaluate``), and ``estimates_table`` prints estimates for people.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,17 +44,25 @@ if TYPE_CHECKING:
 
     from horizon_engine.config import Choice
     from horizon_engine.dataset import TimelineTensors
-    from horizon_engine.estimation import EstimatorBase, EvaluationEpisodes
+    from horizon_engine.driver import ProblemDescription
+    from horizon_engine.estimation import Estimate, EstimatorBase, EvaluationEpisodes
+    from horizon_engine.plugins import PluginHost
     from horizon_engine.policies import ExplorationConfig, PolicyOutput
     from horizon_engine.run_context import RunContext
     from horizon_engine.schema import ActionType
     from horizon_engine.training import TrainerBase
 
-EVALUATION_FILE = "evaluation.json"
+CPE_FILE = "cpe.json"
 """The evaluation stage's output, in the run folder."""
+
+CPE_EPOCHS_FILE = "cpe_epochs.json"
+"""The train stage's record of the per-epoch estimates, in the run folder."""
 
 POLICY_CHUNK_ROWS = 65_536
 """Rows the evaluated policy scores at once: bounded memory on a large eval split."""
+
+Results = dict[str, dict[str, "Estimate | float"]]
+"""Each entry's estimates by label, each by name."""
 
 
 def estimator_labels(choices: list[Choice]) -> list[str]:
@@ -61,8 +92,45 @@ def read_metrics(split: Path) -> dict[str, torch.Tensor]:
     return {name: torch.from_numpy(values[:, i].copy()) for i, name in enumerate(names)}
 
 
+def results_json(results: Results) -> dict[str, dict[str, Any]]:
+    """``results`` as JSON: an ``Estimate`` as its fields, a float as it is (null when it is
+    not finite)."""
+    from horizon_engine.estimation import Estimate
+
+    return {
+        label: {
+            name: value.to_json()
+            if isinstance(value, Estimate)
+            else (value if math.isfinite(value) else None)
+            for name, value in estimates.items()
+        }
+        for label, estimates in results.items()
+    }
+
+
+def epoch_metric_values(results: Results) -> dict[str, float]:
+    """``results`` as epoch metrics: ``CPE/<metric>/<label>`` (relative, else raw) and
+    ``CPE/<metric>/<label>/raw`` for an ``Estimate``, ``CPE/<label>/<name>`` for a float."""
+    from horizon_engine.estimation import Estimate
+
+    metrics: dict[str, float] = {}
+    for label, estimates in results.items():
+        for name, value in estimates.items():
+            if isinstance(value, Estimate):
+                shown = value.relative if value.relative is not None else value.value
+                metrics[f"CPE/{name}/{label}"] = float(shown)
+                metrics[f"CPE/{name}/{label}/raw"] = float(value.value)
+            else:
+                metrics[f"CPE/{label}/{name}"] = float(value)
+    return metrics
+
+
 class EpisodeEvaluation:
-    """The configured estimators over one eval split, ready to run on any state of a trainer."""
+    """The configured estimators over one eval split, ready to run on any state of a trainer.
+
+    ``seed`` is the run's (estimators' bootstrap draws); with ``epochs_file`` each
+    ``epoch_metrics`` call also rewrites that file with every epoch's estimates so far.
+    """
 
     def __init__(
         self,
@@ -70,6 +138,8 @@ class EpisodeEvaluation:
         action_type: ActionType,
         data: TimelineTensors,
         metrics: dict[str, torch.Tensor],
+        seed: int | None = None,
+        epochs_file: Path | None = None,
     ) -> None:
         import torch
 
@@ -77,6 +147,12 @@ class EpisodeEvaluation:
         self.labels = estimator_labels(choices)
         self.choices = choices
         self.estimators: list[EstimatorBase] = [choice.create() for choice in choices]
+        self.seed = seed
+        self.epochs_file = epochs_file
+        self.epochs: list[dict[str, Any]] = []
+        """Each ``epoch_metrics`` call's estimates, as ``cpe_epochs.json`` holds them."""
+        self.not_applicable: dict[str, str] = {}
+        """Labels whose estimator cannot apply to this data, with its reason."""
         by_step = torch.argsort(data.step, stable=True)
         order = by_step[torch.argsort(data.episode_id[by_step], stable=True)]
         self.data = data.take(order)
@@ -87,14 +163,21 @@ class EpisodeEvaluation:
         self.episode_starts = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
         self.episode_starts = self.episode_starts.cpu()
 
-    def run(
-        self, trainer: TrainerBase, every_epoch_only: bool = False
-    ) -> dict[str, dict[str, float]]:
+    @property
+    def episode_count(self) -> int:
+        return len(self.episode_starts) - 1
+
+    def run(self, trainer: TrainerBase, every_epoch_only: bool = False) -> Results:
         """Each entry's estimates for the trainer's current policy, by label (with
-        ``every_epoch_only``, only the entries that run after every epoch)."""
+        ``every_epoch_only``, only the entries that run after every epoch). An entry whose
+        estimator raised ``NotApplicable`` is left out and its reason kept in
+        ``not_applicable``."""
+        from horizon_engine.estimation import Estimate, NotApplicable
+
         policy = trainer.policy()
         models = trainer.evaluation_models()
-        results: dict[str, dict[str, float]] = {}
+        discount = trainer.discount()
+        results: Results = {}
         outputs: dict[str, PolicyOutput] = {}
         for label, choice, estimator in zip(
             self.labels, self.choices, self.estimators, strict=True
@@ -104,21 +187,62 @@ class EpisodeEvaluation:
             key = choice.config.model_dump_json(include={"policy", "epsilon", "temperature"})
             if key not in outputs:
                 outputs[key] = self._policy_output(policy, choice.config)
-            episodes = self._episodes(outputs[key], models)
-            results[label] = {
-                name: float(value) for name, value in estimator.estimate(episodes).items()
-            }
+            episodes = self._episodes(outputs[key], models, discount)
+            try:
+                found = estimator.estimate(episodes)
+            except NotApplicable as exc:
+                self.not_applicable[label] = str(exc)
+                continue
+            estimates: dict[str, Estimate | float] = {}
+            for name, value in found.items():
+                if isinstance(value, Estimate):
+                    estimates[name] = value
+                elif isinstance(value, int | float) or hasattr(value, "__float__"):
+                    estimates[name] = float(value)
+                else:
+                    raise HorizonError(
+                        f"[[evaluation]] {label}: estimate {name!r} is a "
+                        f"{type(value).__name__}, expected an Estimate or a number"
+                    )
+            results[label] = estimates
         return results
 
     def epoch_metrics(self, trainer: TrainerBase) -> dict[str, float]:
-        """The per-epoch entries' estimates as epoch metrics, ``CPE/<label>/<estimate>``."""
-        return {
-            f"CPE/{label}/{name}": value
-            for label, estimates in self.run(trainer, every_epoch_only=True).items()
-            for name, value in estimates.items()
-        }
+        """The per-epoch entries' estimates as epoch metrics (see the module docstring),
+        recorded in ``epochs`` and written to ``epochs_file`` when there is one."""
+        results = self.run(trainer, every_epoch_only=True)
+        self.epochs.append({"epoch": len(self.epochs) + 1, "estimates": results_json(results)})
+        if self.epochs_file is not None:
+            from horizon_engine.files import write_json
 
-    def _episodes(self, output: PolicyOutput, models: dict[str, Any]) -> EvaluationEpisodes:
+            write_json(
+                self.epochs_file,
+                {"entries": self.entries(every_epoch_only=True), "epochs": self.epochs},
+            )
+        return epoch_metric_values(results)
+
+    def entries(self, every_epoch_only: bool = False) -> dict[str, dict[str, Any]]:
+        """Each entry's kind, options as configured, the details its estimator recorded (the
+        options in force) and, when it cannot apply to this data, ``not_applicable``."""
+        entries = {}
+        for label, choice, estimator in zip(
+            self.labels, self.choices, self.estimators, strict=True
+        ):
+            if every_epoch_only and not choice.config.every_epoch:
+                continue
+            entry: dict[str, Any] = {
+                "kind": choice.component.name,
+                "options": choice.config.model_dump(mode="json"),
+                "details": dict(getattr(estimator, "details", None) or {}),
+            }
+            if label in self.not_applicable:
+                entry["not_applicable"] = self.not_applicable[label]
+            entries[label] = entry
+        return entries
+
+    def _episodes(
+        self, output: PolicyOutput, models: dict[str, Any], discount: float | None
+    ) -> EvaluationEpisodes:
         from horizon_engine.estimation import EvaluationEpisodes
 
         return EvaluationEpisodes(
@@ -128,6 +252,8 @@ class EpisodeEvaluation:
             policy=output,
             metrics=self.metrics,
             models=models,
+            discount=discount,
+            seed=self.seed,
         )
 
     def _policy_output(
@@ -171,44 +297,260 @@ class EpisodeEvaluation:
         return PolicyOutput(self.action_type, **joined)
 
 
-def run_evaluation_stage(run: RunContext, choices: list[Choice]) -> StageReport:
-    """Run every ``[[evaluation]]`` estimator once on the eval split, for the latest
-    checkpoint's policy; write ``evaluation.json``."""
-    from horizon_engine.driver import load_split, restore_trainer, timeline_problem
-    from horizon_engine.files import write_json
+def _evaluate_split(
+    run: RunContext,
+    choices: list[Choice],
+    description: ProblemDescription,
+    split: Path,
+    purpose: str,
+) -> tuple[EpisodeEvaluation, Results]:
+    """The latest checkpoint's policy, evaluated by ``choices`` on the timeline split folder
+    ``split`` (rows with ``description``'s features and actions)."""
+    from horizon_engine.dataset import load_timeline
+    from horizon_engine.driver import restore_trainer
     from horizon_engine.training import resolve_device
 
     trainer_choice = run.spec.sections["trainer"]
-    description, _ = timeline_problem(run)
     device = resolve_device(trainer_choice.config.device)
     trainer, _ = restore_trainer(
-        run.output_dir, trainer_choice, description, run.plugins, device, "evaluation"
+        run.output_dir, trainer_choice, description, run.plugins, device, purpose
     )
-    eval_split = load_split(run, description, "eval", device)
-    if not len(eval_split):
+    rows = load_timeline(
+        split,
+        description.action_type,
+        description.feature_ids,
+        description.action_feature_ids,
+        description.actions,
+    ).to(device)
+    if not len(rows):
         raise HorizonError(
-            f"[[evaluation]] {run.output_dir / 'timeline' / 'eval'} holds no rows: the "
-            "estimators need an eval split ([timeline] eval_fraction > 0)"
+            f"[[evaluation]] {split} holds no rows: the estimators need an eval split "
+            "([timeline] eval_fraction > 0)"
         )
     evaluation = EpisodeEvaluation(
-        choices,
-        description.action_type,
-        eval_split,
-        read_metrics(run.output_dir / "timeline" / "eval"),
+        choices, description.action_type, rows, read_metrics(split), run.seed
     )
-    estimates = evaluation.run(trainer)
-    write_json(
-        run.output_dir / EVALUATION_FILE,
-        {
-            "eval_rows": len(eval_split),
-            "episodes": len(evaluation.episode_starts) - 1,
-            "estimates": estimates,
-        },
-    )
+    return evaluation, evaluation.run(trainer)
+
+
+def run_evaluation_stage(run: RunContext, choices: list[Choice]) -> StageReport:
+    """Run every ``[[evaluation]]`` estimator once on the eval split, for the latest
+    checkpoint's policy; write ``cpe.json`` with these final estimates and the per-epoch ones
+    the train stage recorded (``cpe_epochs.json``, when it ran estimators every epoch)."""
+    from horizon_engine.driver import timeline_problem
+    from horizon_engine.files import write_json
+
+    description, _ = timeline_problem(run)
+    split = run.output_dir / "timeline" / "eval"
+    if not any(split.glob("*.parquet")):
+        raise HorizonError(
+            f"[[evaluation]] {split} holds no rows: the estimators need an eval split "
+            "([timeline] eval_fraction > 0)"
+        )
+    evaluation, results = _evaluate_split(run, choices, description, split, "evaluation")
+    epochs = []
+    epochs_file = run.output_dir / CPE_EPOCHS_FILE
+    if epochs_file.is_file():
+        epochs = json.loads(epochs_file.read_text(encoding="utf-8")).get("epochs", [])
+    final = results_json(results)
+    record = {
+        "eval_rows": len(evaluation.data),
+        "episodes": evaluation.episode_count,
+        "entries": evaluation.entries(),
+        "final": final,
+        "epochs": epochs,
+    }
+    write_json(run.output_dir / CPE_FILE, record)
     return StageReport(
         "evaluation",
-        rows_in=len(eval_split),
-        rows_out=len(eval_split),
-        outputs=[EVALUATION_FILE],
-        details={"episodes": len(evaluation.episode_starts) - 1, "estimates": estimates},
+        rows_in=len(evaluation.data),
+        rows_out=len(evaluation.data),
+        outputs=[CPE_FILE],
+        details={
+            "episodes": evaluation.episode_count,
+            "estimates": final,
+            "not_applicable": dict(evaluation.not_applicable),
+        },
     )
+
+
+def evaluate_run(
+    run_dir: str | Path,
+    data: str | Path | None = None,
+    default_evaluation: Iterable[Mapping[str, Any]] = (),
+    overrides: Iterable[str] = (),
+    plugins: PluginHost | None = None,
+) -> dict[str, Any]:
+    """Evaluate a finished ``horizon run``'s latest checkpoint with its ``[[evaluation]]``
+    entries (``default_evaluation``, entries as in pipeline.toml, when it has none) on its own
+    eval split, or on ``data``: another run's eval split (a run folder, its ``timeline``
+    folder or a split folder of timeline Parquet) with the same actions and state features.
+
+    ``overrides`` are ``--set`` overrides of the run's config (``evaluation.0.weight_clip=10``).
+    Returns what ``cpe.json`` holds but the epochs, with ``run_dir`` and ``data``; writes
+    nothing.
+    """
+    import copy
+    import uuid
+
+    from horizon_engine.config import build_spec
+    from horizon_engine.driver import ProblemDescription
+    from horizon_engine.export import read_manifest
+    from horizon_engine.plugins import get_plugin_host
+    from horizon_engine.run_context import RunContext
+
+    run_dir = Path(run_dir)
+    plugins = plugins or get_plugin_host()
+    config = copy.deepcopy(read_manifest(run_dir / "manifest.json")["config"])
+    if "pipeline" not in config or "trainer" not in config:
+        raise HorizonError(
+            f"{run_dir}: not the folder of a `horizon run` that trained a policy (its manifest "
+            "has no [pipeline] and [trainer])"
+        )
+    config["pipeline"]["output_dir"] = str(run_dir)
+    config["pipeline"]["stages"] = None
+    if not config.get("evaluation"):
+        config["evaluation"] = [dict(entry) for entry in default_evaluation]
+    if not config["evaluation"]:
+        raise HorizonError(f"{run_dir}: the run has no [[evaluation]] entries to run")
+    spec = build_spec(config, plugins, overrides)
+    description = ProblemDescription.read(run_dir)
+    split = run_dir / "timeline" / "eval" if data is None else _split_folder(Path(data))
+    if data is not None:
+        _check_data(split, description)
+    elif not any(split.glob("*.parquet")):
+        raise HorizonError(
+            f"{split} holds no eval split to evaluate on: give another timeline with --data"
+        )
+    run = RunContext(spec, run_dir, plugins, uuid.uuid4().hex[:12])
+    evaluation, results = _evaluate_split(run, spec.evaluation, description, split, "evaluation")
+    return {
+        "run_dir": str(run_dir),
+        "data": str(split),
+        "eval_rows": len(evaluation.data),
+        "episodes": evaluation.episode_count,
+        "entries": evaluation.entries(),
+        "final": results_json(results),
+    }
+
+
+def _split_folder(path: Path) -> Path:
+    """The split folder ``--data`` names: a run folder's ``timeline/eval``, a timeline
+    folder's ``eval``, or a folder of timeline Parquet itself."""
+    for candidate in (path / "timeline" / "eval", path / "eval", path):
+        if candidate.is_dir() and any(candidate.glob("*.parquet")):
+            return candidate
+    raise HorizonError(
+        f"--data {path}: no timeline rows there (expected a run folder, its timeline folder "
+        "or a folder of timeline Parquet files)"
+    )
+
+
+def _check_data(split: Path, description: ProblemDescription) -> None:
+    """Another timeline's split must have the run's action type, actions and state (and
+    action) features, or the policy cannot be evaluated on it."""
+    import pyarrow.parquet as pq
+
+    from horizon_engine.schema import map_entries
+    from horizon_engine.timeline import TIMELINE_INFO, TimelineInfo
+
+    if (split.parent / TIMELINE_INFO).is_file():
+        info = TimelineInfo.read(split.parent)
+        if info.action_type != description.action_type.value:
+            raise HorizonError(
+                f"--data {split}: its actions are {info.action_type}, the run's policy "
+                f"decides {description.action_type.value} actions"
+            )
+        if description.actions and (info.actions or []) != description.actions:
+            raise HorizonError(
+                f"--data {split}: its actions are {info.actions}, the run's policy was "
+                f"trained on {description.actions} (the same names in the same order)"
+            )
+    columns = [("state_features", description.feature_ids, "state")]
+    if description.action_feature_ids:
+        columns.append(("action", description.action_feature_ids, "action"))
+    table = pq.read_table(split, columns=[name for name, _, _ in columns])
+    for name, feature_ids, kind in columns:
+        column = table[name].combine_chunks()
+        _, keys, _ = map_entries(column)
+        found = set(keys.unique().to_pylist())
+        missing = [feature for feature in feature_ids if feature not in found]
+        if missing:
+            raise HorizonError(
+                f"--data {split}: no row has the {kind} feature(s) {missing} that the run's "
+                f"policy reads (the data has {sorted(found)[:20]})"
+            )
+
+
+def _number(value: float | None, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if abs(value) >= 10 ** (digits + 2) or (value != 0 and abs(value) < 10**-(digits)):
+        return f"{value:.{digits}g}"
+    return f"{value:.{digits}f}"
+
+
+def _interval(value: float | None, low: float | None, high: float | None) -> str:
+    if low is None or high is None:
+        return _number(value)
+    return f"{_number(value)} [{_number(low)}, {_number(high)}]"
+
+
+def estimates_table(record: Mapping[str, Any]) -> str:
+    """``cpe.json`` (or ``evaluate_run``'s answer) as a table for people: per metric and
+    estimator the value relative to the logged policy's with its interval, the raw value with
+    its interval, the logged value and the effective sample size; then plain figures (such as
+    ``logged_value``'s), notes, and the entries that could not apply with their reasons."""
+    final: Mapping[str, Mapping[str, Any]] = record.get("final", {})
+    entries: Mapping[str, Mapping[str, Any]] = record.get("entries", {})
+    header = ("metric", "estimator", "relative [interval]", "raw [interval]", "logged", "ESS")
+    rows: list[tuple[str, ...]] = []
+    notes: list[str] = []
+    plain: list[str] = []
+    metrics: dict[str, list[tuple[str, Mapping[str, Any]]]] = {}
+    for label, estimates in final.items():
+        figures = []
+        for name, value in estimates.items():
+            if isinstance(value, Mapping):
+                metrics.setdefault(name, []).append((label, value))
+            else:
+                whole = value is not None and float(value).is_integer() and abs(value) < 1e15
+                figures.append(f"{name} {int(value) if whole else _number(value)}")
+        if figures:
+            plain.append(f"{label}: " + ", ".join(figures))
+    for metric, found in metrics.items():
+        for label, estimate in found:
+            rows.append(
+                (
+                    metric,
+                    label,
+                    _interval(
+                        estimate.get("relative"),
+                        estimate.get("relative_low"),
+                        estimate.get("relative_high"),
+                    ),
+                    _interval(estimate.get("value"), estimate.get("low"), estimate.get("high")),
+                    _number(estimate.get("logged_value")),
+                    _number(estimate.get("effective_sample_size"), 1),
+                )
+            )
+            if estimate.get("note"):
+                notes.append(f"{label} {metric}: {estimate['note']}")
+    lines = [
+        f"Counterfactual evaluation on {record.get('episodes', '?')} episodes "
+        f"({record.get('eval_rows', '?')} rows); relative = estimate / logged policy's value "
+        "(1.0 = parity)"
+    ]
+    if rows:
+        widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+        for row in [header, *rows]:
+            cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=True)]
+            lines.append("  ".join(cells).rstrip())
+    lines += plain
+    lines += [f"note: {note}" for note in notes]
+    lines += [
+        f"not applicable: {label}: {entry['not_applicable']}"
+        for label, entry in entries.items()
+        if entry.get("not_applicable")
+    ]
+    return "\n".join(lines)

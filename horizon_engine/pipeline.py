@@ -32,7 +32,7 @@ from horizon_engine.errors import (
     HorizonError,
     StageInputError,
 )
-from horizon_engine.evaluation import EVALUATION_FILE, run_evaluation_stage
+from horizon_engine.evaluation import CPE_EPOCHS_FILE, CPE_FILE, run_evaluation_stage
 from horizon_engine.files import remove_path, staged_outputs, write_json
 from horizon_engine.import_clock import import_clock
 from horizon_engine.normalization import NORMALIZATION_FILE
@@ -403,8 +403,9 @@ def run_train_stage(run: RunContext, choice: Choice) -> StageReport:
     device once; every epoch is one pass of shuffled minibatches (a seeded generator), then the
     trainer's evaluation, the per-epoch estimators, a checkpoint
     (``checkpoints/epoch-NNNN.pt`` and ``latest.pt``, written atomically) and
-    ``horizon_on_epoch_end`` with the epoch's metrics. The first eval rows (train rows without
-    an eval split) are kept to check the exported model on.
+    ``horizon_on_epoch_end`` with the epoch's metrics. The per-epoch estimates are also
+    written to ``cpe_epochs.json`` as each epoch ends (``horizon_engine.evaluation``). The
+    first eval rows (train rows without an eval split) are kept to check the exported model on.
     """
     from horizon_engine.driver import TrainingDriver, load_split, timeline_problem
 
@@ -423,13 +424,16 @@ def run_train_stage(run: RunContext, choice: Choice) -> StageReport:
             description.action_type,
             evaluation,
             read_metrics(run.output_dir / "timeline" / "eval"),
+            run.seed,
+            run.output_dir / CPE_EPOCHS_FILE,
         )
     history = driver.train_epochs(train, evaluation, estimators)
+    recorded = [CPE_EPOCHS_FILE] if estimators is not None else []
     return StageReport(
         "train",
         rows_in=len(train),
         rows_out=len(train),
-        outputs=[*driver.outputs, *driver.checkpoints],
+        outputs=[*driver.outputs, *driver.checkpoints, *recorded],
         details={
             "device": str(driver.device),
             "epochs": choice.config.epochs,
@@ -479,6 +483,7 @@ STAGES: tuple[Stage, ...] = (
             f"{CHECKPOINTS}/epoch-*.pt",
             PROBLEM_FILE,
             CHECK_ROWS_FILE,
+            CPE_EPOCHS_FILE,
         ),
         ("timeline/timeline.json", NORMALIZATION_FILE),
         run_train_stage,
@@ -486,7 +491,7 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "evaluation",
         "evaluation",
-        (EVALUATION_FILE,),
+        (CPE_FILE,),
         ("timeline/timeline.json", NORMALIZATION_FILE, f"{CHECKPOINTS}/latest.pt"),
         run_evaluation_stage,
     ),

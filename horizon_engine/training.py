@@ -153,6 +153,12 @@ class TrainerBase(Trainer):
         policy's Q), by name; none by default."""
         return {}
 
+    def discount(self) -> float | None:
+        """What a reward one step later is worth now to this trainer (its gamma), which
+        sequential estimators discount with unless told otherwise; None (the default) when the
+        trainer has no such notion."""
+        return None
+
 
 def resolve_device(choice: str) -> torch.device:
     """``auto`` -> CUDA when available, else CPU; ``cuda`` without a GPU is an error."""

@@ -188,6 +188,10 @@ class QLearningTrainer(TrainerBase):
         )
         return discounted_returns(reward.double(), discount.double(), ends.double())
 
+    def discount(self) -> float:
+        """``gamma``: the sequential estimators discount with it unless told otherwise."""
+        return self.config.gamma
+
     def state_dict(self) -> dict[str, Any]:
         """Networks, target network, optimizer and the update counter (which sets the decayed
         learning rate); the preprocessors are rebuilt from normalization.json."""

@@ -91,16 +91,18 @@ def test_logged_value_runs_after_every_epoch_and_in_the_evaluation_stage(tmp_pat
     manifest = Engine(show_progress=False).run(config)
 
     run = tmp_path / "run"
-    written = json.loads((run / "evaluation.json").read_text())
+    written = json.loads((run / "cpe.json").read_text())
     expected = expected_logged_value(run / "timeline" / "eval")
     assert expected["episodes"] >= 3, "the seed must leave several episodes in the eval split"
-    estimates = written["estimates"]["logged_value"]
+    estimates = written["final"]["logged_value"]
     assert estimates.pop("reward_per_step") == pytest.approx(
         expected["reward_per_episode"] * expected["episodes"] / expected["rows"]
     )
     assert estimates == pytest.approx(expected)
     assert written["episodes"] == expected["episodes"]
-    assert manifest["stages"]["evaluation"]["outputs"] == ["evaluation.json"]
+    assert manifest["stages"]["evaluation"]["outputs"] == ["cpe.json"]
+    assert "cpe_epochs.json" in manifest["stages"]["train"]["outputs"]
+    assert [epoch["epoch"] for epoch in written["epochs"]] == [1, 2]
     for epoch in ("first_epoch", "last_epoch"):
         metrics = manifest["stages"]["train"]["details"][epoch]
         assert metrics["CPE/logged_value/reward_per_episode"] == pytest.approx(
@@ -114,7 +116,7 @@ def test_entries_sharing_a_kind_are_labelled_by_position_and_every_epoch_can_be_
     )
     manifest = Engine(show_progress=False).run(config)
 
-    estimates = json.loads((tmp_path / "run" / "evaluation.json").read_text())["estimates"]
+    estimates = json.loads((tmp_path / "run" / "cpe.json").read_text())["final"]
     assert sorted(estimates) == ["logged_value[0]", "logged_value[1]"]
     epoch = manifest["stages"]["train"]["details"]["last_epoch"]
     assert "CPE/logged_value[0]/episodes" in epoch

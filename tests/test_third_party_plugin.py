@@ -182,7 +182,7 @@ def test_one_pipeline_runs_every_family_of_the_plugin_and_the_trainer_learns(
     assert torch.equal(probabilities.max(dim=1).values, torch.ones(len(hours)))  # greedy
 
     # The estimator, once in the evaluation stage and after every epoch.
-    estimates = json.loads((run / "evaluation.json").read_text())["estimates"]
+    estimates = json.loads((run / "cpe.json").read_text())["final"]
     trained, uniform, logged = (
         estimates["one_step_ips[0]"],
         estimates["one_step_ips[1]"],
@@ -362,7 +362,6 @@ avg_over_num_episodes = 10
 epsilon_decay_steps = 2000
 epsilon_end = 0.05
 score_bar = 100.0
-torch_threads = 1
 
 [trainer]
 kind = "small_q"

@@ -1,0 +1,63 @@
+"""``horizon evaluate RUN_DIR``: a finished run's policy, evaluated on its own or other data.
+
+Registered through ``horizon_register_commands``. It restores the run's latest checkpoint and
+runs the run's ``[[evaluation]]`` entries (all seven CPE estimators when it has none) on the
+run's eval split, or with ``--data`` on another run's timeline (the same actions and state
+features), prints the estimates as a table and writes them as JSON. The work is the core's
+``evaluate_run``; this module is the command line around it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from horizon_engine import HorizonError, atomic_output, estimates_table, evaluate_run
+
+OUTPUT_FILE = "cpe_evaluate.json"
+"""Where the estimates go without ``-o``: inside RUN_DIR, beside (never over) ``cpe.json``."""
+
+
+@click.command("evaluate")
+@click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option(
+    "--data",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Evaluate on this timeline instead of the run's eval split: another run's folder, "
+    "its timeline folder, or a folder of timeline Parquet files (its eval split when it has "
+    "one), with the run's actions and state features.",
+)
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="SECTION.KEY=VALUE",
+    help="Override a key of the run's config, e.g. --set evaluation.0.weight_clip=10.",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help=f"JSON file to write the estimates to [default: RUN_DIR/{OUTPUT_FILE}].",
+)
+def evaluate_command(
+    run_dir: Path, data: Path | None, overrides: tuple[str, ...], output: Path | None
+) -> None:
+    """Evaluate RUN_DIR's trained policy (a `horizon run` folder) with its [[evaluation]]
+    entries, or every CPE estimator when it has none, on its eval split or on --data."""
+    from horizon_plugins_cpe.estimators import KINDS
+
+    try:
+        record = evaluate_run(run_dir, data, [{"kind": kind} for kind in KINDS], overrides)
+    except HorizonError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    output = output or run_dir / OUTPUT_FILE
+    with atomic_output(output) as temporary:
+        temporary.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    click.echo(f"{run_dir}'s latest checkpoint on {record['data']}:")
+    click.echo(estimates_table(record))
+    click.echo(f"wrote {output}")

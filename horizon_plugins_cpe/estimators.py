@@ -1,0 +1,311 @@
+"""The CPE estimators as ``[[evaluation]]`` components: one per kind, all on one config.
+
+One-step (contextual bandit): ``dm``, ``ips``, ``snips``, ``dr``. Sequential, over whole
+episodes: ``sequential_dr``, ``weighted_dr``, ``magic``. Each turns the core's
+``EvaluationEpisodes`` into the formulas' ``CpeInputs`` (numpy, in episode and step order):
+the reward and every logged metric, the logged action and its propensity, the evaluated
+policy's probabilities under the entry's exploration, the possible actions and the state
+features. The models the formulas need are cross-fitted here on the eval split
+(``horizon_plugins_cpe.models``): a reward model for ``dm`` and ``dr``, fitted-Q evaluation of
+the evaluated policy for the sequential kinds; ``ips`` and ``snips`` need none. Inputs and
+models are kept for the episodes last seen, so seven entries on one epoch (one policy output,
+one split) build the inputs once and fit each model once.
+
+Every estimate comes back per metric (``"reward"``, then each logged metric by name) as an
+``Estimate``: raw, relative to the logged policy's value, with a bootstrap interval over
+episodes and the effective sample size. Continuous actions have no probability of the logged
+action under the evaluated policy, so none of these estimators applies to them: ``estimate``
+raises ``NotApplicable`` with that reason, which the core records in ``cpe.json``.
+
+numpy, scipy and torch are imported where they are used, so listing plugins stays fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import Field
+
+from horizon_engine import (
+    ActionType,
+    Estimate,
+    EstimatorBase,
+    EstimatorConfig,
+    EvaluationEpisodes,
+    HorizonError,
+    NotApplicable,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from horizon_plugins_cpe.formulas import CpeInputs, CpeOptions, ModelValues
+
+CONTINUOUS_REASON = (
+    "continuous actions: the policy gives the log-density of its own action, not a probability "
+    "of the logged one, so there are no importance weights or expectations over actions to "
+    "form; the CPE estimators evaluate discrete and parametric actions"
+)
+"""What ``cpe.json`` records for a CPE entry on continuous actions."""
+
+REWARD_METRIC = "reward"
+"""The name of the reward's estimates; a logged metric of that name is ``metrics.reward``
+(or left out when it equals the reward on every row)."""
+
+
+class CpeConfig(EstimatorConfig):
+    """Options of every CPE estimator (``[[evaluation]] kind = "dm"``, ``"magic"``, ...)."""
+
+    gamma: float | None = Field(default=None, ge=0.0, le=1.0)
+    """Discount per step of the sequential estimators; by default the trainer's own (dqn's
+    gamma), or 1.0 for a trainer without one."""
+    num_bootstrap: int = Field(default=200, ge=1)
+    """Bootstrap resamples of the episodes for each interval."""
+    confidence: float = Field(default=0.95, gt=0.0, lt=1.0)
+    """Coverage of the intervals."""
+    weight_clip: float | None = Field(default=None, gt=0.0)
+    """Clip each importance weight (per step ratio) at this value; off by default."""
+    propensity_floor: float | None = Field(default=None, gt=0.0, le=1.0)
+    """Raise logged propensities below this to it before dividing; off by default."""
+    seed: int | None = None
+    """Seed of the bootstrap and the models' cross-fitting folds; by default the run's."""
+
+
+def _numpy(tensor: Any) -> np.ndarray:
+    return tensor.detach().cpu().double().numpy()
+
+
+def _logged_slots(data: Any) -> np.ndarray:
+    """Each parametric row's logged action as the index of the candidate it is: the first real
+    candidate whose features and presence equal the logged action's."""
+    import numpy as np
+
+    same = (data.possible_action_features == data.action.unsqueeze(1)) & (
+        data.possible_action_presence == data.action_presence.unsqueeze(1)
+    )
+    match = same.all(dim=2) & (data.possible_actions > 0)
+    found = match.any(dim=1).cpu().numpy()
+    if not found.all():
+        raise HorizonError(
+            f"[[evaluation]] {int((~found).sum())} of {len(found)} eval rows log an action that "
+            "is none of their possible actions (candidates): its probability under the "
+            "evaluated policy is unknown"
+        )
+    return match.double().argmax(dim=1).cpu().numpy().astype(np.int64)
+
+
+def metric_columns(episodes: EvaluationEpisodes) -> tuple[tuple[str, ...], list[Any]]:
+    """The names and per-row tensors of what is estimated: the reward, then each logged
+    metric by name (a metric named ``reward`` that is not the reward itself as
+    ``metrics.reward``)."""
+    import torch
+
+    names, columns = [REWARD_METRIC], [episodes.data.reward]
+    for name, values in sorted(episodes.metrics.items()):
+        if name == REWARD_METRIC:
+            if torch.equal(values.to(episodes.data.reward), episodes.data.reward):
+                continue
+            name = f"metrics.{name}"
+        names.append(name)
+        columns.append(values)
+    return tuple(names), columns
+
+
+def cpe_inputs(episodes: EvaluationEpisodes) -> CpeInputs:
+    """The formulas' inputs from the core's episodes (discrete or parametric actions)."""
+    import numpy as np
+
+    from horizon_plugins_cpe.formulas import CpeInputs
+
+    if episodes.action_type is ActionType.CONTINUOUS or episodes.policy.probabilities is None:
+        raise NotApplicable(CONTINUOUS_REASON)
+    data = episodes.data
+    names, columns = metric_columns(episodes)
+    rewards = np.stack([_numpy(column) for column in columns], axis=1)
+    possible = data.possible_actions.detach().cpu().numpy() > 0
+    if episodes.action_type is ActionType.DISCRETE:
+        action = data.action.detach().cpu().numpy().astype(np.int64)
+        # A row that recorded no possible actions has all of them possible (as the policy's).
+        possible = np.where(possible.any(axis=1, keepdims=True), possible, True)
+    else:
+        action = _logged_slots(data)
+    features = np.concatenate([_numpy(data.state), _numpy(data.state_presence)], axis=1)
+    return CpeInputs(
+        episode_starts=episodes.episode_starts.detach().cpu().numpy().astype(np.int64),
+        rewards=rewards,
+        metric_names=names,
+        action=action,
+        logged_propensity=_numpy(data.action_probability),
+        target_probabilities=_numpy(episodes.policy.probabilities),
+        possible=possible,
+        features=features,
+    )
+
+
+@dataclass
+class _Prepared:
+    """The inputs made from one ``EvaluationEpisodes``'s data, policy output and metrics, and
+    the models fitted on them, by model kind and options."""
+
+    data: Any
+    policy: Any
+    metrics: Any
+    inputs: CpeInputs
+    models: dict[tuple[str, CpeOptions], ModelValues] = field(default_factory=dict)
+
+
+_PREPARED: list[_Prepared] = []
+"""The last few episodes' inputs and models (the newest last). Entries are found by the
+identity of the episodes' data, policy output and metrics, which the core shares between the
+entries of one epoch; references are held, so an identity is never reused while cached."""
+
+PREPARED_KEPT = 2
+"""How many episodes' inputs and models are kept: an epoch's two explorations, say."""
+
+
+def prepared(episodes: EvaluationEpisodes) -> _Prepared:
+    """The inputs (and models fitted so far) of these episodes, built on first use."""
+    for entry in _PREPARED:
+        if (
+            entry.data is episodes.data
+            and entry.policy is episodes.policy
+            and entry.metrics is episodes.metrics
+        ):
+            return entry
+    entry = _Prepared(episodes.data, episodes.policy, episodes.metrics, cpe_inputs(episodes))
+    _PREPARED.append(entry)
+    del _PREPARED[:-PREPARED_KEPT]
+    return entry
+
+
+class CpeEstimator(EstimatorBase):
+    """The shared half of the CPE estimators: a subclass names its kind and the model it
+    needs (``"reward"``, ``"q"`` or None)."""
+
+    Config: ClassVar[type[CpeConfig]] = CpeConfig
+    config: CpeConfig
+    model: ClassVar[str | None] = None
+
+    def options(self, episodes: EvaluationEpisodes) -> CpeOptions:
+        """The formulas' options: the config's, the discount and seed resolved."""
+        from horizon_plugins_cpe.formulas import CpeOptions
+
+        config = self.config
+        gamma = config.gamma
+        if gamma is None:
+            gamma = episodes.discount if episodes.discount is not None else 1.0
+        seed = config.seed
+        if seed is None:
+            seed = episodes.seed if episodes.seed is not None else 0
+        return CpeOptions(
+            gamma=float(gamma),
+            num_bootstrap=config.num_bootstrap,
+            confidence=config.confidence,
+            weight_clip=config.weight_clip,
+            propensity_floor=config.propensity_floor,
+            seed=int(seed),
+        )
+
+    def estimate(self, episodes: EvaluationEpisodes) -> dict[str, Estimate | float]:
+        """An ``Estimate`` per metric (``reward`` first); ``NotApplicable`` on continuous
+        actions. ``details`` records the options in force (the discount resolved and where it
+        came from, clipping, floor, seed) and the metrics estimated."""
+        from horizon_plugins_cpe.formulas import estimate
+
+        options = self.options(episodes)
+        entry = prepared(episodes)
+        models = None
+        if self.model is not None:
+            key = (self.model, options)
+            if key not in entry.models:
+                entry.models[key] = self._fit(entry.inputs, options)
+            models = entry.models[key]
+        try:
+            found = estimate(self.name, entry.inputs, models, options)
+        except ValueError as exc:
+            raise HorizonError(f"[[evaluation]] kind = {self.name!r}: {exc}") from None
+        gamma_from = "config" if self.config.gamma is not None else "trainer"
+        if self.config.gamma is None and episodes.discount is None:
+            gamma_from = "default"
+        self.details = {
+            **asdict(options),
+            "gamma_from": gamma_from,
+            "metrics": list(entry.inputs.metric_names),
+        }
+        return {name: Estimate(**asdict(result)) for name, result in found.items()}
+
+    def _fit(self, inputs: CpeInputs, options: CpeOptions) -> ModelValues:
+        from horizon_plugins_cpe.models import q_model_values, reward_model_values
+
+        fit = reward_model_values if self.model == "reward" else q_model_values
+        return fit(inputs, options)
+
+
+class DirectMethod(CpeEstimator):
+    """Direct method: the reward model's expected reward under the policy, per decision."""
+
+    name = "dm"
+    model = "reward"
+
+
+class InversePropensity(CpeEstimator):
+    """Inverse propensity scoring: logged rewards times pi(a|x) / mu(a|x), per decision."""
+
+    name = "ips"
+
+
+class SelfNormalizedIps(CpeEstimator):
+    """Self-normalized IPS: IPS divided by the mean importance weight, per decision."""
+
+    name = "snips"
+
+
+class DoublyRobust(CpeEstimator):
+    """Doubly robust: the direct method plus the weighted reward-model error, per decision."""
+
+    name = "dr"
+    model = "reward"
+
+
+class SequentialDoublyRobust(CpeEstimator):
+    """Sequential doubly robust (Jiang & Li 2016): discounted return per episode.
+
+    Its model is fitted-Q evaluation of the evaluated policy on the eval split."""
+
+    name = "sequential_dr"
+    model = "q"
+
+
+class WeightedDoublyRobust(CpeEstimator):
+    """Weighted doubly robust (Thomas & Brunskill 2016): discounted return per episode.
+
+    Sequential DR with the cumulative importance weights self-normalized per time step."""
+
+    name = "weighted_dr"
+    model = "q"
+
+
+class Magic(CpeEstimator):
+    """MAGIC (Thomas & Brunskill 2016): blended j-step weighted DR, return per episode.
+
+    The weights minimize x^T (Cov + b b^T) x over the simplex: variance plus squared bias."""
+
+    name = "magic"
+    model = "q"
+
+
+ESTIMATORS: tuple[type[CpeEstimator], ...] = (
+    DirectMethod,
+    InversePropensity,
+    SelfNormalizedIps,
+    DoublyRobust,
+    SequentialDoublyRobust,
+    WeightedDoublyRobust,
+    Magic,
+)
+"""Every CPE estimator, in the order ``horizon plugins`` lists them."""
+
+KINDS: tuple[str, ...] = tuple(estimator.name for estimator in ESTIMATORS)
+"""Their ``[[evaluation]] kind`` names: what ``horizon evaluate`` runs when a run has no
+``[[evaluation]]`` entries."""
