@@ -40,7 +40,7 @@ from horizon_engine import (
 if TYPE_CHECKING:
     import numpy as np
 
-    from horizon_plugins_cpe.formulas import CpeInputs, CpeOptions, ModelValues
+    from horizon_plugins_cpe.formulas import CpeInputs, CpeOptions, MetricEstimate, ModelValues
 
 CONTINUOUS_REASON = (
     "continuous actions: the policy gives the log-density of its own action, not a probability "
@@ -60,8 +60,8 @@ class CpeConfig(EstimatorConfig):
     gamma: float | None = Field(default=None, ge=0.0, le=1.0)
     """Discount per step of the sequential estimators; by default the trainer's own (dqn's
     gamma), or 1.0 for a trainer without one."""
-    num_bootstrap: int = Field(default=200, ge=1)
-    """Bootstrap resamples of the episodes for each interval."""
+    num_bootstrap: int = Field(default=200, ge=0)
+    """Bootstrap resamples of the episodes for each interval; 0 computes no interval."""
     confidence: float = Field(default=0.95, gt=0.0, lt=1.0)
     """Coverage of the intervals."""
     weight_clip: float | None = Field(default=None, gt=0.0)
@@ -131,6 +131,7 @@ def cpe_inputs(episodes: EvaluationEpisodes) -> CpeInputs:
     else:
         action = _logged_slots(data)
     features = np.concatenate([_numpy(data.state), _numpy(data.state_presence)], axis=1)
+    steps = data.step.detach().cpu().numpy()
     return CpeInputs(
         episode_starts=episodes.episode_starts.detach().cpu().numpy().astype(np.int64),
         rewards=rewards,
@@ -140,6 +141,7 @@ def cpe_inputs(episodes: EvaluationEpisodes) -> CpeInputs:
         target_probabilities=_numpy(episodes.policy.probabilities),
         possible=possible,
         features=features,
+        row_label=lambda row: f"sequence_number {int(steps[row])}",
     )
 
 
@@ -177,6 +179,21 @@ def prepared(episodes: EvaluationEpisodes) -> _Prepared:
     _PREPARED.append(entry)
     del _PREPARED[:-PREPARED_KEPT]
     return entry
+
+
+def _estimate(result: MetricEstimate) -> Estimate:
+    """The formulas' estimate of one metric as the core's ``Estimate``."""
+    return Estimate(
+        value=result.value,
+        low=result.low,
+        high=result.high,
+        logged_value=result.logged_value,
+        relative=result.relative,
+        relative_low=result.relative_low,
+        relative_high=result.relative_high,
+        effective_sample_size=result.effective_sample_size,
+        note=result.note,
+    )
 
 
 class CpeEstimator(EstimatorBase):
@@ -221,10 +238,7 @@ class CpeEstimator(EstimatorBase):
             if key not in entry.models:
                 entry.models[key] = self._fit(entry.inputs, options)
             models = entry.models[key]
-        try:
-            found = estimate(self.name, entry.inputs, models, options)
-        except ValueError as exc:
-            raise HorizonError(f"[[evaluation]] kind = {self.name!r}: {exc}") from None
+        found = estimate(self.name, entry.inputs, models, options)
         gamma_from = "config" if self.config.gamma is not None else "trainer"
         if self.config.gamma is None and episodes.discount is None:
             gamma_from = "default"
@@ -233,7 +247,16 @@ class CpeEstimator(EstimatorBase):
             "gamma_from": gamma_from,
             "metrics": list(entry.inputs.metric_names),
         }
-        return {name: Estimate(**asdict(result)) for name, result in found.items()}
+        if models is not None and models.note:
+            self.details["model_note"] = models.note
+        blends = {
+            name: {"j_steps": list(result.j_steps), "weights": list(result.magic_weights)}
+            for name, result in found.items()
+            if result.j_steps is not None and result.magic_weights is not None
+        }
+        if blends:
+            self.details["magic_blend"] = blends
+        return {name: _estimate(result) for name, result in found.items()}
 
     def _fit(self, inputs: CpeInputs, options: CpeOptions) -> ModelValues:
         from horizon_plugins_cpe.models import q_model_values, reward_model_values
