@@ -156,7 +156,9 @@ class TrainerBase(Trainer):
     def discount(self) -> float | None:
         """What a reward one step later is worth now to this trainer (its gamma), which
         sequential estimators discount with unless told otherwise; None (the default) when the
-        trainer has no such notion."""
+        trainer has no such notion. A trainer that returns one declares that its policy's
+        scores are Q-values of the reward under this discount (a Q-learner's are), so the
+        sequential estimators may take them as the evaluated policy's Q."""
         return None
 
 

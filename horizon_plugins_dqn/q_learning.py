@@ -189,7 +189,8 @@ class QLearningTrainer(TrainerBase):
         return discounted_returns(reward.double(), discount.double(), ends.double())
 
     def discount(self) -> float:
-        """``gamma``: the sequential estimators discount with it unless told otherwise."""
+        """``gamma``: the sequential estimators discount with it unless told otherwise, and
+        take the policy's scores (this Q-network's values under it) as their Q."""
         return self.config.gamma
 
     def state_dict(self) -> dict[str, Any]:

@@ -9,6 +9,7 @@ formulas themselves are tested on their own (helper-9's tests); this file checks
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -337,3 +338,34 @@ def test_an_estimate_near_a_zero_logged_value_has_no_relative_value_and_says_why
     assert estimate.relative is None
     assert estimate.note
     assert epoch_metric_values({"ips": {"reward": estimate}})["CPE/reward/ips"] == estimate.value
+
+
+def test_the_sequential_q_is_the_policys_scores_when_the_trainer_has_a_discount():
+    from horizon_plugins_cpe.formulas import CpeOptions, ModelValues, estimate
+
+    clicks = torch.tensor([0.0, 1.0, 0.0, 2.0, 1.0, 0.0, 1.0, 1.0, 0.0])
+    episodes = episodes_of(metrics={"clicks": clicks}, discount=0.9)
+    inputs = cpe_inputs(episodes)
+    scores = episodes.policy.scores.double().numpy()
+    logged = scores[np.arange(9), inputs.action]
+    expected = (scores * inputs.target_probabilities).sum(axis=1)
+
+    component = estimator("weighted_dr", num_bootstrap=0)
+    found = component.estimate(episodes)
+
+    assert component.details["q_model"] == "scores"
+    reward_only = dataclasses.replace(
+        inputs, rewards=inputs.rewards[:, :1], metric_names=("reward",)
+    )
+    models = ModelValues(logged[:, None], expected[:, None])
+    wanted = estimate("weighted_dr", reward_only, models, CpeOptions(gamma=0.9, num_bootstrap=0))
+    assert found["reward"].value == pytest.approx(wanted["reward"].value, abs=1e-12)
+    # Without the trainer's discount (or with another gamma), or when told, Q is fitted.
+    for episodes, options in [
+        (episodes_of(), {}),
+        (episodes_of(discount=0.9), {"gamma": 0.5}),
+        (episodes_of(discount=0.9), {"q_model": "fqe"}),
+    ]:
+        component = estimator("magic", num_bootstrap=0, **options)
+        component.estimate(episodes)
+        assert component.details["q_model"] == "fqe"
