@@ -12,8 +12,10 @@ relative one), and ``CPE/<m>/<L>/raw``; a float ``x`` named ``n`` is ``CPE/<L>/<
 
 The files, each written whole (temporary name, then rename) and owned by one stage:
 
-- ``cpe_epochs.json``, the train stage's: every epoch's estimates, rewritten as each epoch
-  ends, so a long training can be watched (and is not lost when it is killed);
+- ``cpe_epochs.json``, the train stage's: every epoch's estimates, rewritten as epochs end
+  (at most once every ``EPOCHS_WRITE_SECONDS``, and when training ends: rewriting a growing
+  file after every short epoch was more than half of per-epoch CPE's cost on the CartPole
+  example), so a long training can be watched and a killed one keeps its record;
 - ``cpe.json``, the evaluation stage's: what a user reads, ``{"eval_rows", "episodes",
   "entries", "final", "epochs"}``. ``entries`` gives each label's kind, options as configured,
   the details the estimator recorded (the options in force: the discount it resolved,
@@ -57,6 +59,9 @@ CPE_FILE = "cpe.json"
 
 CPE_EPOCHS_FILE = "cpe_epochs.json"
 """The train stage's record of the per-epoch estimates, in the run folder."""
+
+EPOCHS_WRITE_SECONDS = 1.0
+"""Least time between two rewrites of ``cpe_epochs.json`` while training."""
 
 POLICY_CHUNK_ROWS = 65_536
 """Rows the evaluated policy scores at once: bounded memory on a large eval split."""
@@ -128,8 +133,9 @@ def epoch_metric_values(results: Results) -> dict[str, float]:
 class EpisodeEvaluation:
     """The configured estimators over one eval split, ready to run on any state of a trainer.
 
-    ``seed`` is the run's (estimators' bootstrap draws); with ``epochs_file`` each
-    ``epoch_metrics`` call also rewrites that file with every epoch's estimates so far.
+    ``seed`` is the run's (estimators' bootstrap draws); with ``epochs_file``,
+    ``epoch_metrics`` also rewrites that file with every epoch's estimates so far (at most
+    once every ``EPOCHS_WRITE_SECONDS``; ``write_epochs`` writes it at the end).
     """
 
     def __init__(
@@ -151,6 +157,8 @@ class EpisodeEvaluation:
         self.epochs_file = epochs_file
         self.epochs: list[dict[str, Any]] = []
         """Each ``epoch_metrics`` call's estimates, as ``cpe_epochs.json`` holds them."""
+        self._written_at = -math.inf
+        self._written_epochs = 0
         self.not_applicable: dict[str, str] = {}
         """Labels whose estimator cannot apply to this data, with its reason."""
         by_step = torch.argsort(data.step, stable=True)
@@ -210,16 +218,28 @@ class EpisodeEvaluation:
     def epoch_metrics(self, trainer: TrainerBase) -> dict[str, float]:
         """The per-epoch entries' estimates as epoch metrics (see the module docstring),
         recorded in ``epochs`` and written to ``epochs_file`` when there is one."""
+        import time
+
         results = self.run(trainer, every_epoch_only=True)
         self.epochs.append({"epoch": len(self.epochs) + 1, "estimates": results_json(results)})
-        if self.epochs_file is not None:
-            from horizon_engine.files import write_json
-
-            write_json(
-                self.epochs_file,
-                {"entries": self.entries(every_epoch_only=True), "epochs": self.epochs},
-            )
+        if time.monotonic() - self._written_at >= EPOCHS_WRITE_SECONDS:
+            self.write_epochs()
         return epoch_metric_values(results)
+
+    def write_epochs(self) -> None:
+        """Rewrite ``epochs_file`` (when there is one) with every epoch's estimates so far,
+        whole (temporary name, then rename), as compact JSON."""
+        import time
+
+        from horizon_engine.files import atomic_output
+
+        if self.epochs_file is None or self._written_epochs == len(self.epochs):
+            return
+        record = {"entries": self.entries(every_epoch_only=True), "epochs": self.epochs}
+        with atomic_output(self.epochs_file) as temporary:
+            temporary.write_text(json.dumps(record) + "\n", encoding="utf-8")
+        self._written_at = time.monotonic()
+        self._written_epochs = len(self.epochs)
 
     def entries(self, every_epoch_only: bool = False) -> dict[str, dict[str, Any]]:
         """Each entry's kind, options as configured, the details its estimator recorded (the

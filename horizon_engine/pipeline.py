@@ -428,7 +428,10 @@ def run_train_stage(run: RunContext, choice: Choice) -> StageReport:
             run.output_dir / CPE_EPOCHS_FILE,
         )
     history = driver.train_epochs(train, evaluation, estimators)
-    recorded = [CPE_EPOCHS_FILE] if estimators is not None else []
+    recorded = []
+    if estimators is not None:
+        estimators.write_epochs()
+        recorded.append(CPE_EPOCHS_FILE)
     return StageReport(
         "train",
         rows_in=len(train),
