@@ -418,14 +418,22 @@ def evaluate_run(
     from horizon_engine.export import read_manifest
     from horizon_engine.plugins import get_plugin_host
     from horizon_engine.run_context import RunContext
+    from horizon_engine.run_folder import EarlierRun
 
     run_dir = Path(run_dir)
     plugins = plugins or get_plugin_host()
-    config = copy.deepcopy(read_manifest(run_dir / "manifest.json")["config"])
+    manifest = read_manifest(run_dir / "manifest.json")
+    config = copy.deepcopy(manifest["config"])
     if "pipeline" not in config or "trainer" not in config:
         raise HorizonError(
             f"{run_dir}: not the folder of a `horizon run` that trained a policy (its manifest "
             "has no [pipeline] and [trainer])"
+        )
+    incomplete = EarlierRun(manifest).incomplete_stages().get("train")
+    if incomplete:
+        raise HorizonError(
+            f"{run_dir}: its training is incomplete ({incomplete}), so its latest checkpoint "
+            "is no finished policy; run the train stage again (--stages train)"
         )
     config["pipeline"]["output_dir"] = str(run_dir)
     config["pipeline"]["stages"] = None

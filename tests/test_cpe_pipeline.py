@@ -5,6 +5,7 @@ and ``horizon evaluate`` on a finished run, on its own eval split and on another
 from __future__ import annotations
 
 import json
+import shutil
 import struct
 from pathlib import Path
 
@@ -272,3 +273,49 @@ def test_parametric_actions_are_evaluated_too(tmp_path):
     assert set(final) == {"weighted_dr", "snips"}
     assert final["snips"]["reward"]["value"] == pytest.approx(1.0)  # every CartPole reward is 1
     assert "CPE/reward/weighted_dr" in manifest["stages"]["train"]["details"]["last_epoch"]
+
+
+def evaluate_error(*arguments: object) -> str:
+    result = CliRunner().invoke(main, ["evaluate", *[str(argument) for argument in arguments]])
+    assert result.exit_code == 1, result.output
+    return result.output
+
+
+def test_horizon_evaluate_refuses_other_actions_an_unfinished_training_and_a_gym_run(
+    finished, tmp_path
+):
+    run, _ = finished
+    other = pipeline_toml(tmp_path, "other", 7, "")
+    other.write_text(other.read_text().replace('actions = ["0", "1"]', 'actions = ["1", "0"]'))
+    Engine(show_progress=False).run(other, stages=["source", "timeline"])
+    assert "its actions are ['1', '0'], the run's policy was trained on ['0', '1']" in (
+        evaluate_error(run, "--data", tmp_path / "other")
+    )
+
+    copied = tmp_path / "copied"
+    copied.mkdir()
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["incomplete_stages"] = {"train": "run x failed during it"}
+    (copied / "manifest.json").write_text(json.dumps(manifest))
+    assert "its training is incomplete (run x failed during it)" in evaluate_error(copied)
+
+    gym = tmp_path / "gym"
+    gym.mkdir()
+    (gym / "manifest.json").write_text(json.dumps({"config": {"gym": {"env": "CartPole-v1"}}}))
+    assert "not the folder of a `horizon run` that trained a policy" in evaluate_error(gym)
+
+
+def test_the_evaluation_stage_run_again_keeps_the_epochs_of_the_training(finished, tmp_path):
+    run, _ = finished
+    copied = tmp_path / "run"
+    shutil.copytree(run, copied)
+    manifest = json.loads((copied / "manifest.json").read_text())
+    config = manifest["config"]
+    config["pipeline"]["output_dir"] = str(copied)
+    config["evaluation"] = [{"kind": "snips"}]
+
+    Engine(show_progress=False).run(config, stages=["evaluation"])
+
+    record = json.loads((copied / "cpe.json").read_text())
+    assert list(record["final"]) == ["snips"]
+    assert len(record["epochs"]) == 2 and "dr" in record["epochs"][0]["estimates"]
