@@ -69,7 +69,12 @@ many times the rows (BLAS matrix products), and a sparse one otherwise (one very
 among short ones)."""
 
 BOOTSTRAP_BLOCK = 64
-"""Resamples computed together; bounds the memory of the ``[block, steps, metrics]`` sums."""
+"""At most this many resamples are computed together."""
+
+BOOTSTRAP_ENTRIES = 1 << 22
+"""And at most this many count entries (or per-step sums) per block, 32 MB of float64: one-row
+episodes of a bandit log make ``E`` the row count, and a ``[200, 1,000,000]`` count matrix
+would take 1.6 GB at once. The blocks draw the same numbers as one matrix would."""
 
 
 class CpeInputError(HorizonError):
@@ -296,15 +301,26 @@ def cumulative_weights(weights: np.ndarray, starts: np.ndarray) -> np.ndarray:
 # --- the bootstrap ---------------------------------------------------------------------------
 
 
-def bootstrap_counts(num_episodes: int, options: CpeOptions) -> np.ndarray:
-    """``[B, E]`` float64: how often each episode is drawn in each resample of ``E`` episodes
-    with replacement (each row sums to ``E``)."""
+def bootstrap_blocks(num_episodes: int, options: CpeOptions, width: int = 0):
+    """The ``[B, E]`` float64 count matrix of ``B = num_bootstrap`` resamples (how often each
+    episode is drawn when ``E`` episodes are drawn with replacement; each row sums to ``E``),
+    yielded in blocks of rows, each at most ``BOOTSTRAP_BLOCK`` rows and
+    ``BOOTSTRAP_ENTRIES`` entries of ``max(E, width)`` per row. The generator is seeded once,
+    so the resamples are the same whatever the blocks."""
     rng = np.random.default_rng(options.seed)
-    b = options.num_bootstrap
-    draws = rng.integers(0, num_episodes, size=(b, num_episodes))
-    draws += (np.arange(b) * num_episodes)[:, None]
-    counts = np.bincount(draws.ravel(), minlength=b * num_episodes)
-    return counts.reshape(b, num_episodes).astype(np.float64)
+    rows = max(1, min(BOOTSTRAP_BLOCK, BOOTSTRAP_ENTRIES // max(num_episodes, width, 1)))
+    for start in range(0, options.num_bootstrap, rows):
+        b = min(rows, options.num_bootstrap - start)
+        draws = rng.integers(0, num_episodes, size=(b, num_episodes))
+        draws += (np.arange(b) * num_episodes)[:, None]
+        counts = np.bincount(draws.ravel(), minlength=b * num_episodes)
+        yield counts.reshape(b, num_episodes).astype(np.float64)
+
+
+def bootstrap_counts(num_episodes: int, options: CpeOptions) -> np.ndarray:
+    """All of ``bootstrap_blocks`` as one ``[B, E]`` matrix."""
+    blocks = list(bootstrap_blocks(num_episodes, options))
+    return np.concatenate(blocks) if blocks else np.zeros((0, num_episodes))
 
 
 def percentile_interval(samples: np.ndarray, confidence: float) -> tuple[np.ndarray, np.ndarray]:
@@ -405,10 +421,12 @@ def one_step(
     logged = logged_sums.sum(axis=0) / n
     samples = logged_samples = None
     if options.num_bootstrap > 0:
-        counts = bootstrap_counts(inputs.num_episodes, options)
+        pieces, logged_pieces = [], []
         with np.errstate(divide="ignore", invalid="ignore"):
-            samples = (counts @ numerator) / (counts @ denominator)[:, None]
-            logged_samples = (counts @ logged_sums) / (counts @ lengths)[:, None]
+            for counts in bootstrap_blocks(inputs.num_episodes, options):
+                pieces.append((counts @ numerator) / (counts @ denominator)[:, None])
+                logged_pieces.append((counts @ logged_sums) / (counts @ lengths)[:, None])
+        samples, logged_samples = np.concatenate(pieces), np.concatenate(logged_pieces)
     if kind == "snips" and denominator.sum() == 0:
         notes.append(
             "every importance weight is 0: the evaluated policy never took a logged action"
@@ -492,7 +510,6 @@ def weighted_terms(
     - ``D [B, T]``: the mean cumulative weight at each step, ended episodes carried at their
       final weight (``D_-1 = 1``). A step where every weight is 0 contributes 0 (0 / 0).
     """
-    num_episodes = counts.shape[1]
     m = rewards.shape[1]
     steps = ep.longest
     values = np.concatenate(
@@ -504,11 +521,13 @@ def weighted_terms(
         axis=1,
     )
     sums = per_step_sums(counts, ep, values)  # [B, T, 1 + 2M]
-    # An ended episode keeps its final weight in the normalizer: place it at the step after
-    # its last one and accumulate over the steps.
-    ended = np.zeros((num_episodes, steps + 1))
-    ended[np.arange(num_episodes), ep.lengths] = ep.rho[ep.starts[1:] - 1]
-    carried = np.cumsum(counts @ ended, axis=1)[:, :steps]
+    # An ended episode keeps its final weight in the normalizer: at step t, add the final
+    # weights of the episodes no longer than t (a running sum over episodes by length).
+    by_length = np.argsort(ep.lengths, kind="stable")
+    final = counts[:, by_length] * ep.rho[ep.starts[1:] - 1][by_length]
+    running = np.concatenate([np.zeros((len(counts), 1)), np.cumsum(final, axis=1)], axis=1)
+    ended = np.searchsorted(ep.lengths[by_length], np.arange(steps), side="right")
+    carried = running[:, ended]
     total = counts.sum(axis=1)[:, None, None]
     mean_weight = (sums[:, :, 0] + carried) / total[:, :, 0]
     previous = np.concatenate([np.ones((len(counts), 1)), mean_weight[:, :-1]], axis=1)
@@ -644,33 +663,41 @@ def sequential(
     scale = episode_sums(ep.discount[:, None] * np.abs(rewards), ep.starts).mean(axis=0)
     logged = returns.mean(axis=0)
     ess = effective_sample_size(ep.rho[ep.starts[1:] - 1])
-    counts = bootstrap_counts(num_episodes, options) if options.num_bootstrap > 0 else None
-    logged_samples = None if counts is None else counts @ returns / num_episodes
-    extra = None
-
+    resampled = options.num_bootstrap > 0
+    per_episode_totals = [returns]
     if kind == "sequential_dr":
         per_row = ep.discount[:, None] * (
             ep.rho[:, None] * (rewards - models.logged) + ep.rho_prev[:, None] * models.expected
         )
         totals = episode_sums(per_row, ep.starts)
+        per_episode_totals.append(totals)
         value = totals.mean(axis=0)
-        samples = None if counts is None else counts @ totals / num_episodes
+    else:
+        u, v, mean_weight = weighted_terms(np.ones((1, num_episodes)), ep, rewards, models)
+        j_steps = (
+            magic_j_steps(ep.longest, options.magic_j_steps)
+            if kind == "magic"
+            else np.array([ep.longest - 1])
+        )
+        g = j_step_returns(u, v, j_steps)[0]  # [J, M]
+    logged_samples = samples = g_samples = None
+    if resampled:
+        # one pass over the resamples: the logged value (and sequential DR) are linear in the
+        # per-episode totals; weighted DR needs each resample's per-step sums
+        width = 0 if kind == "sequential_dr" else ep.longest * (1 + 2 * len(logged))
+        linear, nonlinear = [], []
+        for counts in bootstrap_blocks(num_episodes, options, width):
+            linear.append([counts @ totals / num_episodes for totals in per_episode_totals])
+            if kind != "sequential_dr":
+                ub, vb, _ = weighted_terms(counts, ep, rewards, models)
+                nonlinear.append(j_step_returns(ub, vb, j_steps))
+        logged_samples = np.concatenate([piece[0] for piece in linear])
+        if kind == "sequential_dr":
+            samples = np.concatenate([piece[1] for piece in linear])
+        else:
+            g_samples = np.concatenate(nonlinear)  # [B, J, M]
+    if kind == "sequential_dr":
         return finish(inputs, options, value, samples, logged, logged_samples, scale, ess, notes)
-
-    u, v, mean_weight = weighted_terms(np.ones((1, num_episodes)), ep, rewards, models)
-    j_steps = (
-        magic_j_steps(ep.longest, options.magic_j_steps)
-        if kind == "magic"
-        else np.array([ep.longest - 1])
-    )
-    g = j_step_returns(u, v, j_steps)[0]  # [J, M]
-    g_samples = None
-    if counts is not None:
-        blocks = []
-        for start in range(0, len(counts), BOOTSTRAP_BLOCK):
-            ub, vb, _ = weighted_terms(counts[start : start + BOOTSTRAP_BLOCK], ep, rewards, models)
-            blocks.append(j_step_returns(ub, vb, j_steps))
-        g_samples = np.concatenate(blocks)  # [B, J, M]
     if kind == "weighted_dr":
         samples = None if g_samples is None else g_samples[:, -1]
         return finish(inputs, options, g[-1], samples, logged, logged_samples, scale, ess, notes)

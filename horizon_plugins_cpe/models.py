@@ -24,8 +24,9 @@ iteration is ``W <- A^-1 (Phi^T r + gamma P W)`` with ``A = Phi^T Phi + lambda I
 limit, when it has one, solves ``(A - gamma P) W = Phi^T r``. That one ``D x D`` solve (``D =
 (actions + 1) x (features + 1)``) replaces hundreds of iterations (at ``gamma = 0.99`` the
 iteration needs ~1,400 to reach 1e-6). The iteration converges exactly when the spectral
-radius of ``gamma A^-1 P`` is below 1; where it is not (off-policy linear FQE can diverge), the
-capped iteration runs instead and the values carry a note.
+radius of ``gamma A^-1 P`` is below 1; where it is not, or barely (off-policy linear FQE can
+diverge; data that never terminate at gamma 1 sit at 1), the capped iteration runs instead
+and the values carry a note.
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ FQE_MAX_ITERATIONS = 200
 FQE_TOLERANCE = 1e-6
 """Where FQE does not contract and is iterated: at most this many iterations, stopping when
 the largest change is below this fraction of the largest value."""
+
+CONTRACTION_LIMIT = 1.0 - 1e-4
+"""FQE is solved at its fixed point when the spectral radius of its map is below this. The
+value is a sum over about ``1 / (1 - radius)`` steps; past 10,000 of them the data do not
+end the recursion (no terminal row reached, gamma 1) and only the ridge's shrinkage keeps the
+fixed point finite, so the capped iteration runs instead, with a note."""
 
 CHUNK_ROWS = 65536
 """Rows per block when accumulating the Gram matrices (bounds the memory of the design)."""
@@ -175,7 +182,7 @@ def fit_fqe(
     regularized = gram + RIDGE * len(basis) * np.eye(len(gram))
     step = gamma * np.linalg.solve(regularized, cross)
     radius = float(np.abs(np.linalg.eigvals(step)).max()) if gamma > 0 else 0.0
-    if radius < 1.0 - 1e-9:
+    if radius < CONTRACTION_LIMIT:
         return np.linalg.solve(regularized - gamma * cross, moment), None
     start = np.linalg.solve(regularized, moment)
     weights = start

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from horizon_engine import HorizonError
+from horizon_plugins_cpe import formulas
 from horizon_plugins_cpe.formulas import (
     NEAR_ZERO,
     ONE_STEP_KINDS,
@@ -31,6 +32,7 @@ from horizon_plugins_cpe.formulas import (
     per_step_sums,
     sequential_episodes,
 )
+from horizon_plugins_cpe.models import fit_fqe, q_model_values, reward_model_values
 
 TOLERANCE = 1e-6
 
@@ -499,3 +501,49 @@ def test_no_relative_value_when_the_logged_value_is_near_zero(kind):
     assert result.relative_low is None and result.relative_high is None
     assert "logged value near zero" in result.note
     assert result.low is not None  # the raw estimate keeps its interval
+
+
+@pytest.mark.parametrize("kind", ["ips", "sequential_dr", "weighted_dr", "magic"])
+def test_memory_bounds_change_no_number(kind, monkeypatch):
+    """Resamples in blocks of one row (as a 1M-episode bandit log would get) and the sparse
+    per-step layout give the very estimates the single block and dense layout give."""
+    inputs, models = random_data(seed=12)
+    options = CpeOptions(gamma=0.95, num_bootstrap=30, seed=1)
+    whole = estimate(kind, inputs, models, options)
+    monkeypatch.setattr(formulas, "BOOTSTRAP_ENTRIES", 1)
+    monkeypatch.setattr(formulas, "DENSE_STEP_LIMIT", 0)
+    blocked = estimate(kind, inputs, models, options)
+    for name in inputs.metric_names:
+        for field in ("value", "low", "high", "relative_low", "relative_high"):
+            assert getattr(blocked[name], field) == pytest.approx(
+                getattr(whole[name], field), abs=1e-12
+            ), field
+
+
+def test_models_are_fitted_when_not_given():
+    inputs, _ = random_data(seed=13)
+    options = CpeOptions(gamma=0.9, num_bootstrap=0)
+    assert estimate("dr", inputs, None, options) == estimate(
+        "dr", inputs, reward_model_values(inputs, options), options
+    )
+    assert estimate("magic", inputs, None, options) == estimate(
+        "magic", inputs, q_model_values(inputs, options), options
+    )
+
+
+def test_fqe_that_does_not_contract_is_iterated_and_says_so():
+    """Every row's next state is itself and never terminal, at gamma 1: the FQE map has
+    spectral radius 1, its fixed point does not exist, and the capped iteration (200 steps of
+    adding the reward) runs instead, with a note."""
+    basis = np.ones((10, 1))
+    weights, note = fit_fqe(
+        basis,
+        np.zeros(10, dtype=np.int64),
+        np.ones((10, 1)),
+        1,
+        next_basis=basis,
+        next_probabilities=np.ones((10, 1)),
+        gamma=1.0,
+    )
+    assert "does not contract" in note and "200-iteration" in note
+    assert np.isfinite(weights).all()
