@@ -30,6 +30,7 @@ numpy, scipy and torch are imported where they are used, so listing plugins stay
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -159,40 +160,59 @@ def cpe_inputs(episodes: EvaluationEpisodes) -> CpeInputs:
     )
 
 
-@dataclass
+@dataclass(eq=False)
 class _Prepared:
     """The inputs made from one ``EvaluationEpisodes``'s data, policy output and metrics, and
-    the models fitted on them, by model kind and options."""
+    the models fitted on them, by model kind and options. The data and the policy output are
+    held by weak reference: the cache never keeps an eval split or an epoch's output alive."""
 
-    data: Any
-    policy: Any
-    metrics: Any
+    data: weakref.ref
+    output: weakref.ref
+    metrics: int
+    """``id()`` of the episodes' metrics dict (alive as long as the data it comes with)."""
     inputs: CpeInputs
     models: dict[tuple[str, CpeOptions], ModelValues] = field(default_factory=dict)
-    scores: ModelValues | None = None
-    """The policy's scores as ``Q`` of the reward (column 0), when an entry used them."""
+
+    def matches(self, episodes: EvaluationEpisodes) -> bool:
+        return (
+            self.data() is episodes.data
+            and self.output() is episodes.policy
+            and self.metrics == id(episodes.metrics)
+        )
+
+    @property
+    def policy(self) -> Any:
+        """The policy output the inputs were made of (alive while an estimate uses it)."""
+        return self.output()
 
 
 _PREPARED: list[_Prepared] = []
-"""The last few episodes' inputs and models (the newest last). Entries are found by the
-identity of the episodes' data, policy output and metrics, which the core shares between the
-entries of one epoch; references are held, so an identity is never reused while cached."""
+"""The last few episodes' inputs and models (the newest last), found by the identity of the
+episodes' data, policy output and metrics, which the core shares between the entries of one
+epoch. An entry goes when its policy output is collected (the next epoch makes another)."""
 
 PREPARED_KEPT = 2
-"""How many episodes' inputs and models are kept: an epoch's two explorations, say."""
+"""How many episodes' inputs and models are kept at most: an epoch's two explorations, say."""
+
+
+def _forget(entry: _Prepared) -> None:
+    if entry in _PREPARED:
+        _PREPARED.remove(entry)
 
 
 def prepared(episodes: EvaluationEpisodes) -> _Prepared:
     """The inputs (and models fitted so far) of these episodes, built on first use."""
     for entry in _PREPARED:
-        if (
-            entry.data is episodes.data
-            and entry.policy is episodes.policy
-            and entry.metrics is episodes.metrics
-        ):
+        if entry.matches(episodes):
             return entry
-    entry = _Prepared(episodes.data, episodes.policy, episodes.metrics, cpe_inputs(episodes))
+    entry = _Prepared(
+        weakref.ref(episodes.data),
+        weakref.ref(episodes.policy),
+        id(episodes.metrics),
+        cpe_inputs(episodes),
+    )
     _PREPARED.append(entry)
+    weakref.finalize(episodes.policy, _forget, entry)
     del _PREPARED[:-PREPARED_KEPT]
     return entry
 

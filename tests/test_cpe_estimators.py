@@ -369,3 +369,14 @@ def test_the_sequential_q_is_the_policys_scores_when_the_trainer_has_a_discount(
         component = estimator("magic", num_bootstrap=0, **options)
         component.estimate(episodes)
         assert component.details["q_model"] == "fqe"
+
+
+def test_the_shared_inputs_go_with_the_epochs_policy_output():
+    import gc
+
+    episodes = episodes_of()
+    estimator("ips", num_bootstrap=0).estimate(episodes)
+    assert any(entry.matches(episodes) for entry in cpe._PREPARED)
+    del episodes
+    gc.collect()
+    assert not any(entry.policy is not None for entry in cpe._PREPARED)
