@@ -26,13 +26,14 @@ BENCHMARKS = ("make_run.py", "train_throughput.py", "timeline.py", "normalizatio
 
 def parse_result(line: str) -> dict[str, str]:
     """``RESULT a=1 b=x`` -> ``{"a": "1", "b": "x"}``; rates given as ``ours_rows_per_s`` (and
-    ``baseline_rows_per_s``) become ``ours`` (``baseline``) in rows/s, with ``rows`` in the
-    figure's name."""
+    ``baseline_rows_per_s``) become ``ours`` (``baseline``) in rows/s, after the baseline's name
+    where one is given (``baseline=plain_arrow``), with ``rows`` in the figure's name."""
     fields = dict(item.split("=", 1) for item in line.split()[1:] if "=" in item)
     for side in ("ours", "baseline"):
         rate = fields.pop(f"{side}_rows_per_s", None)
-        if rate is not None and side not in fields:
-            fields[side] = f"{float(rate):,.0f} rows/s"
+        if rate is not None:
+            named = f"{fields[side]}: " if side in fields else ""
+            fields[side] = f"{named}{float(rate):,.0f} rows/s"
     if "rows" in fields:
         fields["name"] = f"{fields.get('name', '?')} ({int(float(fields.pop('rows'))):,} rows)"
     return fields
