@@ -311,8 +311,9 @@ def bootstrap_blocks(num_episodes: int, options: CpeOptions, width: int = 0):
     rows = max(1, min(BOOTSTRAP_BLOCK, BOOTSTRAP_ENTRIES // max(num_episodes, width, 1)))
     for start in range(0, options.num_bootstrap, rows):
         b = min(rows, options.num_bootstrap - start)
-        draws = rng.integers(0, num_episodes, size=(b, num_episodes))
-        draws += (np.arange(b) * num_episodes)[:, None]
+        dtype = np.int32 if b * num_episodes < 2**31 else np.int64  # a quarter faster
+        draws = rng.integers(0, num_episodes, size=(b, num_episodes), dtype=dtype)
+        draws += (np.arange(b, dtype=dtype) * num_episodes)[:, None]
         counts = np.bincount(draws.ravel(), minlength=b * num_episodes)
         yield counts.reshape(b, num_episodes).astype(np.float64)
 
@@ -476,32 +477,38 @@ def sequential_episodes(inputs: CpeInputs, options: CpeOptions) -> Episodes:
     )
 
 
-def per_step_sums(
-    counts: np.ndarray, ep: Episodes, values: np.ndarray, dense: bool | None = None
-) -> np.ndarray:
-    """``[B, T, K]``: ``sum_e counts[b, e] * values[row of (e, t), k]`` over the episodes still
-    running at step ``t``, for ``values [N, K]``. Dense (BLAS) when the ``[E, T]`` layout is
-    small, sparse otherwise; ``dense`` forces one (for tests)."""
+def step_layout(ep: Episodes, values: np.ndarray, dense: bool | None = None):
+    """A function of resamples ``counts [B, E]`` giving ``[B, T, K]``: ``sum_e counts[b, e] *
+    values[row of (e, t), k]`` over the episodes still running at step ``t``, for ``values
+    [N, K]``. The layout is built once: a dense ``[E, T K]`` array (BLAS products) when it
+    holds at most ``DENSE_STEP_LIMIT`` times the rows, a sparse matrix otherwise (one very long
+    episode among short ones); ``dense`` forces one (for tests)."""
     num_episodes, steps, k = len(ep.lengths), ep.longest, values.shape[1]
     if dense is None:
         dense = num_episodes * steps <= DENSE_STEP_LIMIT * len(ep.step)
     if dense:
         layout = np.zeros((num_episodes, steps, k))
         layout[ep.episode, ep.step] = values
-        return (counts @ layout.reshape(num_episodes, steps * k)).reshape(-1, steps, k)
+        layout = layout.reshape(num_episodes, steps * k)
+        return lambda counts: (counts @ layout).reshape(-1, steps, k)
     from scipy import sparse
 
     rows = (ep.step[:, None] * k + np.arange(k)).ravel()
     columns = np.repeat(ep.episode, k)
     layout = sparse.csr_matrix((values.ravel(), (rows, columns)), shape=(steps * k, num_episodes))
-    return np.asarray(layout @ counts.T).T.reshape(-1, steps, k)
+    return lambda counts: np.asarray(layout @ counts.T).T.reshape(-1, steps, k)
 
 
-def weighted_terms(
-    counts: np.ndarray, ep: Episodes, rewards: np.ndarray, models: ModelValues
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Weighted DR step by step, for the resamples ``counts [B, E]`` (``[[1] * E]`` for the
-    data itself). Returns
+def per_step_sums(
+    counts: np.ndarray, ep: Episodes, values: np.ndarray, dense: bool | None = None
+) -> np.ndarray:
+    """``step_layout(ep, values, dense)(counts)``."""
+    return step_layout(ep, values, dense)(counts)
+
+
+class WeightedTerms:
+    """Weighted DR step by step, for any resamples ``counts [B, E]`` (``[[1] * E]`` for the
+    data itself); what does not depend on the resample is built once. A call returns
 
     - ``u [B, T, M]``: step ``t``'s term, ``gamma^t (sum_e c_e rho_t (r_t - Q_t) / D_t +
       sum_e c_e rho_{t-1} V_t / D_{t-1}) / sum_e c_e``; weighted DR is ``u.sum(axis=1)``;
@@ -510,36 +517,49 @@ def weighted_terms(
     - ``D [B, T]``: the mean cumulative weight at each step, ended episodes carried at their
       final weight (``D_-1 = 1``). A step where every weight is 0 contributes 0 (0 / 0).
     """
-    m = rewards.shape[1]
-    steps = ep.longest
-    values = np.concatenate(
-        [
-            ep.rho[:, None],
-            ep.rho[:, None] * (rewards - models.logged),
-            ep.rho_prev[:, None] * models.expected,
-        ],
-        axis=1,
-    )
-    sums = per_step_sums(counts, ep, values)  # [B, T, 1 + 2M]
-    # An ended episode keeps its final weight in the normalizer: at step t, add the final
-    # weights of the episodes no longer than t (a running sum over episodes by length).
-    by_length = np.argsort(ep.lengths, kind="stable")
-    final = counts[:, by_length] * ep.rho[ep.starts[1:] - 1][by_length]
-    running = np.concatenate([np.zeros((len(counts), 1)), np.cumsum(final, axis=1)], axis=1)
-    ended = np.searchsorted(ep.lengths[by_length], np.arange(steps), side="right")
-    carried = running[:, ended]
-    total = counts.sum(axis=1)[:, None, None]
-    mean_weight = (sums[:, :, 0] + carried) / total[:, :, 0]
-    previous = np.concatenate([np.ones((len(counts), 1)), mean_weight[:, :-1]], axis=1)
-    powers = (ep.gamma ** np.arange(steps, dtype=np.float64))[None, :, None] / total
-    with np.errstate(divide="ignore", invalid="ignore"):
-        current = np.where(
-            mean_weight[:, :, None] > 0, sums[:, :, 1 : 1 + m] / mean_weight[:, :, None], 0.0
+
+    def __init__(self, ep: Episodes, rewards: np.ndarray, models: ModelValues) -> None:
+        self.metrics = rewards.shape[1]
+        self.steps = ep.longest
+        values = np.concatenate(
+            [
+                ep.rho[:, None],
+                ep.rho[:, None] * (rewards - models.logged),
+                ep.rho_prev[:, None] * models.expected,
+            ],
+            axis=1,
         )
-        model = np.where(previous[:, :, None] > 0, sums[:, :, 1 + m :] / previous[:, :, None], 0.0)
-    v = model * powers
-    u = current * powers + v
-    return u, np.concatenate([v, np.zeros((len(counts), 1, m))], axis=1), mean_weight
+        self.sums = step_layout(ep, values)
+        # An ended episode keeps its final weight in the normalizer: at step t, add the final
+        # weights of the episodes no longer than t. ``ended`` [T + 1, E] holds each episode's
+        # final weight at its length: a product with the counts, summed over the steps.
+        from scipy import sparse
+
+        num_episodes = len(ep.lengths)
+        self.ended = sparse.csr_matrix(
+            (ep.rho[ep.starts[1:] - 1], (ep.lengths, np.arange(num_episodes))),
+            shape=(self.steps + 1, num_episodes),
+        )
+        self.powers = ep.gamma ** np.arange(self.steps, dtype=np.float64)
+
+    def __call__(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        m, b = self.metrics, len(counts)
+        sums = self.sums(counts)  # [B, T, 1 + 2M]
+        carried = np.cumsum(np.asarray(self.ended @ counts.T), axis=0)[: self.steps].T
+        total = counts.sum(axis=1)[:, None]
+        mean_weight = (sums[:, :, 0] + carried) / total
+        previous = np.concatenate([np.ones((b, 1)), mean_weight[:, :-1]], axis=1)
+        powers = self.powers[None, :, None] / total[:, :, None]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            current = np.where(
+                mean_weight[:, :, None] > 0, sums[:, :, 1 : 1 + m] / mean_weight[:, :, None], 0.0
+            )
+            model = np.where(
+                previous[:, :, None] > 0, sums[:, :, 1 + m :] / previous[:, :, None], 0.0
+            )
+        v = model * powers
+        u = current * powers + v
+        return u, np.concatenate([v, np.zeros((b, 1, m))], axis=1), mean_weight
 
 
 def magic_j_steps(longest: int, count: int) -> np.ndarray:
@@ -673,7 +693,8 @@ def sequential(
         per_episode_totals.append(totals)
         value = totals.mean(axis=0)
     else:
-        u, v, mean_weight = weighted_terms(np.ones((1, num_episodes)), ep, rewards, models)
+        weighted_terms = WeightedTerms(ep, rewards, models)
+        u, v, mean_weight = weighted_terms(np.ones((1, num_episodes)))
         j_steps = (
             magic_j_steps(ep.longest, options.magic_j_steps)
             if kind == "magic"
@@ -689,7 +710,7 @@ def sequential(
         for counts in bootstrap_blocks(num_episodes, options, width):
             linear.append([counts @ totals / num_episodes for totals in per_episode_totals])
             if kind != "sequential_dr":
-                ub, vb, _ = weighted_terms(counts, ep, rewards, models)
+                ub, vb, _ = weighted_terms(counts)
                 nonlinear.append(j_step_returns(ub, vb, j_steps))
         logged_samples = np.concatenate([piece[0] for piece in linear])
         if kind == "sequential_dr":
