@@ -607,14 +607,17 @@ def episode_j_step_returns(
 def magic_weights(error: np.ndarray) -> np.ndarray:
     """``x`` minimising ``x^T error x`` under ``sum x = 1``, ``x >= 0``.
 
-    scipy's SLSQP on the matrix scaled to unit trace (which moves no minimum) finds the
-    support, to a loose tolerance; the support is then solved exactly, ``x_S = error_SS^-1 1
-    / (1^T error_SS^-1 1)``, and corrected until the KKT conditions hold (a negative weight
-    leaves the support, an outside return whose gradient is below the support's joins it).
-    The exact answer is kept when it is feasible and no worse than SLSQP's, which it then is
-    to rounding. SLSQP alone needs ~160 iterations per blend to reach 1e-6 in ``x``.
+    The matrix is scaled to unit trace (which moves no minimum) and written as a least-squares
+    problem, ``|S x|^2 + mu (1^T x - 1)^2`` with ``S^T S = error`` (from its eigenvalues, so a
+    singular covariance is fine) and the sum held by a row weighted ``mu = 1e6``; scipy's
+    ``nnls`` (Lawson-Hanson, an exact active-set method) finds the support. The support is
+    then solved exactly, ``x_S = error_SS^-1 1 / (1^T error_SS^-1 1)``, and corrected until
+    the KKT conditions hold (a negative weight leaves the support, an outside return whose
+    gradient is below the support's joins it). Should that not settle, scipy's SLSQP on the
+    constrained problem decides. The first route takes well under a millisecond; SLSQP took
+    5 to 30 ms a blend here (its BLAS calls compete for the cores with training).
     """
-    from scipy.optimize import minimize
+    from scipy.optimize import nnls
 
     size = len(error)
     trace = float(np.trace(error))
@@ -623,6 +626,29 @@ def magic_weights(error: np.ndarray) -> np.ndarray:
         weights[-1] = 1.0
         return weights
     scaled = (error + error.T) / (2 * trace)
+    eigenvalues, eigenvectors = np.linalg.eigh(scaled)
+    root = np.sqrt(np.clip(eigenvalues, 0.0, None))[:, None] * eigenvectors.T
+    penalty = 1e3  # sqrt(mu)
+    design = np.vstack([root, np.full((1, size), penalty)])
+    target = np.zeros(size + 1)
+    target[-1] = penalty
+    try:
+        start, _ = nnls(design, target)
+    except RuntimeError:
+        start = np.zeros(size)
+    if start.sum() > 0:
+        exact = _active_set_polish(scaled, start > 0)
+        if exact is not None:
+            return exact
+    return _slsqp_weights(scaled)
+
+
+def _slsqp_weights(scaled: np.ndarray) -> np.ndarray:
+    """The blend by scipy's SLSQP (the fallback of ``magic_weights``), polished when the
+    exact solve on its support is feasible and no worse."""
+    from scipy.optimize import minimize
+
+    size = len(scaled)
     result = minimize(
         lambda x: x @ scaled @ x,
         np.full(size, 1.0 / size),
@@ -632,7 +658,7 @@ def magic_weights(error: np.ndarray) -> np.ndarray:
         constraints=[
             {"type": "eq", "fun": lambda x: x.sum() - 1.0, "jac": lambda x: np.ones_like(x)}
         ],
-        options={"ftol": 1e-8, "maxiter": 200},
+        options={"ftol": 1e-12, "maxiter": 500},
     )
     weights = np.clip(result.x, 0.0, None)
     weights /= weights.sum()

@@ -387,6 +387,26 @@ def test_magic_weights_match_a_direct_solve(seed):
     assert x.sum() == pytest.approx(1.0, abs=1e-12)
     assert (x >= 0).all()
     assert x == pytest.approx(reference, abs=TOLERANCE)
+    # the SLSQP fallback reaches the same blend
+    fallback = formulas._slsqp_weights(error / np.trace(error))
+    assert fallback == pytest.approx(reference, abs=TOLERANCE)
+
+
+def test_magic_weights_of_a_singular_error_reach_the_minimum():
+    """Two j-steps with identical returns (a duplicated column: many blends are optimal) and
+    one with zero variance but a bias: the blend must reach the direct solve's minimum."""
+    rng = np.random.default_rng(3)
+    returns = rng.normal(size=(50, 3))
+    returns[:, 1] = returns[:, 0]
+    returns[:, 2] = 0.0
+    error = np.cov(returns, rowvar=False) / 50 + np.outer([0, 0, 0.3], [0, 0, 0.3])
+    x = magic_weights(error)
+    best = np.inf
+    for weight in np.linspace(0, 1, 100001):  # the minimum over the edge x_2 = 1 - x_0 - x_1
+        y = np.array([weight, 0.0, 1 - weight])
+        best = min(best, y @ error @ y)
+    assert x.sum() == pytest.approx(1.0) and (x >= 0).all()
+    assert x @ error @ x <= best + 1e-12
 
 
 def test_magic_uses_the_outer_product_not_the_elementwise_square():
