@@ -42,7 +42,19 @@ Intervals: a percentile bootstrap over EPISODES (the rows of an episode are not 
 matrix, each estimate recomputed from count-weighted per-episode (or per-step) sums. The
 logged value and the relative value come from the same resamples. MAGIC's interval holds the
 blend's weights at their full-data values (re-solving the blend per resample would need each
-resample's covariance: ``B`` times the work for a second-order effect).
+resample's covariance: ``B`` times the work for a second-order effect). The models are held
+fixed too: ``dm``'s interval shows the states' sampling spread but not the reward model's own
+estimation error, and undercovers (about 60% at 95% in ``tests/test_cpe_truth.py``); the
+importance-weighted kinds cover (93 to 95%).
+
+Options: ``propensity_floor`` raises logged propensities below it (a zero, negative or NaN
+propensity of a taken action is always an error, named by its row); ``weight_clip`` clips
+each row's weight (one-step) or the cumulative weight (sequential). Either, when on, is said
+in every estimate's note with the number of rows it changed.
+
+Cost: 1,000,000 rows in 10,000 episodes take 0.05 to 0.3 s per kind at 200 resamples. The
+bootstrap draws ``B x E`` episode indices, so a bandit log of 1,000,000 one-row episodes
+takes about 2 s per one-step kind (4 s for weighted DR and MAGIC).
 """
 
 from __future__ import annotations

@@ -27,6 +27,16 @@ iteration needs ~1,400 to reach 1e-6). The iteration converges exactly when the 
 radius of ``gamma A^-1 P`` is below 1; where it is not, or barely (off-policy linear FQE can
 diverge; data that never terminate at gamma 1 sit at 1), the capped iteration runs instead
 and the values carry a note.
+
+No nonlinear expansion of the features, on measurement. On CartPole (25,440 rows in 300
+episodes logged epsilon-greedy at 0.6 around a pole-angle heuristic, gamma 0.99, truths from
+400 rollouts each), the FQE model's own estimate (the mean ``V_hat`` of first states) was off
+by -34% with these features for a target near the logger (epsilon 0.5), and by -5% / +2% /
++1% with squares and products / 32 / 128 random Fourier features; for a target far from it
+(epsilon 0.1, episodes ten times longer) by -60% here, and +91% / +50% / -15% with them.
+Only the 128 Fourier features helped in both, at 15 to 30 times the fit time (``D`` = 411),
+past the per-epoch budget (20% of a 0.1 s epoch at 3,000 rows). The state features the
+timeline gives are what the models see.
 """
 
 from __future__ import annotations
