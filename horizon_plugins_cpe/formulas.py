@@ -113,9 +113,10 @@ class CpeOptions:
     spread evenly over ``0 .. L - 1`` (``L`` the longest episode), as Horizon's grid."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class CpeInputs:
-    """The eval split's rows in episode and step order, as numpy."""
+    """The eval split's rows in episode and step order, as numpy. Compared and hashed by
+    identity (``eq=False``): field-wise equality of arrays has no single truth value."""
 
     episode_starts: np.ndarray
     """``[E + 1]`` int64: episode ``e`` is rows ``episode_starts[e]:episode_starts[e + 1]``."""
@@ -154,7 +155,7 @@ class CpeInputs:
         return where
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ModelValues:
     """What the models say, per row and metric: the DM/DR/sequential-DR ingredients."""
 
@@ -451,7 +452,7 @@ def one_step(
 # --- sequential ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Episodes:
     """The per-row arrays every sequential kind needs, built once per call."""
 
