@@ -34,8 +34,9 @@ Jiang & Li 2016, Thomas & Brunskill 2016):
   the model after it; ``g_-1`` is the model alone, ``g_{L-1}`` is ``weighted_dr``) blended with
   weights ``x`` minimising ``x^T (Omega + b b^T) x`` under ``sum x = 1, x >= 0``: ``Omega`` is
   the covariance of the per-episode ``j``-step returns divided by the number of episodes (the
-  covariance of the ``g_j``), ``b_j`` the distance from ``g_j`` to the confidence interval of
-  ``weighted_dr``. Horizon's code used ``b * b`` elementwise and an unscaled covariance.
+  covariance of the ``g_j``), ``b_j`` the distance from ``g_j`` to the bootstrap interval of
+  ``weighted_dr`` at ``confidence`` (the normal-theory one when ``num_bootstrap`` is 0).
+  Horizon's code used ``b * b`` elementwise and an unscaled covariance.
 
 Intervals: a percentile bootstrap over EPISODES (the rows of an episode are not independent):
 ``num_bootstrap`` resamples of the ``E`` episodes with replacement, drawn as a ``[B, E]`` count

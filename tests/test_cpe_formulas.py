@@ -566,3 +566,26 @@ def test_fqe_that_does_not_contract_is_iterated_and_says_so():
     )
     assert "does not contract" in note and "200-iteration" in note
     assert np.isfinite(weights).all()
+
+
+def test_no_relative_interval_when_the_logged_resamples_cross_zero():
+    """A logged mean of 1.5 / 41 from rewards of +-1: not near zero, so the relative value is
+    given, but resamples of the logged value fall on both sides of zero, where a ratio's
+    interval means nothing; it is left out with a note."""
+    rewards = np.array([1.0, -1.0] * 20 + [1.5])[:, None]
+    n = len(rewards)
+    inputs = CpeInputs(
+        episode_starts=np.arange(n + 1),
+        rewards=rewards,
+        metric_names=("reward",),
+        action=np.zeros(n, dtype=np.int64),
+        logged_propensity=np.full(n, 0.5),
+        target_probabilities=np.full((n, 2), 0.5),
+        possible=np.ones((n, 2), dtype=bool),
+        features=np.zeros((n, 1)),
+    )
+    result = estimate("ips", inputs, None, CpeOptions(num_bootstrap=200))["reward"]
+    assert result.logged_value == pytest.approx(1.5 / 41)
+    assert result.relative == pytest.approx(1.0)
+    assert result.relative_low is None and result.relative_high is None
+    assert "resamples include zero" in result.note
