@@ -20,16 +20,27 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
-BENCHMARKS = ("make_run.py", "train_throughput.py", "timeline.py", "normalization.py")
+BENCHMARKS = (
+    "make_run.py",
+    "train_throughput.py",
+    "timeline.py",
+    "normalization.py",
+    "cpe.py",
+    "cpe_overhead.py",
+)
 """In the order they run; each accepts ``--quick``."""
 
 
 def parse_result(line: str) -> dict[str, str]:
-    """``RESULT a=1 b=x`` -> ``{"a": "1", "b": "x"}``; rates given as ``ours_rows_per_s`` (and
+    """``RESULT a=1 b=x`` -> ``{"a": "1", "b": "x"}``; times given as ``ours_s`` (``baseline_s``)
+    become ``ours`` (``baseline``) in seconds; rates given as ``ours_rows_per_s`` (and
     ``baseline_rows_per_s``) become ``ours`` (``baseline``) in rows/s, after the baseline's name
     where one is given (``baseline=plain_arrow``), with ``rows`` in the figure's name."""
     fields = dict(item.split("=", 1) for item in line.split()[1:] if "=" in item)
     for side in ("ours", "baseline"):
+        seconds = fields.pop(f"{side}_s", None)
+        if seconds is not None and side not in fields:
+            fields[side] = f"{float(seconds):.3g}s"
         rate = fields.pop(f"{side}_rows_per_s", None)
         if rate is not None:
             named = f"{fields[side]}: " if side in fields else ""
