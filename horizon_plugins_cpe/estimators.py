@@ -58,6 +58,11 @@ CONTINUOUS_REASON = (
 )
 """What ``cpe.json`` records for a CPE entry on continuous actions."""
 
+Q_FEATURES = "q_features"
+"""The name under which a trainer's ``evaluation_models()`` offers a module mapping raw
+``(values, presence)`` states to its Q-network's last hidden layer ``[N, H]``: the features
+``q_model = "network_fqe"`` fits the evaluated policy's Q on."""
+
 REWARD_METRIC = "reward"
 """The name of the reward's estimates; a logged metric of that name is ``metrics.reward``
 (or left out when it equals the reward on every row)."""
@@ -79,12 +84,15 @@ class CpeConfig(EstimatorConfig):
     """Raise logged propensities below this to it before dividing; off by default."""
     seed: int | None = None
     """Seed of the bootstrap and the models' cross-fitting folds; by default the run's."""
-    q_model: Literal["auto", "scores", "fqe"] = "auto"
-    """The sequential kinds' Q of the evaluated policy: "scores" takes the policy's scores as
-    Q-values of the reward (a Q-learning trainer's, such as dqn's; other metrics get fitted-Q
-    evaluation), "fqe" fits Q for every metric on the eval split, "auto" takes the scores when
-    the trainer has a discount (it declares its scores Q-values under it) and the entry does
-    not set another gamma."""
+    q_model: Literal["auto", "network_fqe", "scores", "fqe"] = "auto"
+    """The sequential kinds' Q of the evaluated policy: "network_fqe" fits Q for every metric
+    on the eval split linearly in the trained network's last hidden layer (the trainer's
+    ``q_features``, as dqn offers), its bootstrapped values bounded to the feasible returns;
+    "scores" takes the policy's scores as Q-values of the reward (a Q-learning trainer's;
+    other metrics get fitted-Q evaluation); "fqe" fits Q for every metric on the eval split
+    linearly in the state features. "auto" takes "network_fqe" where the trainer offers
+    ``q_features``, else the scores when the trainer has a discount (it declares its scores
+    Q-values under it) and the entry does not set another gamma, else "fqe"."""
 
 
 def _numpy(tensor: Any) -> np.ndarray:
@@ -269,13 +277,13 @@ class CpeEstimator(EstimatorBase):
         options = self.options(episodes)
         entry = prepared(episodes)
         model = self.model
-        if model == "q" and self._q_from_scores(episodes):
-            model = "scores"
+        if model == "q":
+            model = self._q_model(episodes)
         models = None
         if model is not None:
             key = (model, options)
             if key not in entry.models:
-                entry.models[key] = self._fit(model, entry, options)
+                entry.models[key] = self._fit(model, entry, options, episodes)
             models = entry.models[key]
         found = estimate(self.name, entry.inputs, models, options)
         gamma_from = "config" if self.config.gamma is not None else "trainer"
@@ -287,7 +295,7 @@ class CpeEstimator(EstimatorBase):
             "metrics": list(entry.inputs.metric_names),
         }
         if self.model == "q":
-            self.details["q_model"] = "scores" if model == "scores" else "fqe"
+            self.details["q_model"] = "fqe" if model == "q" else model
         if models is not None and models.note:
             self.details["model_note"] = models.note
         blends = {
@@ -299,19 +307,31 @@ class CpeEstimator(EstimatorBase):
             self.details["magic_blend"] = blends
         return {name: _estimate(result) for name, result in found.items()}
 
-    def _q_from_scores(self, episodes: EvaluationEpisodes) -> bool:
-        """Whether this entry's Q of the reward is the policy's scores (``q_model``)."""
-        if self.config.q_model == "fqe" or episodes.policy.scores is None:
-            return False
-        if self.config.q_model == "scores":
-            return True
+    def _q_model(self, episodes: EvaluationEpisodes) -> str:
+        """This entry's Q (``q_model`` resolved): ``network_fqe``, ``scores`` or ``q`` (FQE on
+        the state features). ``network_fqe`` without ``q_features`` falls back as "auto"."""
+        wanted = self.config.q_model
+        if wanted == "fqe":
+            return "q"
+        if wanted in ("auto", "network_fqe") and Q_FEATURES in episodes.models:
+            return "network_fqe"
+        if episodes.policy.scores is None:
+            return "q"
+        if wanted == "scores":
+            return "scores"
         gamma = self.config.gamma
-        return episodes.discount is not None and (gamma is None or gamma == episodes.discount)
+        if episodes.discount is not None and (gamma is None or gamma == episodes.discount):
+            return "scores"
+        return "q"
 
-    def _fit(self, model: str, entry: _Prepared, options: CpeOptions) -> ModelValues:
-        """The ``model``'s values on the prepared inputs: ``reward`` (ridge), ``q`` (FQE) or
-        ``scores`` (the policy's scores for the reward, FQE for the other metrics)."""
+    def _fit(
+        self, model: str, entry: _Prepared, options: CpeOptions, episodes: EvaluationEpisodes
+    ) -> ModelValues:
+        """The ``model``'s values on the prepared inputs: ``reward`` (ridge), ``q`` (FQE),
+        ``network_fqe`` (bounded FQE on the trainer's ``q_features``) or ``scores`` (the
+        policy's scores for the reward, FQE for the other metrics)."""
         import numpy as np
+        import torch
 
         from horizon_plugins_cpe.formulas import ModelValues
         from horizon_plugins_cpe.models import q_model_values, reward_model_values
@@ -321,6 +341,11 @@ class CpeEstimator(EstimatorBase):
             return reward_model_values(inputs, options)
         if model == "q":
             return q_model_values(inputs, options)
+        if model == "network_fqe":
+            data = episodes.data
+            with torch.no_grad():
+                features = episodes.models[Q_FEATURES](data.state, data.state_presence)
+            return q_model_values(inputs, options, _numpy(features))
         scores = entry.policy.scores.detach().cpu().double().numpy()
         scores = np.where(inputs.possible, scores, 0.0)
         logged = scores[np.arange(len(scores)), inputs.action]

@@ -68,6 +68,23 @@ value is a sum over about ``1 / (1 - radius)`` steps; past 10,000 of them the da
 end the recursion (no terminal row reached, gamma 1) and only the ridge's shrinkage keeps the
 fixed point finite, so the capped iteration runs instead, with a note."""
 
+FEATURE_RIDGE = 1e-3
+"""The ridge penalty per row of FQE on a network's (standardized) hidden layer: tens of
+features fitted on each half of an eval split of a few hundred rows need more shrinkage than
+the state's few."""
+
+NETWORK_COMPONENTS = 8
+"""Bounded FQE on a network's hidden layer fits its first this many principal components."""
+
+BOUNDED_MAX_STEPS = 5
+"""Active-set steps of bounded FQE before it falls back to iterating the clipped map."""
+
+BOUNDED_MAX_ITERATIONS = 2000
+BOUNDED_SWEEP = 10
+"""Where the active sets cycle, bounded FQE iterates the clipped map, trying an active-set
+step every ``BOUNDED_SWEEP`` iterations; past ``BOUNDED_MAX_ITERATIONS`` it keeps the last
+iterate, with a note."""
+
 CHUNK_ROWS = 65536
 """Rows per block when accumulating the Gram matrices (bounds the memory of the design)."""
 
@@ -75,10 +92,13 @@ CHUNK_ROWS = 65536
 # --- the feature map -------------------------------------------------------------------------
 
 
-def state_basis(inputs: CpeInputs) -> np.ndarray:
-    """``[N, 1 + F]``: an intercept and the features standardized over the eval rows (a
-    constant column becomes 0). No reward enters, so cross-fitting is not affected."""
-    features = np.asarray(inputs.features, dtype=np.float64)
+def state_basis(inputs: CpeInputs, features: np.ndarray | None = None) -> np.ndarray:
+    """``[N, 1 + F]``: an intercept and the features (``inputs.features`` unless others are
+    given, such as a network's hidden layer on the same rows) standardized over the eval rows
+    (a constant column becomes 0). No reward enters, so cross-fitting is not affected."""
+    if features is None:
+        features = inputs.features
+    features = np.asarray(features, dtype=np.float64)
     if features.ndim != 2 or len(features) != inputs.num_rows:
         raise CpeInputError(f"features has shape {features.shape}; expected ({inputs.num_rows}, F)")
     finite = np.isfinite(features).all(axis=1)
@@ -89,6 +109,19 @@ def state_basis(inputs: CpeInputs) -> np.ndarray:
     std = features.std(axis=0)
     std[std == 0] = 1.0
     return np.concatenate([np.ones((len(features), 1)), (features - mean) / std], axis=1)
+
+
+def principal_features(features: np.ndarray, components: int) -> np.ndarray:
+    """``[N, k]``: ``features`` standardized (constant columns left out) and projected on
+    their first ``k <= components`` principal components over the rows. No reward enters."""
+    features = np.asarray(features, dtype=np.float64)
+    std = features.std(axis=0)
+    live = std > 0
+    centered = (features[:, live] - features[:, live].mean(axis=0)) / std[live]
+    if centered.shape[1] <= components:
+        return centered
+    _, _, directions = np.linalg.svd(centered, full_matrices=False)
+    return centered @ directions[:components].T
 
 
 def design(basis: np.ndarray, action: np.ndarray, num_actions: int) -> np.ndarray:
@@ -210,13 +243,145 @@ def fit_fqe(
     )
 
 
+def return_bounds(rewards: np.ndarray, gamma: float) -> tuple[np.ndarray, np.ndarray]:
+    """``[M]`` each: the least and the most a state can be worth under any policy, given the
+    rewards' range ``[r_min, r_max]`` per metric: a return is a sum of at least one reward
+    (``r_min`` when the episode may end at once) and of up to ``1 / (1 - gamma)`` discounted
+    ones, so ``[min(r_min, r_min / (1 - gamma)), max(r_max, r_max / (1 - gamma))]`` (an
+    unbounded side at ``gamma = 1``)."""
+    smallest, largest = rewards.min(axis=0), rewards.max(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        horizon = 1.0 / (1.0 - gamma) if gamma < 1 else np.inf
+        low = np.where(smallest < 0, smallest * horizon, smallest)
+        high = np.where(largest > 0, largest * horizon, largest)
+    return low, high
+
+
+def fit_bounded_fqe(
+    basis: np.ndarray,
+    action: np.ndarray,
+    rewards: np.ndarray,
+    num_actions: int,
+    next_basis: np.ndarray,
+    next_probabilities: np.ndarray,
+    gamma: float,
+    low: np.ndarray,
+    high: np.ndarray,
+) -> tuple[np.ndarray, str | None]:
+    """``W [(A + 1) d, M]`` of linear fitted-Q evaluation whose targets bootstrap from the
+    next state's value clipped to ``[low, high]`` (``return_bounds``): the fixed point of
+    ``W = A^-1 Phi^T (r + gamma clip(Psi W))``, ``Psi`` the next rows' policy-weighted
+    features (0 on terminal rows, whose next value stays 0).
+
+    Off-policy linear FQE need not contract (on CartPole, with a network's hidden layer as
+    features, its unclipped fixed point had a spectral radius of 1.02 and values in the
+    thousands); the clip keeps every target feasible. The fixed point is found by active
+    sets (semismooth Newton), one ``D x D`` solve per metric and step: with the rows whose
+    next value is clipped fixed at their bound, the rest is linear,
+    ``(A - gamma Phi^T F Psi) W = Phi^T (r + gamma c)`` (``F`` the free rows, ``c`` the
+    bounds of the clipped ones); the next values of that solution give the next active set,
+    until it repeats (starting from none clipped: where the unclipped fixed point is
+    feasible, that is the answer). Where it does not settle in ``BOUNDED_MAX_STEPS`` steps
+    the plain iteration continues from there, capped, with a note."""
+    phi = design(basis, action, num_actions)  # [n, D]
+    psi = expected_design(next_basis, next_probabilities)  # [n, D]
+    terminal = ~next_probabilities.any(axis=1)
+    gram, _, _ = _gram(basis, action, rewards, num_actions)
+    regularized = gram + FEATURE_RIDGE * len(basis) * np.eye(len(gram))
+    weights = np.empty((len(gram), rewards.shape[1]))
+    notes = []
+    for metric in range(rewards.shape[1]):
+        bounds = (float(low[metric]), float(high[metric]))
+        weights[:, metric], note = _bounded_metric(
+            regularized, phi, psi, terminal, rewards[:, metric], gamma, bounds
+        )
+        if note:
+            notes.append(note)
+    return weights, "; ".join(notes) or None
+
+
+def _bounded_metric(
+    regularized: np.ndarray,
+    phi: np.ndarray,
+    psi: np.ndarray,
+    terminal: np.ndarray,
+    rewards: np.ndarray,
+    gamma: float,
+    bounds: tuple[float, float],
+) -> tuple[np.ndarray, str | None]:
+    """``fit_bounded_fqe`` for one metric: ``W [D]``, and a note where it did not settle.
+
+    Active-set steps from none clipped; where the sets cycle, ``BOUNDED_SWEEP`` iterations of
+    the clipped map (on the next values ``[n]``) and a step from the set they reach, until a
+    step's solution reproduces its set or ``BOUNDED_MAX_ITERATIONS`` iterations have run."""
+    low, high = bounds
+
+    def clipped_at(values: np.ndarray) -> np.ndarray:
+        """-1 / +1 where a next value is below / above its bounds, 0 where free."""
+        return np.where(terminal, 0, np.where(values < low, -1, np.where(values > high, 1, 0)))
+
+    def newton(active: np.ndarray) -> np.ndarray | None:
+        """The weights whose free rows' next values are linear, the others at their bound."""
+        free = (active == 0) & ~terminal
+        fixed = np.where(active < 0, low, np.where(active > 0, high, 0.0))
+        system = regularized - gamma * phi.T @ (free[:, None] * psi)
+        try:
+            return np.linalg.solve(system, phi.T @ (rewards + gamma * fixed))
+        except np.linalg.LinAlgError:
+            return None
+
+    active = np.zeros(len(rewards), dtype=np.int64)
+    seen = set()
+    weights = None
+    for _ in range(BOUNDED_MAX_STEPS):
+        weights = newton(active)
+        if weights is None:
+            break
+        updated = clipped_at(psi @ weights)
+        if np.array_equal(updated, active):
+            return weights, None
+        if updated.tobytes() in seen:
+            break
+        seen.add(updated.tobytes())
+        active = updated
+    # The sets cycled (or a system was singular): iterate the clipped map.
+    solve = np.linalg.solve(regularized, phi.T)  # [D, n]
+    if weights is None:
+        weights = solve @ rewards
+    values = psi @ weights
+    change = np.inf
+    for iteration in range(1, BOUNDED_MAX_ITERATIONS + 1):
+        weights = solve @ (rewards + gamma * np.where(terminal, 0.0, np.clip(values, low, high)))
+        updated = psi @ weights
+        change = float(np.abs(updated - values).max()) if len(values) else 0.0
+        values = updated
+        if iteration % BOUNDED_SWEEP == 0:
+            active = clipped_at(values)
+            candidate = newton(active)
+            if candidate is not None and np.array_equal(clipped_at(psi @ candidate), active):
+                return candidate, None
+    following = np.where(terminal, 0.0, np.clip(values, low, high))
+    return solve @ (rewards + gamma * following), (
+        f"bounded fitted-Q evaluation did not settle (last change {change:.3g} after "
+        f"{BOUNDED_MAX_ITERATIONS} iterations): the sequential estimates lean on Q_hat as it "
+        "stands"
+    )
+
+
 # --- the values the estimators read ----------------------------------------------------------
 
 
-def _cross_fitted(inputs: CpeInputs, options: CpeOptions, fit) -> ModelValues:
-    """Fit on each fold with ``fit(rows) -> (W, note)``, predict the other fold's rows."""
+def _cross_fitted(
+    inputs: CpeInputs,
+    options: CpeOptions,
+    fit,
+    features: np.ndarray | None = None,
+    bounds: tuple[np.ndarray, np.ndarray] | None = None,
+) -> ModelValues:
+    """Fit on each fold with ``fit(rows) -> (W, note)``, predict the other fold's rows (each
+    value clipped to ``bounds`` ``([M], [M])`` when given)."""
     check_inputs(inputs)
-    basis = state_basis(inputs)
+    basis = state_basis(inputs, features)
     starts = np.asarray(inputs.episode_starts)
     num_actions = inputs.target_probabilities.shape[1]
     num_episodes = inputs.num_episodes
@@ -234,6 +399,8 @@ def _cross_fitted(inputs: CpeInputs, options: CpeOptions, fit) -> ModelValues:
             notes.append(note)
         rows = fold_of_row == predict_fold
         values = all_action_values(basis[rows], weights, num_actions)  # [n, A, M]
+        if bounds is not None:
+            values = np.clip(values, *bounds)
         action = inputs.action[rows]
         logged[rows] = values[np.arange(len(action)), action]
         expected[rows] = np.einsum("na,nam->nm", probabilities[rows], values)
@@ -251,12 +418,22 @@ def reward_model_values(inputs: CpeInputs, options: CpeOptions) -> ModelValues:
     return _cross_fitted(inputs, options, fit)
 
 
-def q_model_values(inputs: CpeInputs, options: CpeOptions) -> ModelValues:
+def q_model_values(
+    inputs: CpeInputs, options: CpeOptions, features: np.ndarray | None = None
+) -> ModelValues:
     """Cross-fitted fitted-Q evaluation ``Q_hat^pi(s, a)`` at discount ``options.gamma``:
-    ``logged`` of the logged action, ``expected`` = ``V_hat^pi(s)``, per row and metric."""
+    ``logged`` of the logged action, ``expected`` = ``V_hat^pi(s)``, per row and metric.
+
+    Linear in the state features by default. Given ``features`` ``[N, H]`` (a trained
+    network's last hidden layer on the rows' states, ``q_features``), linear in those, with
+    the next states' values bounded to the returns the rewards allow (``fit_bounded_fqe``)."""
     rewards = np.asarray(inputs.rewards, dtype=np.float64)
     starts = np.asarray(inputs.episode_starts)
     probabilities = np.asarray(inputs.target_probabilities, dtype=np.float64)
+    bounded = features is not None
+    if bounded:
+        features = principal_features(features, NETWORK_COMPONENTS)
+    low, high = return_bounds(rewards, float(options.gamma))
 
     def fit(basis, rows, num_actions):
         terminal = np.zeros(len(basis), dtype=bool)
@@ -267,7 +444,7 @@ def q_model_values(inputs: CpeInputs, options: CpeOptions) -> ModelValues:
         next_probabilities = np.zeros_like(probabilities)
         next_probabilities[:-1] = probabilities[1:]
         next_probabilities[terminal] = 0.0
-        return fit_fqe(
+        arguments = (
             basis[rows],
             inputs.action[rows],
             rewards[rows],
@@ -276,5 +453,8 @@ def q_model_values(inputs: CpeInputs, options: CpeOptions) -> ModelValues:
             next_probabilities[rows],
             float(options.gamma),
         )
+        if bounded:
+            return fit_bounded_fqe(*arguments, low, high)
+        return fit_fqe(*arguments)
 
-    return _cross_fitted(inputs, options, fit)
+    return _cross_fitted(inputs, options, fit, features, (low, high) if bounded else None)

@@ -106,6 +106,19 @@ class DqnPolicy(nn.Module):
         return masked_scores(scores, allowed)
 
 
+class HiddenFeatures(nn.Module):
+    """Raw ``(values, presence)`` of the state features -> the Q-network's last hidden layer
+    ``[B, H]``: what the CPE estimators fit the evaluated policy's Q on (``q_features``)."""
+
+    def __init__(self, preprocessor: nn.Module, body: nn.Module) -> None:
+        super().__init__()
+        self.preprocessor = preprocessor
+        self.body = body
+
+    def forward(self, values: torch.Tensor, presence: torch.Tensor) -> torch.Tensor:
+        return self.body(self.preprocessor(values, presence))
+
+
 def behaviour_model(
     state_width: int, actions: int, layers: Sequence[int], activations: Sequence[str]
 ) -> nn.Sequential:

@@ -371,6 +371,34 @@ def test_the_sequential_q_is_the_policys_scores_when_the_trainer_has_a_discount(
         assert component.details["q_model"] == "fqe"
 
 
+def test_the_sequential_q_is_fitted_on_the_trainers_hidden_layer_when_it_offers_one():
+    from horizon_plugins_cpe.formulas import CpeOptions, estimate
+    from horizon_plugins_cpe.models import q_model_values
+
+    clicks = torch.tensor([0.0, 1.0, 0.0, 2.0, 1.0, 0.0, 1.0, 1.0, 0.0])
+    episodes = episodes_of(metrics={"clicks": clicks}, discount=0.9)
+    torch.manual_seed(0)
+    hidden = torch.nn.Sequential(torch.nn.Linear(episodes.data.state.shape[1], 3), torch.nn.Tanh())
+    episodes.models = {"q_features": lambda values, presence: hidden(values)}
+    inputs = cpe_inputs(episodes)
+    options = CpeOptions(gamma=0.9, num_bootstrap=0)
+    with torch.no_grad():
+        features = hidden(episodes.data.state).double().numpy()
+
+    component = estimator("weighted_dr", num_bootstrap=0)
+    found = component.estimate(episodes)
+
+    assert component.details["q_model"] == "network_fqe"
+    wanted = estimate("weighted_dr", inputs, q_model_values(inputs, options, features), options)
+    for name in ("reward", "clicks"):
+        assert found[name].value == pytest.approx(wanted[name].value, abs=1e-12)
+    # Told otherwise, the entry takes the scores or FQE on the state features.
+    for q_model, used in [("scores", "scores"), ("fqe", "fqe")]:
+        component = estimator("magic", num_bootstrap=0, q_model=q_model)
+        component.estimate(episodes)
+        assert component.details["q_model"] == used
+
+
 def test_the_shared_inputs_go_with_the_epochs_policy_output():
     import gc
 

@@ -589,3 +589,46 @@ def test_no_relative_interval_when_the_logged_resamples_cross_zero():
     assert result.relative == pytest.approx(1.0)
     assert result.relative_low is None and result.relative_high is None
     assert "resamples include zero" in result.note
+
+
+def test_bounded_fqe_is_the_fixed_point_of_the_clipped_map_where_plain_fqe_diverges():
+    """Bounded FQE's weights reproduce themselves through ``A^-1 Phi^T (r + gamma clip(Psi
+    W))`` (terminal rows bootstrapping from 0), every next value it bootstraps from inside the
+    bounds, on data where the unclipped map does not contract."""
+    from horizon_plugins_cpe.models import (
+        FEATURE_RIDGE,
+        _gram,
+        design,
+        expected_design,
+        fit_bounded_fqe,
+        return_bounds,
+    )
+
+    rng = np.random.default_rng(3)
+    rows, width, actions, gamma = 300, 6, 2, 0.99
+    basis = np.concatenate([np.ones((rows, 1)), rng.normal(size=(rows, width))], axis=1)
+    action = rng.integers(actions, size=rows)
+    rewards = rng.uniform(0.0, 1.0, size=(rows, 2))
+    # Next states that grow away from the states: off-policy FQE's classic divergence.
+    next_basis = basis * 1.5
+    terminal = rng.random(rows) < 0.05
+    next_basis[terminal] = 0.0
+    probabilities = rng.dirichlet(np.ones(actions), size=rows)
+    probabilities[terminal] = 0.0
+    low, high = return_bounds(rewards, gamma)
+
+    weights, note = fit_bounded_fqe(
+        basis, action, rewards, actions, next_basis, probabilities, gamma, low, high
+    )
+
+    assert note is None
+    assert low.tolist() == pytest.approx(rewards.min(axis=0).tolist())
+    assert high.tolist() == pytest.approx((rewards.max(axis=0) / (1 - gamma)).tolist())
+    phi = design(basis, action, actions)
+    psi = expected_design(next_basis, probabilities)
+    gram, _, _ = _gram(basis, action, rewards, actions)
+    regularized = gram + FEATURE_RIDGE * rows * np.eye(len(gram))
+    following = np.where(terminal[:, None], 0.0, np.clip(psi @ weights, low, high))
+    again = np.linalg.solve(regularized, phi.T @ (rewards + gamma * following))
+    np.testing.assert_allclose(again, weights, rtol=1e-7, atol=1e-7)
+    assert ((psi @ weights)[~terminal] > high).any()  # the bounds were needed

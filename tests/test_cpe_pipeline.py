@@ -133,7 +133,8 @@ def test_cpe_json_holds_every_entry_per_metric_with_intervals_and_each_epoch(fin
     assert record["entries"]["ips"]["options"]["weight_clip"] == 20.0
     assert record["entries"]["ips"]["options"]["policy"] == "epsilon_greedy"
     assert record["entries"]["weighted_dr"]["details"]["num_bootstrap"] == 50
-    assert record["entries"]["weighted_dr"]["details"]["q_model"] == "scores"  # dqn's Q
+    # dqn offers its hidden layer (q_features): Q by bounded FQE on it
+    assert record["entries"]["weighted_dr"]["details"]["q_model"] == "network_fqe"
     assert record["final"]["logged_value"]["reward_per_episode"] > 0
     # Sequential estimates are per episode, one-step ones per decision.
     assert record["final"]["weighted_dr"]["reward"]["logged_value"] > 5
