@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -143,13 +144,28 @@ def blas_threads() -> Iterator[None]:
     37 ms on one."""
     import torch
 
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
+    global _BLAS_CONTROLLER
+    modules = len(sys.modules)
+    if _BLAS_CONTROLLER is None or _BLAS_CONTROLLER[0] != modules:
+        # Finding the loaded libraries reads the process's maps (2 ms): again only when
+        # modules were imported since (scipy brings its own OpenBLAS).
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:
+            _BLAS_CONTROLLER = (modules, None)
+        else:
+            _BLAS_CONTROLLER = (len(sys.modules), ThreadpoolController())
+    controller = _BLAS_CONTROLLER[1]
+    if controller is None:
         yield
         return
-    with threadpool_limits(limits=torch.get_num_threads(), user_api="blas"):
+    with controller.limit(limits=torch.get_num_threads(), user_api="blas"):
         yield
+
+
+_BLAS_CONTROLLER: tuple[int, Any] | None = None
+"""The number of modules imported when threadpoolctl's controller of the loaded BLAS
+libraries was made, and the controller (None where threadpoolctl is not installed)."""
 
 
 class EpisodeEvaluation:

@@ -8,13 +8,21 @@ policy's probabilities under the entry's exploration, the possible actions and t
 features. The models the formulas need are cross-fitted here on the eval split
 (``horizon_plugins_cpe.models``): a reward model for ``dm`` and ``dr``; ``ips`` and ``snips``
 need none. The sequential kinds need the evaluated policy's ``Q``: with ``q_model = "auto"``
-(the default) it is the policy's own scores when the trainer declares them Q-values of the
-reward under its discount (``TrainerBase.discount()`` is not None, as dqn's gamma), as Horizon
-used its DQN's Q; other metrics, and trainers without a discount, get cross-fitted fitted-Q
-evaluation (``q_model = "fqe"`` for every metric). On random CartPole data the linear FQE
-cannot represent ``Q`` (it did not even contract on small eval splits) and the sequential
-estimates hardly moved while the real return went from 10 to 240; with the DQN's own Q their
-rank correlation with the real return over epochs was 0.62 to 0.92 on three seeds
+(the default) it is fitted for every metric by bounded FQE on the trained network's hidden
+layer where the trainer offers it (``q_features`` among ``TrainerBase.evaluation_models()``,
+as dqn does: ``"network_fqe"``); else the policy's own scores when the trainer declares them
+Q-values of the reward under its discount (``TrainerBase.discount()`` is not None), as
+Horizon used its DQN's Q, with FQE on the state features for the other metrics; else FQE on
+the state features for every metric (``"fqe"``). On the CartPole example (truth: the greedy
+policy's discounted return 4.24 times random play's) weighted DR said 4.23 with the hidden
+layer, 0.55 with the DQN's scores (conservative Q-learning's values, far below the policy's
+after 20 epochs) and 1.33 with linear FQE on the state features, which cannot represent Q
+there; ``horizon_plugins_cpe.models`` has the measurements. Over the epochs of 1,000
+random episodes the hidden layer's estimates ranked the epochs less well than the scores
+(Spearman 0.77, 0.44 and 0.73 on seeds 0 to 2, the scores 0.77, 0.62 and 0.89) while being
+of the truth's size where the scores were 4 to 5 times too small; once the policy plays
+well its value is near the ceiling ``1 / (1 - gamma)`` and the bounded estimates sit at it,
+so they tell a good policy from a bad one, not good ones apart
 (``tests/test_cpe_cartpole.py``). Inputs and models are kept for the episodes last seen, so
 seven entries on one epoch (one policy output, one split) build the inputs once and fit each
 model once.

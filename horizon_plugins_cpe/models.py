@@ -36,7 +36,34 @@ by -34% with these features for a target near the logger (epsilon 0.5), and by -
 (epsilon 0.1, episodes ten times longer) by -60% here, and +91% / +50% / -15% with them.
 Only the 128 Fourier features helped in both, at 15 to 30 times the fit time (``D`` = 411),
 past the per-epoch budget (20% of a 0.1 s epoch at 3,000 rows). The state features the
-timeline gives are what the models see.
+timeline gives are what the models see, unless a trainer offers better ones.
+
+A trainer's hidden layer (``q_model = "network_fqe"``, the default where the trainer offers
+``q_features``, as dqn does): the same cross-fitted FQE, with ``x(s)`` the first
+``NETWORK_COMPONENTS`` principal components of the standardized last hidden layer of the
+trained Q-network (a representation learned for this task's values, which the state's few
+features are not), and the next states' values clipped to the returns the rewards allow
+(``fit_bounded_fqe``), as are the values it predicts. Measured on the CartPole example
+(``examples/cartpole_dqn.toml``: 200 random episodes, 14 of them in the eval split, gamma
+0.99; truth: the trained greedy policy's discounted return over 20 played episodes, 83.6,
+over random play's, 19.7, or over the eval split's logged 23.1: 4.24 or 3.63), weighted
+DR's relative value was 4.23; with the DQN's own scores as Q, 0.55 (20 epochs of
+conservative Q-learning leave them near 13: soft target updates at 0.01 have not carried
+values back that far); with FQE on the state features, 1.33. With 4, 16 and 32 components
+or all the live units (44 of 64) instead of 8: 3.17, 3.01, 2.08 and 4.34; with unclipped
+targets FQE on the hidden layer did not contract (spectral radius 1.02). FQE on the
+train split's 4,121 rows with 64 to 256 random Fourier features and clipped targets gave
+0.59 to 3.94 by the features' seed, at 0.4 to 6 s a fit. Earlier checkpoints of the same
+run are harder (epoch 5, truth 1.28: 1.67; epoch 10, truth 0.49: 0.33; epoch 15, truth
+2.16: 2.13), and where the clipped map has more than one fixed point (epoch 10) the answer
+depends on where the search starts. On 1,000 random episodes (200 evaluated, the run of
+``tests/test_cpe_cartpole.py``, seeds 0 to 2) the relative values were of the truth's size
+(0.5 to 2.4 for epochs whose truth was 0.5 to 2.1; 4.8 to 5.4, mostly the bound, for those
+of 2.6 to 5.4; the scores said 0.5 to 1.4 throughout), and ranked the epochs with Spearman
+0.77, 0.44 and 0.73 (the scores 0.77, 0.62 and 0.89). Cost: 5 to 7 ms a fit (both folds)
+on the example's 381 rows, 10 to 45 ms on 4,400, where the scores cost nothing; per-epoch
+CPE (``dr`` and ``weighted_dr``) added about 32% to the example's training, against 15%
+with the scores.
 """
 
 from __future__ import annotations
@@ -69,12 +96,15 @@ end the recursion (no terminal row reached, gamma 1) and only the ridge's shrink
 fixed point finite, so the capped iteration runs instead, with a note."""
 
 FEATURE_RIDGE = 1e-3
-"""The ridge penalty per row of FQE on a network's (standardized) hidden layer: tens of
-features fitted on each half of an eval split of a few hundred rows need more shrinkage than
-the state's few."""
+"""The ridge penalty per row of bounded FQE on a network's hidden layer. Chosen in a
+prototype on the example's 64 raw hidden units (cross-fitted weighted DR's relative value
+4.70 at 1e-5, 3.73 at 1e-3, 4.28 at 1e-2; truth 3.6 to 4.2), not tuned for the
+components."""
 
 NETWORK_COMPONENTS = 8
-"""Bounded FQE on a network's hidden layer fits its first this many principal components."""
+"""Bounded FQE on a network's hidden layer fits its first this many principal components
+(``D = (A + 1) x 9``: a few milliseconds a fit, where all 64 units cost 5 to 20 times that
+and were no closer to the truth on CartPole; see the module's docstring)."""
 
 BOUNDED_MAX_STEPS = 5
 """Active-set steps of bounded FQE before it falls back to iterating the clipped map."""
@@ -274,15 +304,18 @@ def fit_bounded_fqe(
     features (0 on terminal rows, whose next value stays 0).
 
     Off-policy linear FQE need not contract (on CartPole, with a network's hidden layer as
-    features, its unclipped fixed point had a spectral radius of 1.02 and values in the
-    thousands); the clip keeps every target feasible. The fixed point is found by active
-    sets (semismooth Newton), one ``D x D`` solve per metric and step: with the rows whose
-    next value is clipped fixed at their bound, the rest is linear,
+    features, its map had a spectral radius of 1.02; with random Fourier features the
+    unclipped values reached the thousands); the clip keeps every target feasible. The fixed
+    point is found by active sets (semismooth Newton), one ``D x D`` solve per metric and
+    step: with the rows whose next value is clipped held at their bound, the rest is linear,
     ``(A - gamma Phi^T F Psi) W = Phi^T (r + gamma c)`` (``F`` the free rows, ``c`` the
-    bounds of the clipped ones); the next values of that solution give the next active set,
-    until it repeats (starting from none clipped: where the unclipped fixed point is
-    feasible, that is the answer). Where it does not settle in ``BOUNDED_MAX_STEPS`` steps
-    the plain iteration continues from there, capped, with a note."""
+    bounds of the clipped ones), and a solution whose next values clip exactly those rows is
+    the fixed point. The steps start from none clipped (where the unclipped fixed point is
+    feasible, that is the answer), each from the set the last one's values clip; where the
+    sets cycle (``BOUNDED_MAX_STEPS``), the clipped map is iterated, with a step from the set
+    it reaches every ``BOUNDED_SWEEP`` iterations. The map need not have one fixed point:
+    which one is found depends on this search, deterministically. Past
+    ``BOUNDED_MAX_ITERATIONS`` the last iterate is kept, with a note."""
     phi = design(basis, action, num_actions)  # [n, D]
     psi = expected_design(next_basis, next_probabilities)  # [n, D]
     terminal = ~next_probabilities.any(axis=1)

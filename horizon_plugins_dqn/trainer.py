@@ -220,8 +220,9 @@ class DqnTrainer(QLearningTrainer):
         policy's discounted return is about 84)."""
         from horizon_plugins_dqn.networks import HiddenFeatures
 
-        live = HiddenFeatures(self.preprocessor, self.q_network.body)
-        return {"q_features": copy.deepcopy(live).eval().requires_grad_(False)}
+        # The preprocessor is fixed while training: shared, only the layers are copied.
+        body = copy.deepcopy(self.q_network.body).eval().requires_grad_(False)
+        return {"q_features": HiddenFeatures(self.preprocessor, body)}
 
     def state_dict(self) -> dict[str, Any]:
         """The Q-learning state, plus the behaviour model and its optimizer with BCQ."""
