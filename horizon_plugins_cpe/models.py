@@ -382,17 +382,17 @@ def _bounded_metric(
     if weights is None:
         weights = solve @ rewards
     values = psi @ weights
-    change = np.inf
+    reward_weights = solve @ rewards
+    discounted = gamma * solve * ~terminal  # terminal rows bootstrap from 0
     for iteration in range(1, BOUNDED_MAX_ITERATIONS + 1):
-        weights = solve @ (rewards + gamma * np.where(terminal, 0.0, np.clip(values, low, high)))
-        updated = psi @ weights
-        change = float(np.abs(updated - values).max()) if len(values) else 0.0
-        values = updated
+        previous = values
+        values = psi @ (reward_weights + discounted @ np.clip(values, low, high))
         if iteration % BOUNDED_SWEEP == 0:
             active = clipped_at(values)
             candidate = newton(active)
             if candidate is not None and np.array_equal(clipped_at(psi @ candidate), active):
                 return candidate, None
+    change = float(np.abs(values - previous).max()) if len(values) else 0.0
     following = np.where(terminal, 0.0, np.clip(values, low, high))
     return solve @ (rewards + gamma * following), (
         f"bounded fitted-Q evaluation did not settle (last change {change:.3g} after "
