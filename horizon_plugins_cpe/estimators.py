@@ -107,9 +107,18 @@ def _numpy(tensor: Any) -> np.ndarray:
     return tensor.detach().cpu().double().numpy()
 
 
-def _logged_slots(data: Any) -> np.ndarray:
-    """Each parametric row's logged action as the index of the candidate it is: the first real
-    candidate whose features and presence equal the logged action's."""
+NO_CANDIDATES_NOTE = (
+    "{count} of {rows} eval rows offered no candidates (nothing was chosen there, as on "
+    "Horizon's last rows of an episode): each is taken as its logged action, weight 1"
+)
+"""The note every estimate of parametric episodes with such rows carries."""
+
+
+def _logged_slots(data: Any, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each parametric row's logged action as the index of the candidate it is (the first real
+    candidate whose features and presence equal the logged action's), and which rows offered
+    no candidates at all (their slot is 0). A row with candidates none of which is its logged
+    action is bad input: its probability under the evaluated policy is unknown."""
     import numpy as np
 
     same = (data.possible_action_features == data.action.unsqueeze(1)) & (
@@ -117,13 +126,16 @@ def _logged_slots(data: Any) -> np.ndarray:
     )
     match = same.all(dim=2) & (data.possible_actions > 0)
     found = match.any(dim=1).cpu().numpy()
-    if not found.all():
+    offered = (data.possible_actions > 0).any(dim=1).cpu().numpy()
+    unknown = np.flatnonzero(offered & ~found)
+    if len(unknown):
+        shown = ", ".join(f"sequence_number {int(steps[row])}" for row in unknown[:5])
         raise HorizonError(
-            f"[[evaluation]] {int((~found).sum())} of {len(found)} eval rows log an action that "
-            "is none of their possible actions (candidates): its probability under the "
+            f"[[evaluation]] {len(unknown)} of {len(found)} eval rows log an action that is none "
+            f"of the candidates they offered (first: {shown}): its probability under the "
             "evaluated policy is unknown"
         )
-    return match.double().argmax(dim=1).cpu().numpy().astype(np.int64)
+    return match.double().argmax(dim=1).cpu().numpy().astype(np.int64), ~offered
 
 
 def metric_columns(episodes: EvaluationEpisodes) -> tuple[tuple[str, ...], list[Any]]:
@@ -143,8 +155,9 @@ def metric_columns(episodes: EvaluationEpisodes) -> tuple[tuple[str, ...], list[
     return tuple(names), columns
 
 
-def cpe_inputs(episodes: EvaluationEpisodes) -> CpeInputs:
-    """The formulas' inputs from the core's episodes (discrete or parametric actions)."""
+def cpe_inputs(episodes: EvaluationEpisodes) -> tuple[CpeInputs, str | None]:
+    """The formulas' inputs from the core's episodes (discrete or parametric actions), and a
+    note every estimate on them carries (parametric rows that offered no candidates)."""
     import numpy as np
 
     from horizon_plugins_cpe.formulas import CpeInputs
@@ -155,25 +168,40 @@ def cpe_inputs(episodes: EvaluationEpisodes) -> CpeInputs:
     names, columns = metric_columns(episodes)
     rewards = np.stack([_numpy(column) for column in columns], axis=1)
     possible = data.possible_actions.detach().cpu().numpy() > 0
+    steps = data.step.detach().cpu().numpy()
+    logged_propensity = _numpy(data.action_probability)
+    target_probabilities = _numpy(episodes.policy.probabilities)
+    note = None
     if episodes.action_type is ActionType.DISCRETE:
         action = data.action.detach().cpu().numpy().astype(np.int64)
         # A row that recorded no possible actions has all of them possible (as the policy's).
         possible = np.where(possible.any(axis=1, keepdims=True), possible, True)
     else:
-        action = _logged_slots(data)
+        action, no_choice = _logged_slots(data, steps)
+        if no_choice.any():
+            # No choice was made: the logged action is the only one, under either policy.
+            possible[no_choice, 0] = True
+            logged_propensity, target_probabilities = (
+                logged_propensity.copy(),
+                target_probabilities.copy(),
+            )
+            logged_propensity[no_choice] = 1.0
+            target_probabilities[no_choice] = 0.0
+            target_probabilities[no_choice, 0] = 1.0
+            note = NO_CANDIDATES_NOTE.format(count=int(no_choice.sum()), rows=len(no_choice))
     features = np.concatenate([_numpy(data.state), _numpy(data.state_presence)], axis=1)
-    steps = data.step.detach().cpu().numpy()
-    return CpeInputs(
+    inputs = CpeInputs(
         episode_starts=episodes.episode_starts.detach().cpu().numpy().astype(np.int64),
         rewards=rewards,
         metric_names=names,
         action=action,
-        logged_propensity=_numpy(data.action_probability),
-        target_probabilities=_numpy(episodes.policy.probabilities),
+        logged_propensity=logged_propensity,
+        target_probabilities=target_probabilities,
         possible=possible,
         features=features,
         row_label=lambda row: f"sequence_number {int(steps[row])}",
     )
+    return inputs, note
 
 
 @dataclass(eq=False)
@@ -187,6 +215,8 @@ class _Prepared:
     metrics: int
     """``id()`` of the episodes' metrics dict (alive as long as the data it comes with)."""
     inputs: CpeInputs
+    note: str | None
+    """What every estimate on these inputs says of them (``cpe_inputs``)."""
     models: dict[tuple[str, CpeOptions], ModelValues] = field(default_factory=dict)
 
     def matches(self, episodes: EvaluationEpisodes) -> bool:
@@ -225,7 +255,7 @@ def prepared(episodes: EvaluationEpisodes) -> _Prepared:
         weakref.ref(episodes.data),
         weakref.ref(episodes.policy),
         id(episodes.metrics),
-        cpe_inputs(episodes),
+        *cpe_inputs(episodes),
     )
     _PREPARED.append(entry)
     weakref.finalize(episodes.policy, _forget, entry)
@@ -233,8 +263,9 @@ def prepared(episodes: EvaluationEpisodes) -> _Prepared:
     return entry
 
 
-def _estimate(result: MetricEstimate) -> Estimate:
-    """The formulas' estimate of one metric as the core's ``Estimate``."""
+def _estimate(result: MetricEstimate, note: str | None) -> Estimate:
+    """The formulas' estimate of one metric as the core's ``Estimate``, with the inputs'
+    ``note`` after its own."""
     return Estimate(
         value=result.value,
         low=result.low,
@@ -244,7 +275,7 @@ def _estimate(result: MetricEstimate) -> Estimate:
         relative_low=result.relative_low,
         relative_high=result.relative_high,
         effective_sample_size=result.effective_sample_size,
-        note=result.note,
+        note="; ".join(part for part in (result.note, note) if part) or None,
     )
 
 
@@ -313,7 +344,7 @@ class CpeEstimator(EstimatorBase):
         }
         if blends:
             self.details["magic_blend"] = blends
-        return {name: _estimate(result) for name, result in found.items()}
+        return {name: _estimate(result, entry.note) for name, result in found.items()}
 
     def _q_model(self, episodes: EvaluationEpisodes) -> str:
         """This entry's Q (``q_model`` resolved): ``network_fqe``, ``scores`` or ``q`` (FQE on

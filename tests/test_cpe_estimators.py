@@ -134,7 +134,7 @@ def weights_and_rewards(episodes: EvaluationEpisodes, slots: list[int]) -> tuple
 def test_the_inputs_are_the_episodes_rows_in_order_with_every_metric():
     clicks = torch.arange(9, dtype=torch.float32)
     episodes = episodes_of(metrics={"clicks": clicks, "reward": episodes_of().data.reward})
-    inputs = cpe_inputs(episodes)
+    inputs, _ = cpe_inputs(episodes)
 
     # A logged metric named "reward" equal to the reward is the reward: not estimated twice.
     assert inputs.metric_names == ("reward", "clicks")
@@ -153,7 +153,7 @@ def test_the_inputs_are_the_episodes_rows_in_order_with_every_metric():
 
 def test_a_metric_named_reward_that_is_not_the_reward_keeps_its_own_name():
     other = torch.ones(9)
-    inputs = cpe_inputs(episodes_of(metrics={"reward": other}))
+    inputs, _ = cpe_inputs(episodes_of(metrics={"reward": other}))
     assert inputs.metric_names == ("reward", "metrics.reward")
 
 
@@ -177,7 +177,7 @@ def test_parametric_actions_are_weighted_by_the_logged_candidates_slot():
     # The logged feature 10 is slot 0 and 20 slot 1, but for row 1, whose candidates are
     # listed the other way round.
     slots = [0, 0, 1, 0, 0, 1, 0, 1, 1]
-    assert cpe_inputs(episodes).action.tolist() == slots
+    assert cpe_inputs(episodes)[0].action.tolist() == slots
     weights, reward = weights_and_rewards(episodes, slots)
 
     found = estimator("snips", num_bootstrap=0).estimate(episodes)
@@ -189,8 +189,31 @@ def test_parametric_actions_are_weighted_by_the_logged_candidates_slot():
 def test_a_parametric_row_whose_logged_action_is_no_candidate_is_named():
     episodes = episodes_of(ActionType.PARAMETRIC)
     episodes.data.action[2] = 99.0
-    with pytest.raises(HorizonError, match="1 of 9 eval rows log an action that is none of"):
+    with pytest.raises(
+        HorizonError, match=r"1 of 9 eval rows log an action that is none .* sequence_number 2\)"
+    ):
         cpe_inputs(episodes)
+
+
+def test_a_parametric_row_offering_no_candidates_is_its_logged_action_with_weight_1():
+    """Horizon's parametric logs end episodes with rows whose candidate list is empty: no
+    choice was made there, so the row counts as the logged action under both policies."""
+    episodes = episodes_of(ActionType.PARAMETRIC)
+    episodes.data.possible_actions[4] = 0.0
+    propensity_before = episodes.data.action_probability.clone()
+
+    inputs, note = cpe_inputs(episodes)
+
+    assert note == (
+        "1 of 9 eval rows offered no candidates (nothing was chosen there, as on Horizon's "
+        "last rows of an episode): each is taken as its logged action, weight 1"
+    )
+    assert inputs.action[4] == 0 and inputs.possible[4, 0]
+    assert inputs.logged_propensity[4] == 1.0
+    assert inputs.target_probabilities[4].tolist() == [1.0, 0.0, 0.0]
+    assert torch.equal(episodes.data.action_probability, propensity_before)
+    found = estimator("ips", num_bootstrap=0).estimate(episodes)
+    assert note in found["reward"].note
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -345,7 +368,7 @@ def test_the_sequential_q_is_the_policys_scores_when_the_trainer_has_a_discount(
 
     clicks = torch.tensor([0.0, 1.0, 0.0, 2.0, 1.0, 0.0, 1.0, 1.0, 0.0])
     episodes = episodes_of(metrics={"clicks": clicks}, discount=0.9)
-    inputs = cpe_inputs(episodes)
+    inputs, _ = cpe_inputs(episodes)
     scores = episodes.policy.scores.double().numpy()
     logged = scores[np.arange(9), inputs.action]
     expected = (scores * inputs.target_probabilities).sum(axis=1)
@@ -380,7 +403,7 @@ def test_the_sequential_q_is_fitted_on_the_trainers_hidden_layer_when_it_offers_
     torch.manual_seed(0)
     hidden = torch.nn.Sequential(torch.nn.Linear(episodes.data.state.shape[1], 3), torch.nn.Tanh())
     episodes.models = {"q_features": lambda values, presence: hidden(values)}
-    inputs = cpe_inputs(episodes)
+    inputs, _ = cpe_inputs(episodes)
     options = CpeOptions(gamma=0.9, num_bootstrap=0)
     with torch.no_grad():
         features = hidden(episodes.data.state).double().numpy()
