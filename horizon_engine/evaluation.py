@@ -135,37 +135,28 @@ def epoch_metric_values(results: Results) -> dict[str, float]:
 @contextmanager
 def blas_threads() -> Iterator[None]:
     """numpy's and scipy's BLAS (OpenBLAS, MKL) limited to torch's thread count inside (the
-    driver's ``torch_threads`` while training), where ``threadpoolctl`` is installed; nothing
-    changes where it is not (it is not a dependency of the engine).
+    driver's ``torch_threads`` while training), by threadpoolctl.
 
     The estimators' linear algebra is on matrices of a few hundred rows, where BLAS threads
     cost more than they give, ruinously on a busy machine: on the CartPole example (2 cores
     under load), bounded FQE on all 64 hidden units took 494 ms with OpenBLAS's threads and
     37 ms on one."""
     import torch
+    from threadpoolctl import ThreadpoolController
 
     global _BLAS_CONTROLLER
     modules = len(sys.modules)
     if _BLAS_CONTROLLER is None or _BLAS_CONTROLLER[0] != modules:
         # Finding the loaded libraries reads the process's maps (2 ms): again only when
         # modules were imported since (scipy brings its own OpenBLAS).
-        try:
-            from threadpoolctl import ThreadpoolController
-        except ImportError:
-            _BLAS_CONTROLLER = (modules, None)
-        else:
-            _BLAS_CONTROLLER = (len(sys.modules), ThreadpoolController())
-    controller = _BLAS_CONTROLLER[1]
-    if controller is None:
-        yield
-        return
-    with controller.limit(limits=torch.get_num_threads(), user_api="blas"):
+        _BLAS_CONTROLLER = (modules, ThreadpoolController())
+    with _BLAS_CONTROLLER[1].limit(limits=torch.get_num_threads(), user_api="blas"):
         yield
 
 
 _BLAS_CONTROLLER: tuple[int, Any] | None = None
 """The number of modules imported when threadpoolctl's controller of the loaded BLAS
-libraries was made, and the controller (None where threadpoolctl is not installed)."""
+libraries was made, and the controller."""
 
 
 class EpisodeEvaluation:
