@@ -74,11 +74,13 @@ def plain_refit_samples(kind, inputs, options, fit_seed):
         (2, CpeOptions(num_bootstrap=8, seed=2)),
     ],
 )
-def test_refit_interval_matches_a_plain_refit_per_resample(kind, episodes, options):
+def test_refit_interval_matches_a_plain_refit_per_resample(kind, episodes, options, monkeypatch):
     """The interval and the relative interval are the quantiles of the plain loop's
     estimates (the logged value's resamples are the same as before); the point estimate is
     the data's cross-fitted model's, as without a refit. With two episodes, half the
-    resamples draw only one fold's episode: the other fold keeps the data's fit."""
+    resamples draw only one fold's episode: the other fold keeps the data's fit. ``dr``
+    refits only when ``REFIT_KINDS`` names it (its refit is checked here all the same)."""
+    monkeypatch.setattr(formulas, "REFIT_KINDS", ("dm", "dr"))
     inputs, _ = random_data(seed=21, episodes=episodes)
     fit_seed = 5  # the folds are the fit's, whatever seed the bootstrap uses
     models = reward_model_values(inputs, CpeOptions(seed=fit_seed))
@@ -114,14 +116,34 @@ def test_refit_of_all_the_data_reproduces_the_point_estimate():
     inputs, _ = random_data(seed=22)
     models = reward_model_values(inputs, CpeOptions(seed=4))
     weights = np.random.default_rng(0).random(inputs.num_rows)
-    expected, logged = models.refit.sums(weights)(np.ones((1, inputs.num_episodes)))
-    assert expected[0] == pytest.approx(models.expected.sum(axis=0), abs=1e-9)
-    assert logged[0] == pytest.approx(weights @ models.logged, abs=1e-9)
+    ones = np.ones((1, inputs.num_episodes))
+    expected = models.refit.sums(None)(ones)[0]
+    assert expected == pytest.approx(models.expected.sum(axis=0), abs=1e-9)
+    corrected = models.refit.sums(weights)(ones)[0]
+    assert corrected == pytest.approx(expected - weights @ models.logged, abs=1e-9)
+
+
+def test_dr_holds_its_cross_fitted_model_fixed_by_default():
+    """``dr``'s interval is the fixed model's (its error enters only at second order), and
+    says nothing about it; ``dm``'s with values given as arrays says it is held fixed."""
+    inputs, _ = random_data(seed=26)
+    options = CpeOptions(num_bootstrap=30)
+    models = reward_model_values(inputs, options)
+    arrays = ModelValues(models.logged, models.expected)
+    refit = estimate("dr", inputs, models, options)["reward"]
+    fixed = estimate("dr", inputs, arrays, options)["reward"]
+    assert refit == fixed and fixed.note is None
+    assert "held" not in (estimate("dm", inputs, models, options)["reward"].note or "")
+    assert (
+        "holds the model's given values fixed"
+        in estimate("dm", inputs, arrays, options)["reward"].note
+    )
 
 
 @pytest.mark.parametrize("kind", ["dm", "dr"])
 def test_refit_in_blocks_changes_no_number(kind, monkeypatch):
     """Resamples in blocks of one row give the very interval one block gives."""
+    monkeypatch.setattr(formulas, "REFIT_KINDS", ("dm", "dr"))
     inputs, _ = random_data(seed=23)
     options = CpeOptions(num_bootstrap=30, seed=1)
     whole = estimate(kind, inputs, reward_model_values(inputs, options), options)
@@ -156,6 +178,6 @@ def test_refit_of_one_episode_fits_the_episode_itself():
     basis = state_basis(inputs)
     model = fit_reward_model(basis, inputs.action, inputs.rewards, num_actions)
     values = all_action_values(basis, model, num_actions)
-    expected, _ = RidgeRefit(inputs, seed=0).sums(None)(np.ones((3, 1)))
+    expected = RidgeRefit(inputs, seed=0).sums(None)(np.ones((3, 1)))
     wanted = np.einsum("na,nam->m", inputs.target_probabilities, values)
     assert expected == pytest.approx(np.tile(wanted, (3, 1)), abs=TOLERANCE)

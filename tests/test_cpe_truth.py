@@ -103,11 +103,11 @@ def test_bandit_intervals_cover_the_truth():
     misses in 100 seeds are Binomial(100, 0.065), 6.5 on average, more than 10 about 5% of
     the time; these fixed seeds give 94 (dm), 96 (ips), 90 (snips) and 93 (dr).
 
-    ``dm``'s and ``dr``'s intervals refit the reward model inside every resample
-    (``RidgeRefit``): with the model held fixed, ``dm``'s interval showed the contexts'
-    sampling spread but not the model's own estimation error, and covered the truth in 56 of
-    these 100 seeds (58.0% of the 300; ``dr``'s importance-weighted correction hid it: 93
-    and 93.0% either way)."""
+    ``dm``'s interval refits the reward model inside every resample (``RidgeRefit``): with
+    the model held fixed, it showed the contexts' sampling spread but not the model's own
+    estimation error, and covered the truth in 56 of these 100 seeds (58.0% of the 300).
+    ``dr`` holds its cross-fitted model fixed (``formulas.REFIT_KINDS``): refit, it covered
+    93 and 93.0% just the same."""
     problem = bandit_problem()
     policy = problem["targets"]["good"]
     truth = true_bandit_value(problem, policy)
