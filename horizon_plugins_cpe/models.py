@@ -132,6 +132,12 @@ episodes of 2 actions and 8 features take 0.9 million; a bandit log of 1,000,000
 episodes with 3 features takes 10 million, with 8 features 45 million (past it, the interval
 holds the model fixed, with a note)."""
 
+REFIT_WIDTH = 256
+"""And only while the model's width ``D = (actions + 1) x (features + 1)`` is at most this:
+the refit solves ``2 x num_bootstrap`` systems of ``D x D``, 0.25 s at 256 and 200
+resamples here (9 ms at 64); many actions (candidate slots) of many features would take
+seconds."""
+
 
 # --- the feature map -------------------------------------------------------------------------
 
@@ -472,6 +478,51 @@ def reward_model_values(inputs: CpeInputs, options: CpeOptions) -> ModelValues:
     )
 
 
+def q_model_values(
+    inputs: CpeInputs, options: CpeOptions, features: np.ndarray | None = None
+) -> ModelValues:
+    """Cross-fitted fitted-Q evaluation ``Q_hat^pi(s, a)`` at discount ``options.gamma``:
+    ``logged`` of the logged action, ``expected`` = ``V_hat^pi(s)``, per row and metric.
+
+    Linear in the state features by default. Given ``features`` ``[N, H]`` (a trained
+    network's last hidden layer on the rows' states, ``q_features``), linear in those, with
+    the next states' values bounded to the returns the rewards allow (``fit_bounded_fqe``)."""
+    rewards = np.asarray(inputs.rewards, dtype=np.float64)
+    starts = np.asarray(inputs.episode_starts)
+    probabilities = np.asarray(inputs.target_probabilities, dtype=np.float64)
+    bounded = features is not None
+    if bounded:
+        features = principal_features(features, NETWORK_COMPONENTS)
+    low, high = return_bounds(rewards, float(options.gamma))
+
+    def fit(basis, rows, num_actions):
+        terminal = np.zeros(len(basis), dtype=bool)
+        terminal[starts[1:] - 1] = True
+        next_basis = np.zeros_like(basis)
+        next_basis[:-1] = basis[1:]
+        next_basis[terminal] = 0.0
+        next_probabilities = np.zeros_like(probabilities)
+        next_probabilities[:-1] = probabilities[1:]
+        next_probabilities[terminal] = 0.0
+        arguments = (
+            basis[rows],
+            inputs.action[rows],
+            rewards[rows],
+            num_actions,
+            next_basis[rows],
+            next_probabilities[rows],
+            float(options.gamma),
+        )
+        if bounded:
+            return fit_bounded_fqe(*arguments, low, high)
+        return fit_fqe(*arguments)
+
+    return _cross_fitted(inputs, options, fit, features, (low, high) if bounded else None)
+
+
+# --- the reward model refit per bootstrap resample -------------------------------------------
+
+
 @dataclass(frozen=True, eq=False)
 class RidgeRefit:
     """``reward_model_values``' cross-fitted ridge model refit inside bootstrap resamples.
@@ -511,22 +562,27 @@ class RidgeRefit:
 
     @property
     def unavailable(self) -> str | None:
-        """Why this data are not refit per resample (None when they are)."""
+        """Why these data are not refit per resample (None when they are)."""
         inputs = self.inputs
         d = 1 + inputs.features.shape[1]
-        cells = min(inputs.num_rows, inputs.num_episodes * inputs.target_probabilities.shape[1])
+        num_actions = inputs.target_probabilities.shape[1]
+        cells = min(inputs.num_rows, inputs.num_episodes * num_actions)
+        why = None
         if cells * d * (d + 1) // 2 > REFIT_ENTRIES:
-            return (
-                f"the reward model is held fixed in the bootstrap ({cells:,} episode-action "
-                f"pairs of {d} features are too many to refit it per resample), so the "
-                "interval leaves out the model's own estimation error"
-            )
-        return None
+            why = f"{cells:,} episode-action pairs of {d} features are too many"
+        elif (num_actions + 1) * d > REFIT_WIDTH:
+            why = f"its {(num_actions + 1) * d} coefficients are too many"
+        if why is None:
+            return None
+        return (
+            f"the reward model is held fixed in the bootstrap ({why} to refit it per "
+            "resample), so the interval leaves out the model's own estimation error"
+        )
 
     @cached_property
     def _pieces(self) -> dict:
-        """The basis, the folds and, per fold, the per-(episode, action) Gram and moment
-        sums (grouped by action) and the per-episode ``Psi``: all a resample reads."""
+        """The folds and, per fold, the per-(episode, action) Gram and moment sums (grouped
+        by action) and the per-episode ``Psi``: all a resample reads (nothing per row)."""
         inputs = self.inputs
         basis = state_basis(inputs)
         d = basis.shape[1]
@@ -558,8 +614,7 @@ class RidgeRefit:
         packed[upper[1], upper[0]] = np.arange(len(upper[0]))
         probabilities = np.asarray(inputs.target_probabilities, dtype=np.float64)
         return {
-            "basis": basis,
-            "episode": episode,
+            "width": d,
             "lengths": lengths.astype(np.float64),
             "folds": folds,
             "cells": [  # per fold and action: (episodes, sums)
@@ -590,7 +645,7 @@ class RidgeRefit:
         ``counts [B, E]`` draws them (the data's fit where a resample draws none of them;
         zeros for a fold without episodes, as one episode leaves)."""
         pieces = self._pieces
-        d = pieces["basis"].shape[1]
+        d = pieces["width"]
         num_actions = self.inputs.target_probabilities.shape[1]
         metrics = self.inputs.rewards.shape[1]
         size = (num_actions + 1) * d
@@ -634,10 +689,11 @@ class RidgeRefit:
         features = pieces["expected"]
         if weights is not None:
             # dr's features: sum_i [sum_a pi(a|s_i) phi(s_i, a) - w_i phi(s_i, a_i)]
-            basis, action = pieces["basis"], inputs.action
+            basis, action = state_basis(inputs), inputs.action  # not kept: N x d
             num_actions = inputs.target_probabilities.shape[1]
+            episode = np.repeat(np.arange(inputs.num_episodes), np.diff(inputs.episode_starts))
             logged = _grouped_sums(
-                pieces["episode"],
+                episode,
                 inputs.num_episodes,
                 lambda s: design(basis[s], action[s], num_actions) * weights[s, None],
             )
@@ -673,45 +729,3 @@ def _grouped_sums(
             found = np.zeros((count, block.shape[1]))
         found[ids[firsts]] += block
     return found
-
-
-def q_model_values(
-    inputs: CpeInputs, options: CpeOptions, features: np.ndarray | None = None
-) -> ModelValues:
-    """Cross-fitted fitted-Q evaluation ``Q_hat^pi(s, a)`` at discount ``options.gamma``:
-    ``logged`` of the logged action, ``expected`` = ``V_hat^pi(s)``, per row and metric.
-
-    Linear in the state features by default. Given ``features`` ``[N, H]`` (a trained
-    network's last hidden layer on the rows' states, ``q_features``), linear in those, with
-    the next states' values bounded to the returns the rewards allow (``fit_bounded_fqe``)."""
-    rewards = np.asarray(inputs.rewards, dtype=np.float64)
-    starts = np.asarray(inputs.episode_starts)
-    probabilities = np.asarray(inputs.target_probabilities, dtype=np.float64)
-    bounded = features is not None
-    if bounded:
-        features = principal_features(features, NETWORK_COMPONENTS)
-    low, high = return_bounds(rewards, float(options.gamma))
-
-    def fit(basis, rows, num_actions):
-        terminal = np.zeros(len(basis), dtype=bool)
-        terminal[starts[1:] - 1] = True
-        next_basis = np.zeros_like(basis)
-        next_basis[:-1] = basis[1:]
-        next_basis[terminal] = 0.0
-        next_probabilities = np.zeros_like(probabilities)
-        next_probabilities[:-1] = probabilities[1:]
-        next_probabilities[terminal] = 0.0
-        arguments = (
-            basis[rows],
-            inputs.action[rows],
-            rewards[rows],
-            num_actions,
-            next_basis[rows],
-            next_probabilities[rows],
-            float(options.gamma),
-        )
-        if bounded:
-            return fit_bounded_fqe(*arguments, low, high)
-        return fit_fqe(*arguments)
-
-    return _cross_fitted(inputs, options, fit, features, (low, high) if bounded else None)

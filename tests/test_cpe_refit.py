@@ -156,16 +156,17 @@ def test_refit_in_blocks_changes_no_number(kind, monkeypatch):
             ), field
 
 
-def test_too_large_to_refit_holds_the_model_fixed_and_says_so(monkeypatch):
+@pytest.mark.parametrize(("limit", "why"), [("REFIT_ENTRIES", "pairs"), ("REFIT_WIDTH", "coeff")])
+def test_too_large_to_refit_holds_the_model_fixed_and_says_so(limit, why, monkeypatch):
     from horizon_plugins_cpe import models as fitting
 
     inputs, _ = random_data(seed=24)
     options = CpeOptions(num_bootstrap=20)
     models = reward_model_values(inputs, options)
-    monkeypatch.setattr(fitting, "REFIT_ENTRIES", 10)
+    monkeypatch.setattr(fitting, limit, 10)
     result = estimate("dm", inputs, models, options)["reward"]
     fixed = estimate("dm", inputs, ModelValues(models.logged, models.expected), options)["reward"]
-    assert "held fixed in the bootstrap" in result.note
+    assert "held fixed in the bootstrap" in result.note and why in result.note
     assert (result.low, result.high) == (fixed.low, fixed.high)
 
 
