@@ -445,7 +445,7 @@ def _cross_fitted(
     logged = np.empty(inputs.rewards.shape)
     expected = np.empty(inputs.rewards.shape)
     notes = []
-    folds = ((0, 1), (1, 0)) if num_episodes > 1 else ((0, 0),)
+    folds = ((0, 1), (1, 0)) if num_episodes > 1 else ((1, 1),)  # a lone episode is fold 1
     if num_episodes == 1:
         notes.append("one episode: the models are fitted on the rows they evaluate")
     for fit_fold, predict_fold in folds:

@@ -632,3 +632,15 @@ def test_bounded_fqe_is_the_fixed_point_of_the_clipped_map_where_plain_fqe_diver
     again = np.linalg.solve(regularized, phi.T @ (rewards + gamma * following))
     np.testing.assert_allclose(again, weights, rtol=1e-7, atol=1e-7)
     assert ((psi @ weights)[~terminal] > high).any()  # the bounds were needed
+
+
+def test_a_single_episode_fits_its_models_on_its_own_rows():
+    """With one episode there is nothing to cross-fit against: both models are fitted on the
+    episode they evaluate, and say so, rather than on the other fold, which is empty."""
+    inputs, _ = random_data(seed=5, episodes=1, longest=30)
+    options = CpeOptions(gamma=0.9, num_bootstrap=20)
+    for models in (reward_model_values(inputs, options), q_model_values(inputs, options)):
+        assert np.isfinite(models.logged).all() and np.isfinite(models.expected).all()
+        assert "one episode: the models are fitted on the rows they evaluate" in models.note
+    estimate = formulas.estimate("dm", inputs, None, options)["reward"]
+    assert np.isfinite(estimate.value)
