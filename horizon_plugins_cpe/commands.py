@@ -1,7 +1,7 @@
 """``horizon evaluate RUN_DIR``: a finished run's policy, evaluated on its own or other data.
 
 Registered through ``horizon_register_commands``. It restores the run's latest checkpoint and
-runs the run's ``[[evaluation]]`` entries (all seven CPE estimators when it has none) on the
+runs the run's ``[[evaluation]]`` entries (every CPE estimator when it has none) on the
 run's eval split, or with ``--data`` on another run's timeline (the same actions and state
 features), prints the estimates as a table and writes them as JSON. The work is the core's
 ``evaluate_run``; this module is the command line around it.

@@ -1,7 +1,8 @@
 """The CPE estimators as ``[[evaluation]]`` components: one per kind, all on one config.
 
 One-step (contextual bandit): ``dm``, ``ips``, ``snips``, ``dr``. Sequential, over whole
-episodes: ``sequential_dr``, ``weighted_dr``, ``magic``. Each turns the core's
+episodes: ``sequential_dr``, ``weighted_dr``, ``magic``, and the direct method ``fqe`` (the Q
+model's value of each episode's first state, no importance weight). Each turns the core's
 ``EvaluationEpisodes`` into the formulas' ``CpeInputs`` (numpy, in episode and step order):
 the reward and every logged metric, the logged action and its propensity, the evaluated
 policy's probabilities under the entry's exploration, the possible actions and the state
@@ -24,14 +25,16 @@ of the truth's size where the scores were 4 to 5 times too small; once the polic
 well its value is near the ceiling ``1 / (1 - gamma)`` and the bounded estimates sit at it,
 so they tell a good policy from a bad one, not good ones apart
 (``tests/test_cpe_cartpole.py``). Inputs and models are kept for the episodes last seen, so
-seven entries on one epoch (one policy output, one split) build the inputs once and fit each
+the entries of one epoch (one policy output, one split) build the inputs once and fit each
 model once.
 
 Every estimate comes back per metric (``"reward"``, then each logged metric by name) as an
 ``Estimate``: raw, relative to the logged policy's value, with a bootstrap interval over
 episodes and the effective sample size. Continuous actions have no probability of the logged
-action under the evaluated policy, so none of these estimators applies to them: ``estimate``
-raises ``NotApplicable`` with that reason, which the core records in ``cpe.json``.
+action under the evaluated policy, so only the direct methods apply to them, ``dm`` and
+``fqe``, with models of (state, action) evaluated at the policy's own action
+(``horizon_plugins_cpe.continuous``); the other kinds raise ``NotApplicable`` with that
+reason, which the core records in ``cpe.json``.
 
 numpy, scipy and torch are imported where they are used, so listing plugins stays fast.
 """
@@ -60,11 +63,15 @@ if TYPE_CHECKING:
     from horizon_plugins_cpe.formulas import CpeInputs, CpeOptions, MetricEstimate, ModelValues
 
 CONTINUOUS_REASON = (
-    "continuous actions: the policy gives the log-density of its own action, not a probability "
-    "of the logged one, so there are no importance weights or expectations over actions to "
-    "form; the CPE estimators evaluate discrete and parametric actions"
+    "continuous actions: the policy gives no probability of the logged action, so there are "
+    "no importance weights to form; on continuous actions only the direct methods apply, dm "
+    "(a reward model at the policy's action) and fqe (fitted-Q evaluation)"
 )
-"""What ``cpe.json`` records for a CPE entry on continuous actions."""
+"""What ``cpe.json`` records for an importance-weighted entry on continuous actions."""
+
+CONTINUOUS_KINDS = ("dm", "fqe")
+"""The kinds that evaluate a continuous policy: models of (state, action) at its own action
+(``horizon_plugins_cpe.continuous``)."""
 
 Q_FEATURES = "q_features"
 """The name under which a trainer's ``evaluation_models()`` offers a module mapping raw
@@ -314,6 +321,8 @@ class CpeEstimator(EstimatorBase):
         from horizon_plugins_cpe.formulas import estimate
 
         options = self.options(episodes)
+        if episodes.action_type is ActionType.CONTINUOUS:
+            return self._continuous(episodes, options)
         entry = prepared(episodes)
         model = self.model
         if model == "q":
@@ -345,6 +354,43 @@ class CpeEstimator(EstimatorBase):
         if blends:
             self.details["magic_blend"] = blends
         return {name: _estimate(result, entry.note) for name, result in found.items()}
+
+    def _continuous(
+        self, episodes: EvaluationEpisodes, options: CpeOptions
+    ) -> dict[str, Estimate | float]:
+        """``dm`` and ``fqe`` on continuous actions, by models of (state, action) evaluated at
+        the policy's own action; ``NotApplicable`` for the importance-weighted kinds."""
+        import numpy as np
+
+        from horizon_plugins_cpe.continuous import ContinuousInputs, continuous_model_values
+        from horizon_plugins_cpe.formulas import direct_per_decision, direct_per_episode
+
+        if self.name not in CONTINUOUS_KINDS:
+            raise NotApplicable(CONTINUOUS_REASON)
+        data = episodes.data
+        names, columns = metric_columns(episodes)
+        inputs = ContinuousInputs(
+            episode_starts=episodes.episode_starts.detach().cpu().numpy().astype(np.int64),
+            rewards=np.stack([_numpy(column) for column in columns], axis=1),
+            metric_names=names,
+            features=np.concatenate([_numpy(data.state), _numpy(data.state_presence)], axis=1),
+            action=_numpy(data.action * data.action_presence),
+            policy_action=_numpy(episodes.policy.action),
+        )
+        sequential = self.name == "fqe"
+        models = continuous_model_values(inputs, options, sequential)
+        direct = direct_per_episode if sequential else direct_per_decision
+        found = direct(inputs, models.expected, options)
+        self.details = {
+            **asdict(options),
+            "metrics": list(names),
+            "model": "fitted-Q evaluation of (state, action)"
+            if sequential
+            else "reward model of (state, action)",
+        }
+        if models.note:
+            self.details["model_note"] = models.note
+        return {name: _estimate(result, models.note) for name, result in found.items()}
 
     def _q_model(self, episodes: EvaluationEpisodes) -> str:
         """This entry's Q (``q_model`` resolved): ``network_fqe``, ``scores`` or ``q`` (FQE on
@@ -441,6 +487,16 @@ class WeightedDoublyRobust(CpeEstimator):
     model = "q"
 
 
+class FittedQEvaluation(CpeEstimator):
+    """Fitted-Q evaluation: the model's discounted return per episode from its first state.
+
+    The direct method over whole episodes: no importance weight, so it evaluates any policy,
+    continuous or deterministic, and is only as good as its Q model."""
+
+    name = "fqe"
+    model = "q"
+
+
 class Magic(CpeEstimator):
     """MAGIC (Thomas & Brunskill 2016): blended j-step weighted DR, return per episode.
 
@@ -458,6 +514,7 @@ ESTIMATORS: tuple[type[CpeEstimator], ...] = (
     SequentialDoublyRobust,
     WeightedDoublyRobust,
     Magic,
+    FittedQEvaluation,
 )
 """Every CPE estimator, in the order ``horizon plugins`` lists them."""
 

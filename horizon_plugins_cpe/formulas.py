@@ -69,7 +69,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -77,7 +77,9 @@ from horizon_engine import HorizonError
 
 ONE_STEP_KINDS = ("dm", "ips", "snips", "dr")
 SEQUENTIAL_KINDS = ("sequential_dr", "weighted_dr", "magic")
-KINDS = ONE_STEP_KINDS + SEQUENTIAL_KINDS
+DIRECT_KINDS = ("fqe",)
+"""Kinds that use no importance weight: the model's value of each episode's first state."""
+KINDS = ONE_STEP_KINDS + SEQUENTIAL_KINDS + DIRECT_KINDS
 
 NEAR_ZERO = 1e-6
 """The logged value is "near zero" (no relative value is reported) when its magnitude is at
@@ -890,14 +892,74 @@ def estimate(
 
         fit = fitting.reward_model_values if kind in ONE_STEP_KINDS else fitting.q_model_values
         models = fit(inputs, options)
-    results = (
-        one_step(kind, inputs, models, options)
-        if kind in ONE_STEP_KINDS
-        else sequential(kind, inputs, models, options)
-    )
+    if kind in ONE_STEP_KINDS:
+        results = one_step(kind, inputs, models, options)
+    elif kind in DIRECT_KINDS:
+        results = direct_per_episode(inputs, models.expected, options)
+    else:
+        results = sequential(kind, inputs, models, options)
     if models is not None and models.note:
         results = {name: _with_note(result, models.note) for name, result in results.items()}
     return results
+
+
+# --- the direct method: models alone -----------------------------------------------------------
+
+
+def direct_per_decision(
+    inputs: Any, expected: np.ndarray, options: CpeOptions
+) -> dict[str, MetricEstimate]:
+    """The model's reward of the evaluated policy's action, per decision (row): ``dm`` where
+    there are no probabilities to weigh the logged actions by (continuous actions).
+    ``inputs`` needs ``episode_starts``, ``rewards`` and ``metric_names``; ``expected [N, M]``
+    is the model's value of each row's state and the policy's action there."""
+    starts = np.asarray(inputs.episode_starts)
+    rewards = np.asarray(inputs.rewards, dtype=np.float64)
+    lengths = np.diff(starts).astype(np.float64)
+    per_episode, logged_sums = episode_sums(expected, starts), episode_sums(rewards, starts)
+    value = per_episode.sum(axis=0) / lengths.sum()
+    logged = logged_sums.sum(axis=0) / lengths.sum()
+    samples = logged_samples = None
+    if options.num_bootstrap > 0:
+        pieces, logged_pieces = [], []
+        for counts in bootstrap_blocks(len(lengths), options):
+            rows = (counts @ lengths)[:, None]
+            pieces.append((counts @ per_episode) / rows)
+            logged_pieces.append((counts @ logged_sums) / rows)
+        samples, logged_samples = np.concatenate(pieces), np.concatenate(logged_pieces)
+    scale = np.abs(rewards).mean(axis=0)
+    notes = [FIXED_MODEL] if samples is not None else []
+    return finish(inputs, options, value, samples, logged, logged_samples, scale, None, notes)
+
+
+def direct_per_episode(
+    inputs: Any, expected: np.ndarray, options: CpeOptions
+) -> dict[str, MetricEstimate]:
+    """``fqe``: the evaluated policy's discounted return per episode as the Q model says it,
+    ``V_hat(s_0) = sum_a pi(a | s_0) Q_hat(s_0, a)`` (or ``Q_hat(s_0, pi(s_0))`` for a
+    continuous policy) at each episode's first row, beside the logged discounted return.
+    No importance weight enters, so it applies to any policy, deterministic or continuous, and
+    is only as good as the model. ``expected [N, M]`` is the model's value of each row's state
+    under the policy."""
+    starts = np.asarray(inputs.episode_starts)
+    rewards = np.asarray(inputs.rewards, dtype=np.float64)
+    lengths = np.diff(starts)
+    step = np.arange(len(rewards)) - np.repeat(starts[:-1], lengths)
+    discount = options.gamma ** step.astype(np.float64)
+    returns = episode_sums(discount[:, None] * rewards, starts)  # [E, M]
+    first = expected[starts[:-1]]  # [E, M]
+    value, logged = first.mean(axis=0), returns.mean(axis=0)
+    samples = logged_samples = None
+    if options.num_bootstrap > 0:
+        pieces, logged_pieces = [], []
+        for counts in bootstrap_blocks(len(lengths), options):
+            drawn = counts.sum(axis=1, keepdims=True)
+            pieces.append((counts @ first) / drawn)
+            logged_pieces.append((counts @ returns) / drawn)
+        samples, logged_samples = np.concatenate(pieces), np.concatenate(logged_pieces)
+    scale = episode_sums(discount[:, None] * np.abs(rewards), starts).mean(axis=0)
+    notes = [FIXED_MODEL] if samples is not None else []
+    return finish(inputs, options, value, samples, logged, logged_samples, scale, None, notes)
 
 
 def _with_note(result: MetricEstimate, note: str) -> MetricEstimate:

@@ -26,7 +26,7 @@ ESTIMATE_FIELDS = {
     "effective_sample_size",
     "note",
 }
-SEVEN = ["dm", "ips", "snips", "dr", "sequential_dr", "weighted_dr", "magic"]
+EVERY_KIND = ["dm", "ips", "snips", "dr", "sequential_dr", "weighted_dr", "magic", "fqe"]
 
 
 def pipeline_toml(tmp_path: Path, name: str, seed: int, evaluation: str, extra: str = "") -> Path:
@@ -252,10 +252,10 @@ def test_horizon_evaluate_runs_every_cpe_estimator_for_a_run_without_entries(tmp
     output = horizon("evaluate", tmp_path / "plain", "--set", "evaluation.0.num_bootstrap=20")
 
     written = json.loads((tmp_path / "plain" / "cpe_evaluate.json").read_text())
-    assert list(written["entries"]) == SEVEN
+    assert list(written["entries"]) == EVERY_KIND
     assert written["entries"]["dm"]["details"]["num_bootstrap"] == 20
-    assert all(set(written["final"][kind]["reward"]) == ESTIMATE_FIELDS for kind in SEVEN)
-    assert sum(line.startswith("reward  ") for line in output.splitlines()) == 7
+    assert all(set(written["final"][kind]["reward"]) == ESTIMATE_FIELDS for kind in EVERY_KIND)
+    assert sum(line.startswith("reward  ") for line in output.splitlines()) == len(EVERY_KIND)
 
 
 def test_parametric_actions_are_evaluated_too(tmp_path):

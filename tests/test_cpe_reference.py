@@ -23,11 +23,11 @@ REFERENCE = Path(
 )
 DISCRETE = REFERENCE / "reagent" / "discrete_action" / "cartpole_training.json.bz2"
 PARAMETRIC = REFERENCE / "reagent" / "parametric_action" / "cartpole_training.json.bz2"
-SEVEN = ["dm", "ips", "snips", "dr", "sequential_dr", "weighted_dr", "magic"]
+EVERY_KIND = ["dm", "ips", "snips", "dr", "sequential_dr", "weighted_dr", "magic", "fqe"]
 
 
 def run_with_every_estimator(log: Path, output: Path, trainer: dict, timeline: dict) -> dict:
-    """Train three epochs on ``log`` with all seven CPE estimators; ``cpe.json``."""
+    """Train three epochs on ``log`` with every CPE estimator; ``cpe.json``."""
     if not log.is_file():
         pytest.skip(f"reference data not found: looked for {log}")
     config = {
@@ -36,18 +36,18 @@ def run_with_every_estimator(log: Path, output: Path, trainer: dict, timeline: d
         "timeline": {"eval_fraction": 0.2, **timeline},
         "normalization": {},
         "trainer": {"epochs": 3, "threads": 1, **trainer},
-        "evaluation": [{"kind": kind, "num_bootstrap": 50} for kind in SEVEN],
+        "evaluation": [{"kind": kind, "num_bootstrap": 50} for kind in EVERY_KIND],
     }
     Engine(show_progress=False).run(config)
     return json.loads((output / "cpe.json").read_text())
 
 
 def assert_every_estimate_made(cpe: dict) -> None:
-    """Each of the seven made a finite reward estimate, relative to a positive logged value,
+    """Each estimator made a finite reward estimate, relative to a positive logged value,
     every epoch and at the end."""
     assert len(cpe["epochs"]) == 3
     for figures in [cpe["final"], *(epoch["estimates"] for epoch in cpe["epochs"])]:
-        for kind in SEVEN:
+        for kind in EVERY_KIND:
             reward = figures[kind]["reward"]
             assert reward["value"] is not None, kind
             assert reward["logged_value"] > 0, kind
@@ -68,5 +68,5 @@ def test_rows_offering_no_candidates_are_counted_not_fatal(tmp_path: Path):
     with bz2.open(PARAMETRIC, "rt") as lines:
         rows = [json.loads(line) for line in lines]
     assert sum(not row["possible_actions"] for row in rows) == 26
-    notes = {cpe["final"][kind]["reward"]["note"] or "" for kind in SEVEN}
+    notes = {cpe["final"][kind]["reward"]["note"] or "" for kind in EVERY_KIND}
     assert all("offered no candidates" in note for note in notes), notes
