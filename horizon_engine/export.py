@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from horizon_engine.components import ComponentConfig, Exporter
 from horizon_engine.errors import ConfigError, HorizonError
 from horizon_engine.policies import ExplorationConfig
+from horizon_engine.schema import ActionType
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -43,7 +44,9 @@ class PolicyBundle:
 
     model: torch.nn.Module
     """(values, presence) of the state features -> ``[batch, actions]`` scores; a parametric
-    model also takes (values, presence) of the candidates and gives ``[batch, candidates]``."""
+    model also takes (values, presence) of the candidates and gives ``[batch, candidates]``; a
+    continuous one gives the action ``[batch, action features]`` in the user's units, or
+    ``(action, log_density)`` for a stochastic policy."""
     feature_ids: list[str]
     actions: list[str]
     normalization: dict[str, Any]
@@ -56,10 +59,16 @@ class PolicyBundle:
     sample_candidates: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     """Check rows' candidate actions: values, presence ``[rows, K, G]`` and mask ``[rows, K]``
     (parametric models only)."""
+    action_type: ActionType = ActionType.DISCRETE
+    """The kind of actions: what the model's outputs are."""
 
     @property
     def parametric(self) -> bool:
         return self.sample_candidates is not None
+
+    @property
+    def continuous(self) -> bool:
+        return self.action_type is ActionType.CONTINUOUS
 
 
 class ExporterBase(Exporter):
@@ -117,6 +126,7 @@ def policy_bundle(run: RunContext, model: torch.nn.Module) -> PolicyBundle:
         run_id=run.run_id,
         action_feature_ids=description.action_feature_ids,
         sample_candidates=candidates,
+        action_type=description.action_type,
     )
 
 

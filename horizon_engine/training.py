@@ -139,6 +139,21 @@ class TrainerBase(Trainer):
         ``(action, log_density)`` for a stochastic policy. ``policy_output`` turns it into the
         ``PolicyOutput`` that export and the estimators read."""
 
+    def exploration_policy(self) -> torch.nn.Module | None:
+        """For continuous actions online: a module raw ``(values, presence)`` -> action
+        ``[B, D]`` in the user's units, drawn with the trainer's own exploration noise (SAC
+        samples its Gaussian; TD3 and DDPG add Gaussian or Ornstein-Uhlenbeck noise), inside
+        the action bounds; when the module has a ``reset()`` method the gym runner calls it at
+        every episode start. None (the default): the runner explores as it does for discrete
+        actions.
+
+        ``horizon gym train`` asks for a fresh module every ``[gym] policy_refresh_ts`` steps,
+        as it copies ``policy()`` for discrete actions, and acts with it under
+        ``torch.no_grad()``; noise that carries state from step to step (Ornstein-Uhlenbeck)
+        should keep it where successive modules share it (the trainer), or a refresh restarts
+        it. On a Box action space a trainer that returns None is an error naming it."""
+        return None
+
     @classmethod
     def data_problems(cls, config: ComponentConfig, n_step: int, origin: str) -> dict[str, str]:
         """What is wrong with this trainer's ``config`` for data whose n-step window is

@@ -454,7 +454,6 @@ def test_a_minibatch_larger_than_the_buffer_is_an_error(tmp_path, dqn_host):
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ("Pendulum-v1", r"\[gym\] env = 'Pendulum-v1' has a Box action space"),
         ("NoSuchEnv-v0", r"\[gym\] env = 'NoSuchEnv-v0': Environment `NoSuchEnv` doesn't exist"),
     ],
 )

@@ -19,11 +19,27 @@ rounding steps of the scores' magnitude: 6e-5 on Q-values near 145 is agreement,
 Where a row's two best scores are closer than that, either library may rank them either way, so
 the chosen action (and the greedy part of the probabilities) is compared only on the other rows;
 the details count both.
+
+A continuous policy (``problem.json``'s action type ``continuous``) takes the same
+``features`` and ``presence`` and outputs ``action`` ``[batch, action features]``, the action
+in the user's units (the action preprocessor's inverse is inside the policy module, as the
+normalization is), and for a stochastic policy, whose module returns ``(action,
+log_density)``, ``log_density`` ``[batch]`` too. Its metadata adds ``action_type``
+(``"continuous"``) and ``action_bounds`` (``{"low": [...], "high": [...]}`` in the order of
+``action_feature_ids``: the ``continuous_action`` range of each action feature, which the
+exported action cannot leave, as it is clamped there; null for a feature normalized
+otherwise). It is checked on the
+same rows: both outputs within a ``ScoreTolerance`` of their own magnitude (the log-density
+widened where the squash makes it ill-conditioned, and not compared on rows whose action is
+within ``SATURATED`` of a bound: ``_verify_continuous``). The ``[export]``
+exploration options (``policy``, ``epsilon``, ``temperature``) choose among discrete actions
+and do not apply to it.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -67,6 +83,8 @@ from agreeing scores: a few rounding steps of 1 apart."""
 STATE_INPUTS = ("features", "presence")
 CANDIDATE_INPUTS = ("candidates", "candidate_presence", "candidate_mask")
 OUTPUTS = ("scores", "probabilities", "action")
+CONTINUOUS_OUTPUTS = ("action", "log_density")
+"""A continuous model's outputs: ``log_density`` only for a stochastic policy."""
 
 
 def _policy_head(bundle: PolicyBundle, config: ExportConfig) -> torch.nn.Module:
@@ -108,6 +126,56 @@ def _policy_head(bundle: PolicyBundle, config: ExportConfig) -> torch.nn.Module:
     return (ParametricPolicyHead() if bundle.parametric else PolicyHead()).eval()
 
 
+def _continuous_head(bundle: PolicyBundle) -> torch.nn.Module:
+    """The continuous policy model with its ``PolicyOutput`` (action, and log-density for a
+    stochastic policy) as one module; ``stochastic`` says which.
+
+    The action is clamped to the action bounds (``_action_bounds``; none for a feature of
+    another type): the policy module maps its (-1, 1) into them already, but onnxruntime's
+    tanh may round a saturated value a step past 1 (measured: -2.0000002 for a [-2, 2]
+    action), and the model's users are promised actions inside the bounds."""
+    import torch
+
+    from horizon_engine.policies import policy_output
+    from horizon_engine.schema import ActionType
+
+    bounds = _action_bounds(bundle)
+    low = [-math.inf if value is None else value for value in bounds["low"]]
+    high = [math.inf if value is None else value for value in bounds["high"]]
+
+    class ContinuousPolicyHead(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = bundle.model
+            self.register_buffer("low", torch.tensor([low], dtype=torch.float32))
+            self.register_buffer("high", torch.tensor([high], dtype=torch.float32))
+            with torch.no_grad():
+                sample = self.model(bundle.sample_values[:2], bundle.sample_presence[:2])
+            self.stochastic = isinstance(sample, tuple)
+
+        def forward(self, features: torch.Tensor, presence: torch.Tensor) -> tuple:
+            output = policy_output(self.model, ActionType.CONTINUOUS, features, presence)
+            action = torch.minimum(torch.maximum(output.action, self.low), self.high)
+            if self.stochastic:
+                return action, output.log_density
+            return (action,)
+
+    return ContinuousPolicyHead().eval()
+
+
+def _action_bounds(bundle: PolicyBundle) -> dict[str, list[float | None]]:
+    """Each action feature's ``continuous_action`` [min_value, max_value], in
+    ``action_feature_ids`` order; None for a feature of another type."""
+    parameters = bundle.normalization.get("action_features", {})
+    bounds: dict[str, list[float | None]] = {"low": [], "high": []}
+    for feature in bundle.action_feature_ids:
+        found = parameters.get(feature, {})
+        mapped = found.get("feature_type") == "continuous_action"
+        bounds["low"].append(found.get("min_value") if mapped else None)
+        bounds["high"].append(found.get("max_value") if mapped else None)
+    return bounds
+
+
 def _sample_inputs(bundle: PolicyBundle) -> dict[str, torch.Tensor]:
     """The check rows as the model's inputs, by input name."""
     inputs = dict(zip(STATE_INPUTS, (bundle.sample_values, bundle.sample_presence), strict=True))
@@ -147,10 +215,12 @@ class ScoreTolerance:
         return self.atol + self.rtol * np.abs(expected)
 
 
-def _dynamic_axes(parametric: bool) -> dict[str, dict[int, str]]:
+def _dynamic_axes(
+    parametric: bool, outputs: tuple[str, ...] = OUTPUTS
+) -> dict[str, dict[int, str]]:
     """Batch everywhere; for a parametric model the candidates axis of the candidate inputs
     and of the per-candidate outputs too."""
-    axes: dict[str, dict[int, str]] = {name: {0: "batch"} for name in STATE_INPUTS + OUTPUTS}
+    axes: dict[str, dict[int, str]] = {name: {0: "batch"} for name in STATE_INPUTS + outputs}
     if parametric:
         for name in (*CANDIDATE_INPUTS, "scores", "probabilities"):
             axes[name] = {0: "batch", 1: "candidates"}
@@ -170,7 +240,11 @@ class OnnxExporter(ExporterBase):
         import onnx
         import torch
 
-        head = _policy_head(bundle, self.config)
+        if bundle.continuous:
+            head = _continuous_head(bundle)
+            outputs = CONTINUOUS_OUTPUTS[: 1 + head.stochastic]
+        else:
+            head, outputs = _policy_head(bundle, self.config), OUTPUTS
         inputs = _sample_inputs(bundle)
         with torch.no_grad():
             expected = [output.numpy() for output in head(*inputs.values())]
@@ -184,8 +258,8 @@ class OnnxExporter(ExporterBase):
                     tuple(tensor[:2] for tensor in inputs.values()),
                     str(temporary),
                     input_names=list(inputs),
-                    output_names=list(OUTPUTS),
-                    dynamic_axes=_dynamic_axes(bundle.parametric),
+                    output_names=list(outputs),
+                    dynamic_axes=_dynamic_axes(bundle.parametric, outputs),
                     opset_version=OPSET,
                     dynamo=False,
                 )
@@ -195,10 +269,18 @@ class OnnxExporter(ExporterBase):
             onnx.checker.check_model(model)
             onnx.save(model, str(temporary))
             feeds = {name: tensor.numpy() for name, tensor in inputs.items()}
-            tolerance = ScoreTolerance.for_model(bundle.model, expected[0])
-            verified = self._verify(str(temporary), feeds, expected, tolerance)
+            if bundle.continuous:
+                want = dict(zip(outputs, expected, strict=True))
+                verified = _verify_continuous(str(temporary), feeds, want, bundle)
+            else:
+                tolerance = ScoreTolerance.for_model(bundle.model, expected[0])
+                verified = self._verify(str(temporary), feeds, expected, tolerance)
+        described: dict[str, Any] = {"policy": self.config.policy}
+        if bundle.continuous:
+            kind = "stochastic" if "log_density" in outputs else "deterministic"
+            described = {"policy": kind, "outputs": list(outputs)}
         self.details = {
-            "policy": self.config.policy,
+            **described,
             **verified,
             "bytes": (run.output_dir / MODEL_FILE).stat().st_size,
         }
@@ -216,6 +298,9 @@ class OnnxExporter(ExporterBase):
             "run_id": bundle.run_id,
             "horizon_version": __version__,
         }
+        if bundle.continuous:
+            metadata["action_type"] = bundle.action_type.value
+            metadata["action_bounds"] = json.dumps(_action_bounds(bundle))
         for key, value in metadata.items():
             entry = model.metadata_props.add()
             entry.key, entry.value = key, value
@@ -295,6 +380,61 @@ class OnnxExporter(ExporterBase):
         }
 
 
+SATURATED = 1e-3
+"""How close to a bound (as a fraction of half the action's range) a stochastic policy's action
+may come before its ``log_density`` is too ill-conditioned to compare: a tanh squash's
+log-density holds ``log(1 - y^2)``, which a rounding step of ``y`` near 1 moves by that step
+over ``1 - |y|`` (0.018 measured at ``1 - |y|`` = 3e-6); such rows are counted, not compared."""
+
+
+def _verify_continuous(
+    path: str, feeds: dict[str, np.ndarray], want: dict[str, np.ndarray], bundle: PolicyBundle
+) -> dict[str, Any]:
+    """Run the continuous model with onnxruntime and compare with PyTorch's outputs, or raise
+    an error naming the worst disagreement. There is no choice among actions to tie.
+
+    ``action`` within a ``ScoreTolerance`` of its magnitude everywhere. ``log_density`` within
+    one of its own, widened by the squash's conditioning: a rounding of the normalized action
+    ``y`` (``rtol``) moves ``log(1 - y^2)`` by about ``rtol / (1 - |y|)``; rows whose action is
+    within ``SATURATED`` of a bound are not compared (``saturated_rows``)."""
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    got = dict(zip(want, session.run(None, feeds), strict=True))
+    action = want["action"].astype(np.float64)
+    tolerance = ScoreTolerance.for_model(bundle.model, want["action"])
+    rule = f"rtol {tolerance.rtol:.3g}, atol {tolerance.atol:.3g}"
+    worst = _check_close("action", want["action"], got["action"], tolerance.bound(action), rule)
+    verified: dict[str, Any] = {
+        "verified_rows": len(action),
+        "max_abs_difference": worst,
+        "action_tolerance": {"rtol": tolerance.rtol, "atol": tolerance.atol},
+    }
+    if "log_density" not in want:
+        return verified
+    bounds = _action_bounds(bundle)
+    low = np.array([np.nan if v is None else v for v in bounds["low"]], dtype=np.float64)
+    high = np.array([np.nan if v is None else v for v in bounds["high"]], dtype=np.float64)
+    half = np.where(high > low, (high - low) / 2, np.nan)
+    margin = np.minimum(action - low, high - action) / half
+    margin = np.nanmin(np.where(np.isnan(margin), 1.0, margin), axis=1, initial=1.0)
+    compared = margin >= SATURATED
+    density = want["log_density"][compared]
+    tolerance = ScoreTolerance.for_model(bundle.model, density)
+    bound = tolerance.bound(density.astype(np.float64)) + tolerance.rtol / margin[compared]
+    rule = f"rtol {tolerance.rtol:.3g}, atol {tolerance.atol:.3g}, + rtol / (1 - |y|)"
+    rows = np.flatnonzero(compared)
+    worst = _check_close(
+        "log_density", density, got["log_density"][compared], bound, rule, rows=rows
+    )
+    verified |= {
+        "log_density_max_abs_difference": worst,
+        "log_density_tolerance": {"rtol": tolerance.rtol, "atol": tolerance.atol},
+        "saturated_rows": int((~compared).sum()),
+    }
+    return verified
+
+
 def _check_close(
     name: str,
     ours: np.ndarray,
@@ -330,13 +470,20 @@ def _declare_output_shapes(model: onnx.ModelProto, bundle: PolicyBundle) -> None
     """Each output's shape as the model's users read it: ``scores`` and ``probabilities``
     ``[batch, actions]`` (the number of actions) or ``[batch, candidates]``, ``action``
     ``[batch]``. The exporter's tracing cannot tell the width of ``probabilities`` (the
-    one-hot of the choice takes it from the scores at run time) and named it after the batch."""
+    one-hot of the choice takes it from the scores at run time) and named it after the batch.
+    A continuous model's ``action`` is ``[batch, action features]``, ``log_density``
+    ``[batch]``."""
     width: int | str = "candidates" if bundle.parametric else len(bundle.actions)
     shapes: dict[str, list[int | str]] = {
         "scores": ["batch", width],
         "probabilities": ["batch", width],
         "action": ["batch"],
     }
+    if bundle.continuous:
+        shapes = {
+            "action": ["batch", len(bundle.action_feature_ids)],
+            "log_density": ["batch"],
+        }
     for output in model.graph.output:
         dims = output.type.tensor_type.shape.dim
         del dims[:]

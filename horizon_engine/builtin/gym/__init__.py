@@ -3,10 +3,11 @@ learning in a Gymnasium environment), a built-in plugin like any other: it adds 
 command group through ``horizon_register_commands``, and the core imports none of it.
 
 ``horizon gym train`` is the successor of Horizon's ``run_gym.py``. The agent plays
-epsilon-greedy, keeps every transition in a replay buffer, trains every ``train_every_ts`` steps
-once ``train_after_ts`` warm-up steps of uniform random play are collected, evaluates its greedy
-policy every ``test_every_ts`` steps over ``avg_over_num_episodes`` episodes, and stops early
-once their mean return reaches the score bar. The trainers, their ``[trainer]`` options and the
+epsilon-greedy (with its trainer's own noise on a Box action space), keeps every transition
+in a replay buffer, trains every ``train_every_ts`` steps once ``train_after_ts`` warm-up steps
+of uniform random play are collected, evaluates its greedy policy every ``test_every_ts``
+steps over ``avg_over_num_episodes`` episodes, and stops early once their mean return reaches
+the score bar. The trainers, their ``[trainer]`` options and the
 ``[normalization]`` options are those of pipeline.toml, validated by the same code
 (``ConfigBuilder``), so any registered discrete-action trainer plays online unchanged, and a
 parametric one (``parametric_dqn``) with ``[gym] parametric_actions``, which offers each action
@@ -27,6 +28,16 @@ Decisions:
 - The acting policy is a copy of ``trainer.policy()`` refreshed every ``policy_refresh_ts``
   steps: the copy costs about as much as an update of a small network. Propensities are exact
   for the copy that acted.
+- A Box action space (bounded: an unbounded one is refused) is played by a continuous-action
+  trainer (``sac``, ``td3``, ``ddpg``): the warm-up draws uniformly inside the bounds, then the
+  runner acts with the trainer's ``exploration_policy()`` (its own noise; ``reset()`` at each
+  episode start; refreshed like the discrete acting copy) and evaluates its deterministic
+  ``policy()`` (a stochastic one's action). Actions are stored raw, in the user's units, as
+  the batch schema's continuous ``action`` ``[B, G]``, with action feature ids following the
+  state's, as the gym source logs Box actions; propensities are 1.0, as there. Their
+  ``continuous_action`` normalization maps the Box's own [low, high], not the warm-up's
+  observed range, which uniform play never quite reaches: the actor's (-1, 1) then spans
+  exactly what the environment accepts, and the exported model's actions stay inside it.
 - Every collected transition can be written as pre-timeline rows in the gym source's format,
   so the batch pipeline (``[source] kind = "jsonl"``) can train on them offline.
 - Training is the core's training driver (``horizon_engine.driver``), as in ``horizon run``:

@@ -40,7 +40,8 @@ class GymSection(ComponentConfig):
     """
 
     env: str = "CartPole-v1"
-    """The Gymnasium environment id; its action space must be Discrete."""
+    """The Gymnasium environment id; its action space must be Discrete, or a Box with finite
+    bounds for a continuous-action trainer (one with an exploration_policy: sac, td3, ddpg)."""
     seed: int = Field(default=0, ge=0)
     """Seeds the environments, the exploration, the replay sampling and the network weights."""
     episodes: int = Field(default=300, ge=1)
@@ -64,7 +65,8 @@ class GymSection(ComponentConfig):
     avg_over_num_episodes: int = Field(default=20, ge=1)
     """Greedy episodes per evaluation; their mean return is compared with the score bar."""
     epsilon_start: float = Field(default=1.0, ge=0.0, le=1.0)
-    """Exploration rate when training starts."""
+    """Exploration rate when training starts (Discrete spaces; a Box space explores with the
+    trainer's own noise)."""
     epsilon_end: float = Field(default=0.02, ge=0.0, le=1.0)
     """Exploration rate after the decay."""
     epsilon_decay_steps: int = Field(default=10_000, ge=0)

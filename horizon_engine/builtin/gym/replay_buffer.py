@@ -29,6 +29,13 @@ class ReplayBuffer:
     Every action of a Discrete space is always possible, so ``possible_actions`` is all ones and
     ``possible_next_actions`` all ones but after a termination (all zeros, as the timeline
     writes terminal rows). Observations are dense: presence is all ones. ``time_diff`` is 1.
+
+    With ``action_width`` > 0 the actions are continuous (a Box space): each is a vector of
+    ``action_width`` values in the user's units, stored raw as the timeline stores a continuous
+    row's action features (the trainer's action preprocessor normalizes them), and the batch is
+    a continuous one: ``action`` and ``next_action`` ``[B, G]`` float32 with their presence
+    (all ones, but ``next_action_presence`` all zeros where there is no next action: after a
+    termination, as the timeline's terminal rows have none), no possible-action masks.
     """
 
     def __init__(
@@ -39,15 +46,22 @@ class ReplayBuffer:
         n_step: int = 1,
         seed: int = 0,
         one_hot: bool = False,
+        action_width: int = 0,
     ) -> None:
         import torch
 
         self.capacity, self.action_count, self.n_step = capacity, action_count, n_step
         self.one_hot = one_hot
+        self.action_width = action_width
         self.state = np.zeros((capacity, state_width), dtype=np.float32)
         self.next_state = np.zeros_like(self.state)
-        self.action = np.zeros(capacity, dtype=np.int64)
-        self.next_action = np.full(capacity, -1, dtype=np.int64)
+        if action_width:
+            self.action = np.zeros((capacity, action_width), dtype=np.float32)
+            self.next_action = np.zeros_like(self.action)
+        else:
+            self.action = np.zeros(capacity, dtype=np.int64)
+            self.next_action = np.full(capacity, -1, dtype=np.int64)
+        self.next_action_presence = np.zeros(capacity, dtype=np.float32)
         self.reward = np.zeros(capacity, dtype=np.float32)
         self.not_terminal = np.zeros(capacity, dtype=np.float32)
         self.action_probability = np.zeros(capacity, dtype=np.float32)
@@ -67,6 +81,7 @@ class ReplayBuffer:
                 "next_state",
                 "action",
                 "next_action",
+                "next_action_presence",
                 "reward",
                 "not_terminal",
                 "action_probability",
@@ -87,23 +102,27 @@ class ReplayBuffer:
     def add(
         self,
         state: np.ndarray,
-        action: int,
+        action: int | np.ndarray,
         action_probability: float,
         reward: float,
         next_state: np.ndarray,
         terminated: bool,
         episode_end: bool,
-        next_action: int = -1,
+        next_action: int | np.ndarray | None = None,
     ) -> None:
         """Write one transition over the oldest when full. ``episode_end`` is true for the last
         transition of an episode, terminated or truncated. ``next_action`` may come later,
         through ``set_next_action``: the runner chooses it after writing the transition, so
-        that the step which ends the warm-up is already chosen by the policy it set up."""
+        that the step which ends the warm-up is already chosen by the policy it set up. A
+        continuous action is a vector of ``action_width`` values."""
         slot = self.position
         self.state[slot] = state
         self.next_state[slot] = next_state
         self.action[slot] = action
-        self.next_action[slot] = -1 if terminated else next_action
+        self.next_action[slot] = 0 if self.action_width else -1
+        self.next_action_presence[slot] = 0.0
+        if next_action is not None and not terminated:
+            self._set_next(slot, next_action)
         self.reward[slot] = reward
         self.not_terminal[slot] = 0.0 if terminated else 1.0
         self.action_probability[slot] = action_probability
@@ -116,10 +135,15 @@ class ReplayBuffer:
         self.position = (slot + 1) % self.capacity
         self.size = min(self.size + 1, self.capacity)
 
-    def set_next_action(self, action: int) -> None:
-        """The newest transition's next action; ignored after a termination (stays -1)."""
+    def set_next_action(self, action: int | np.ndarray) -> None:
+        """The newest transition's next action; ignored after a termination (stays -1, or
+        absent for continuous actions)."""
         if self.not_terminal[self.newest]:
-            self.next_action[self.newest] = action
+            self._set_next(self.newest, action)
+
+    def _set_next(self, slot: int, action: int | np.ndarray) -> None:
+        self.next_action[slot] = action
+        self.next_action_presence[slot] = 1.0
 
     def sample(self, batch_size: int) -> dict[str, torch.Tensor]:
         """``batch_size`` transitions drawn uniformly with replacement (seeded generator), as
@@ -138,7 +162,6 @@ class ReplayBuffer:
         state = tensors["state"][index]
         not_terminal = tensors["not_terminal"][index]
         ones = torch.ones_like(state)
-        everything = torch.ones(len(index), self.action_count)
         batch = {
             "state": state,
             "state_presence": ones,
@@ -152,9 +175,15 @@ class ReplayBuffer:
             "step": tensors["step"][index],
             "action": tensors["action"][index],
             "next_action": tensors["next_action"][index],
-            "possible_actions": everything,
-            "possible_next_actions": everything * not_terminal.unsqueeze(1),
         }
+        if self.action_width:
+            following = tensors["next_action_presence"][index].unsqueeze(1)
+            batch["action_presence"] = torch.ones_like(batch["action"])
+            batch["next_action_presence"] = following.expand(-1, self.action_width).clone()
+        else:
+            everything = torch.ones(len(index), self.action_count)
+            batch["possible_actions"] = everything
+            batch["possible_next_actions"] = everything * not_terminal.unsqueeze(1)
         if self.n_step > 1:
             batch |= self._n_step_windows(index)
         return batch
@@ -177,17 +206,19 @@ class ReplayBuffer:
         last = slots.gather(1, (lengths - 1).unsqueeze(1)).squeeze(1)
         end_state = tensors["next_state"][last]
         end_not_terminal = tensors["not_terminal"][last]
-        return {
+        windows = {
             "next_n_rewards": tensors["reward"][slots] * weights,
             "next_n_time_diffs": weights,
             "next_n_not_terminal": tensors["not_terminal"][slots] * weights,
             "next_n_length": lengths,
             "next_n_state": end_state,
             "next_n_state_presence": torch.ones_like(end_state),
-            "next_n_possible_next_actions": (
-                torch.ones(len(index), self.action_count) * end_not_terminal.unsqueeze(1)
-            ),
         }
+        if not self.action_width:
+            windows["next_n_possible_next_actions"] = torch.ones(
+                len(index), self.action_count
+            ) * end_not_terminal.unsqueeze(1)
+        return windows
 
 
 def one_hot_actions(batch: dict[str, torch.Tensor], action_count: int) -> dict[str, torch.Tensor]:

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     import torch
 
     from horizon_engine.driver import Normalization
+    from horizon_engine.normalization import NormalizationParameters
     from horizon_engine.plugins import PluginHost
     from horizon_engine.run_context import RunContext
 
@@ -42,19 +43,30 @@ GYM_COMMAND = "horizon gym train"
 
 
 def make_env(env_id: str) -> gymnasium.Env:
-    """The environment, or an error naming ``[gym] env``; its action space must be Discrete."""
+    """The environment, or an error naming ``[gym] env``; its action space must be Discrete or
+    a Box with finite bounds (the warm-up draws uniformly inside them)."""
     import gymnasium
 
     from horizon_engine.builtin.gym_source import make_env as make_any_env
 
     env = make_any_env(env_id, "gym")
-    if not isinstance(env.action_space, gymnasium.spaces.Discrete):
-        kind = type(env.action_space).__name__
-        env.close()
-        raise HorizonError(
-            f"[gym] env = {env_id!r} has a {kind} action space; horizon gym train plays "
-            "Discrete action spaces"
+    space = env.action_space
+    problem = None
+    if isinstance(space, gymnasium.spaces.Box):
+        if not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
+            problem = (
+                f"[gym] env = {env_id!r} has an unbounded Box action space (low {space.low}, "
+                f"high {space.high}); horizon gym train needs finite bounds to explore "
+                "uniformly in the warm-up and to map the actor's actions into"
+            )
+    elif not isinstance(space, gymnasium.spaces.Discrete):
+        problem = (
+            f"[gym] env = {env_id!r} has a {type(space).__name__} action space; horizon gym "
+            "train plays Discrete and (bounded) Box action spaces"
         )
+    if problem is not None:
+        env.close()
+        raise HorizonError(problem)
     return env
 
 
@@ -105,6 +117,8 @@ class OnlineRun:
         )
         self.driver: TrainingDriver | None = None
         self.acting: torch.nn.Module | None = None
+        self.continuous = False
+        """A Box action space: actions are vectors, ``_choose`` returns them."""
         self.refreshed_at = 0
         self.steps = 0
         self.evaluations: list[Evaluation] = []
@@ -204,13 +218,29 @@ class OnlineRun:
             stack.callback(self.eval_envs[-1].close)
         space = self.env.action_space
         self.observation_space = self.env.observation_space
-        self.first_action = int(space.start)
-        self.actions = [str(self.first_action + i) for i in range(int(space.n))]
         width = int(gymnasium.spaces.flatdim(self.observation_space))
         self.feature_ids = [str(i) for i in range(width)]
-        self.action_feature_ids = (
-            [str(width + i) for i in range(len(self.actions))] if config.parametric_actions else []
-        )
+        self.continuous = isinstance(space, gymnasium.spaces.Box)
+        if self.continuous:
+            if config.parametric_actions:
+                raise HorizonError(
+                    f"[gym] parametric_actions = true needs a Discrete action space; "
+                    f"env = {config.env!r} has a Box action space (continuous actions)"
+                )
+            # Action feature ids follow the state's, as the gym source logs Box actions.
+            self.low = space.low.astype(np.float64).ravel()
+            self.high = space.high.astype(np.float64).ravel()
+            self.first_action = 0
+            self.actions = []
+            self.action_feature_ids = [str(width + j) for j in range(len(self.low))]
+        else:
+            self.first_action = int(space.start)
+            self.actions = [str(self.first_action + i) for i in range(int(space.n))]
+            self.action_feature_ids = (
+                [str(width + i) for i in range(len(self.actions))]
+                if config.parametric_actions
+                else []
+            )
         self.buffer = ReplayBuffer(
             config.replay_buffer_size,
             width,
@@ -218,6 +248,7 @@ class OnlineRun:
             config.n_step,
             config.seed,
             one_hot=config.parametric_actions,
+            action_width=len(self.action_feature_ids) if self.continuous else 0,
         )
         self.rng = np.random.default_rng(config.seed)
         self.eval_rng = np.random.default_rng([config.seed, 1])
@@ -250,10 +281,11 @@ class OnlineRun:
         config, env = self.config, self.env
         observation, _ = env.reset(seed=config.seed if episode == 1 else None)
         state = self._flatten(observation)
+        self._reset_exploration()
         action, probability = self._choose(state)
         step = 0
         while True:
-            observation, reward, terminated, truncated, _ = env.step(self.first_action + action)
+            observation, reward, terminated, truncated, _ = env.step(self._env_action(action))
             next_state = self._flatten(observation)
             step += 1
             self.steps += 1
@@ -293,8 +325,30 @@ class OnlineRun:
         flat = gymnasium.spaces.flatten(self.observation_space, observation)
         return np.asarray(flat, dtype=np.float64).ravel()
 
-    def _choose(self, state: np.ndarray) -> tuple[int, float]:
-        """Epsilon-greedy around the acting policy: (action index, its exact propensity)."""
+    def _env_action(self, action: Any) -> Any:
+        """What ``env.step`` takes for an action as the buffer holds it."""
+        if self.continuous:
+            space = self.env.action_space
+            return np.asarray(action, dtype=space.dtype).reshape(space.shape)
+        return self.first_action + int(action)
+
+    def _reset_exploration(self) -> None:
+        """A new episode: the continuous exploration module's ``reset()``, when it has one."""
+        reset = getattr(self.acting, "reset", None) if self.continuous else None
+        if callable(reset):
+            reset()
+
+    def _choose(self, state: np.ndarray) -> tuple[Any, float]:
+        """Epsilon-greedy around the acting policy: (action index, its exact propensity). For
+        a Box space: uniform inside the bounds in the warm-up, then the trainer's exploration
+        module (its action clipped to the bounds, in case), with propensity 1.0 as the gym
+        source logs continuous actions (a density is no probability, and the module's is not
+        known)."""
+        if self.continuous:
+            if self.acting is None:
+                return self.rng.uniform(self.low, self.high), 1.0
+            action = self._actions(self.acting, state[None])[0]
+            return np.clip(action, self.low, self.high), 1.0
         n = len(self.actions)
         epsilon = epsilon_at(self.steps, self.config) if self.acting is not None else 1.0
         if epsilon >= 1.0:
@@ -305,6 +359,26 @@ class OnlineRun:
 
     def _greedy(self, state: np.ndarray) -> int:
         return int(self._scores(self.acting, state[None]).argmax(dim=1))
+
+    def _actions(self, policy: torch.nn.Module, states: np.ndarray) -> np.ndarray:
+        """Continuous actions ``[rows, D]`` (float64) of a policy module on flattened states:
+        its action, or the action of a stochastic policy's ``(action, log_density)``."""
+        import torch
+
+        device = self.driver.device
+        values = torch.from_numpy(states.astype(np.float32)).to(device)
+        with torch.no_grad():
+            result = policy(values, torch.ones_like(values))
+        if isinstance(result, tuple):
+            result = result[0]
+        return result.detach().to("cpu", torch.float64).numpy().reshape(len(states), -1)
+
+    def _played(self, policy: torch.nn.Module, states: np.ndarray) -> list[Any]:
+        """The evaluated policy's choices on flattened states, as ``_env_action`` takes them:
+        the greedy action indices, or the deterministic continuous actions (within bounds)."""
+        if self.continuous:
+            return list(np.clip(self._actions(policy, states), self.low, self.high))
+        return self._scores(policy, states).argmax(dim=1).tolist()
 
     def _scores(self, policy: torch.nn.Module, states: np.ndarray) -> torch.Tensor:
         """The policy's scores ``[rows, actions]`` of flattened states; a parametric policy is
@@ -320,9 +394,13 @@ class OnlineRun:
             every = torch.eye(len(self.actions), device=device).expand(len(values), -1, -1)
             return policy(values, presence, every, every)
 
-    def _logged(self, index: int) -> tuple[Any, list[Any]]:
+    def _logged(self, index: Any) -> tuple[Any, list[Any] | None]:
         """An action and the possible actions as the ``-f`` rows log them: the action names,
-        or with ``parametric_actions`` the one-hot feature maps."""
+        with ``parametric_actions`` the one-hot feature maps, for a Box space the action's
+        feature map (no possible actions), as the gym source logs them."""
+        if self.continuous:
+            values = np.asarray(index, dtype=np.float64).ravel()
+            return dict(zip(self.action_feature_ids, map(float, values), strict=True)), None
         if not self.action_feature_ids:
             return self.actions[index], list(self.actions)
         maps: list[Any] = [{feature: 1.0} for feature in self.action_feature_ids]
@@ -378,8 +456,9 @@ class OnlineRun:
         """The problem the trainer is set up for: this environment's actions, discrete or
         (with ``parametric_actions``) one-hot action features, and the buffer's n-step window."""
         config = self.config
+        action_type = ActionType.PARAMETRIC if self.action_feature_ids else ActionType.DISCRETE
         return ProblemDescription(
-            action_type=ActionType.PARAMETRIC if self.action_feature_ids else ActionType.DISCRETE,
+            action_type=ActionType.CONTINUOUS if self.continuous else action_type,
             actions=self.actions,
             feature_ids=self.feature_ids,
             action_feature_ids=self.action_feature_ids,
@@ -391,8 +470,9 @@ class OnlineRun:
     def _identify(self, config: NormalizationConfig) -> Normalization:
         """Identify each feature's normalization from (a sample of) the warm-up, as the
         normalization stage does from the timeline (same rules, overrides and notes): the
-        states' features, and with ``parametric_actions`` the one-hot action features (each
-        present, as 1.0, wherever its action was taken)."""
+        states' features, with ``parametric_actions`` the one-hot action features (each
+        present, as 1.0, wherever its action was taken), and for a Box space the action
+        features as ``continuous_action`` over the Box's bounds (``_box_bounds``)."""
         from horizon_engine.normalization import FeatureType, identify_all
 
         transitions = len(self.buffer)
@@ -406,7 +486,11 @@ class OnlineRun:
         known_types = {str(kind) for kind in FeatureType} | self.plugins.feature_types()
         samples = {feature: states[:, i] for i, feature in enumerate(self.feature_ids)}
         sets = {"state_features": (samples, config.overrides)}
-        if self.action_feature_ids:
+        if self.continuous:
+            actions = self.buffer.action[rows]
+            samples = {feature: actions[:, j] for j, feature in enumerate(self.action_feature_ids)}
+            sets["action_features"] = (samples, config.action_overrides)
+        elif self.action_feature_ids:
             taken = np.bincount(self.buffer.action[rows], minlength=len(self.actions))
             samples = {
                 feature: np.ones(int(count))
@@ -416,13 +500,47 @@ class OnlineRun:
         normalization = {}
         for name, (samples, overrides) in sets.items():
             where = f"[normalization] {'action_' if name == 'action_features' else ''}overrides"
-            result = identify_all(samples, config, overrides, known_types, where=where)
+            action = name == "action_features" and self.continuous
+            result = identify_all(samples, config, overrides, known_types, action, where)
             self.warnings += [f"normalization: {note}" for note in result.notes]
             normalization[name] = result.parameters
+        if self.continuous:
+            self._box_bounds(normalization["action_features"], config)
         return normalization
 
+    def _box_bounds(
+        self, parameters: dict[str, NormalizationParameters], config: NormalizationConfig
+    ) -> None:
+        """Each ``continuous_action`` feature (every action feature but those an override
+        types otherwise) maps the Box's own [low, high], not the warm-up's observed range:
+        uniform play never quite reaches the bounds, and an actor whose (-1, 1) mapped to the
+        observed range could never play them; the bounds are also what the environment
+        enforces, so every action the exported model emits lies inside them."""
+        from horizon_engine.normalization import FeatureType
+
+        for j, feature in enumerate(self.action_feature_ids):
+            found = parameters[feature]
+            if found.feature_type != FeatureType.CONTINUOUS_ACTION.value:
+                continue
+            bounds = {"min_value": float(self.low[j]), "max_value": float(self.high[j])}
+            parameters[feature] = found.model_copy(update=bounds)
+
     def _refresh(self) -> None:
-        self.acting = self.driver.trainer.policy()
+        """A fresh acting module: the trainer's policy, or for a Box space its exploration
+        policy (an error naming the trainer when it has none)."""
+        trainer = self.driver.trainer
+        if self.continuous:
+            acting = trainer.exploration_policy()
+            if acting is None:
+                raise HorizonError(
+                    f"[trainer] kind = {trainer.name!r} gives no exploration policy "
+                    f"(exploration_policy() returned None), which [gym] env = "
+                    f"{self.config.env!r}, a Box action space, needs to act with: train a "
+                    "continuous-action trainer such as sac, td3 or ddpg"
+                )
+            self.acting = acting
+        else:
+            self.acting = trainer.policy()
         self.refreshed_at = self.steps
 
     def _train(self) -> None:
@@ -446,8 +564,9 @@ class OnlineRun:
             "Evaluation/max_return": float(max(returns)),
             "Gym/timestep": float(self.steps),
             "Gym/episode": float(episode),
-            "Gym/epsilon": epsilon_at(self.steps, self.config),
         }
+        if not self.continuous:
+            metrics["Gym/epsilon"] = epsilon_at(self.steps, self.config)
         checkpoint = {
             "timestep": self.steps,
             "episode": episode,
@@ -458,9 +577,11 @@ class OnlineRun:
         return bar is not None and evaluation.mean_return >= bar
 
     def _greedy_returns(self, policy: torch.nn.Module) -> list[float]:
-        """One greedy episode in each evaluation environment, played in lockstep (one forward
-        pass per step for all of them), each reset with a fresh seed from the evaluation
-        stream: deterministic for a run, never the training episodes' starts."""
+        """One greedy episode in each evaluation environment (for a Box space: the actions of
+        the deterministic ``policy()``, the action of a stochastic one's ``(action,
+        log_density)``), played in lockstep (one forward pass per step for all of them), each
+        reset with a fresh seed from the evaluation stream: deterministic for a run, never the
+        training episodes' starts."""
 
         envs = self.eval_envs
         seeds = self.eval_rng.integers(2**31, size=len(envs))
@@ -470,12 +591,12 @@ class OnlineRun:
         step = 0
         while active:
             states = np.stack([self._flatten(observations[i]) for i in active])
-            chosen = self._scores(policy, states).argmax(dim=1).tolist()
+            chosen = self._played(policy, states)
             step += 1
             still = []
             for i, action in zip(active, chosen, strict=True):
                 observation, reward, terminated, truncated, _ = envs[i].step(
-                    self.first_action + action
+                    self._env_action(action)
                 )
                 observations[i] = observation
                 returns[i] += reward
@@ -492,7 +613,7 @@ class OnlineRun:
         states = self._greedy_states(self.driver.trainer.policy(), CHECK_ROWS)
         values = torch.from_numpy(states.astype(np.float32))
         rows = {"state": values, "state_presence": torch.ones_like(values)}
-        if self.action_feature_ids:
+        if self.action_feature_ids and not self.continuous:
             every = torch.eye(len(self.actions)).expand(len(values), -1, -1)
             rows |= {
                 "possible_action_features": every,
@@ -523,8 +644,8 @@ class OnlineRun:
             for _ in range(count - len(states)):
                 state = self._flatten(observation)
                 states.append(state)
-                action = int(self._scores(policy, state[None]).argmax(dim=1))
-                observation, _, terminated, truncated, _ = env.step(self.first_action + action)
+                action = self._played(policy, state[None])[0]
+                observation, _, terminated, truncated, _ = env.step(self._env_action(action))
                 if terminated or truncated:
                     break
         return np.stack(states)
