@@ -107,16 +107,24 @@ class FeatureTransform(Transform):
         """
 
 
-def feature_module(function: Callable[..., torch.Tensor], **values: Any) -> FeatureModule:
+def feature_module(
+    function: Callable[..., torch.Tensor],
+    *,
+    inverse: Callable[..., torch.Tensor] | None = None,
+    **values: Any,
+) -> FeatureModule:
     """A module computing ``function(x, **values)``, with array values kept as buffers.
 
     Arrays (lists, numpy arrays, tensors) become buffers (floating ones as float32), so they move
     with ``.to(device)``, save with ``state_dict`` and export to ONNX as initializers; Python
     numbers stay constants. ``function`` should be a module-level function, so the module pickles.
+    ``inverse(y, **values)``, when given, maps outputs back to raw values (the module's
+    ``inverse``, which ``Preprocessor.inverse`` calls): a type of one output column per
+    feature that actions are normalized with gives one, as ``continuous_action`` does.
     """
     from horizon_engine.preprocessor_modules import FeatureModule
 
-    return FeatureModule(function, values)
+    return FeatureModule(function, values, inverse)
 
 
 def build_preprocessor(

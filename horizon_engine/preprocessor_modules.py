@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from horizon_engine.errors import HorizonError
+
 
 def _buffer(value: Any) -> torch.Tensor:
     tensor = torch.as_tensor(np.asarray(value) if isinstance(value, list) else value)
@@ -25,9 +27,15 @@ class FeatureModule(torch.nn.Module):
     ones as float32), Python numbers stay constants.
     """
 
-    def __init__(self, function: Callable[..., torch.Tensor], values: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        function: Callable[..., torch.Tensor],
+        values: dict[str, Any],
+        inverse: Callable[..., torch.Tensor] | None = None,
+    ) -> None:
         super().__init__()
         self.function = function
+        self.inverse_function = inverse
         self.constants: dict[str, bool | int | float] = {}
         self.buffer_names: list[str] = []
         for name, value in values.items():
@@ -40,6 +48,17 @@ class FeatureModule(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         buffers = {name: getattr(self, name) for name in self.buffer_names}
         return self.function(x, **buffers, **self.constants)
+
+    def inverse(self, y: torch.Tensor) -> torch.Tensor:
+        """``inverse(y, **buffers, **constants)``: the raw values ``forward`` maps to ``y``,
+        for a type built with an inverse (``continuous_action``); an error for the others."""
+        if self.inverse_function is None:
+            raise HorizonError(
+                f"normalization type function {self.extra_repr()!r} has no inverse: only "
+                "types built with one (continuous_action) map outputs back to raw values"
+            )
+        buffers = {name: getattr(self, name) for name in self.buffer_names}
+        return self.inverse_function(y, **buffers, **self.constants)
 
     def extra_repr(self) -> str:
         return getattr(self.function, "__name__", repr(self.function))
@@ -70,6 +89,40 @@ class Preprocessor(torch.nn.Module):
         order = np.concatenate([columns for columns, _ in groups])
         self.register_buffer("input_order", torch.as_tensor(order, dtype=torch.long))
         self.register_buffer("output_features", torch.as_tensor(output_features, dtype=torch.long))
+        # Where each input column's (one) output column is, for ``inverse``: not saved with the
+        # module's state, as it follows from ``input_order``.
+        self.register_buffer(
+            "inverse_order", torch.as_tensor(np.argsort(order), dtype=torch.long), persistent=False
+        )
+
+    @property
+    def invertible(self) -> bool:
+        """Whether ``inverse`` applies: one output column per feature, and every type's module
+        has an inverse (true of action features normalized as ``continuous_action``)."""
+        return len(self.output_names) == len(self.feature_ids) and all(
+            getattr(module, "inverse_function", None) is not None for module in self.types
+        )
+
+    def inverse(self, out: torch.Tensor) -> torch.Tensor:
+        """The raw values ``[batch, len(feature_ids)]``, in ``feature_ids`` order, that
+        ``forward`` maps to ``out`` ``[batch, len(output_names)]`` (the features present): how
+        an actor's normalized action goes back to the user's units. Only for an ``invertible``
+        preprocessor; an error naming why otherwise. Export-friendly (slices, elementwise math
+        and a gather by a constant index)."""
+        if not self.invertible:
+            raise HorizonError(
+                f"the preprocessor of features {self.feature_ids} has no inverse: it needs one "
+                "output column per feature and every type invertible (continuous_action is; "
+                f"the output columns are {self.output_names})"
+            )
+        raw = torch.cat(
+            [
+                module.inverse(out[:, start:end])
+                for module, (start, end) in zip(self.types, self.slices, strict=True)
+            ],
+            dim=1,
+        )
+        return raw.index_select(1, self.inverse_order)
 
     def forward(self, x: torch.Tensor, presence: torch.Tensor) -> torch.Tensor:
         """``x`` and ``presence`` are ``[batch, len(feature_ids)]``; returns

@@ -7,7 +7,6 @@ register do not change the messages asserted here.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Self
 
 import pytest
@@ -19,7 +18,7 @@ from horizon_engine.components import ComponentConfig
 from horizon_engine.config import STAGE_SECTIONS, ConfigBuilder, build_spec, parse_override
 from horizon_engine.errors import ConfigError
 from horizon_engine.pipeline import STAGES, Engine
-from horizon_engine.plugins import PluginHost, RegisteredComponent
+from horizon_engine.plugins import PluginHost
 
 GOOD = """\
 [pipeline]
@@ -398,13 +397,17 @@ def test_continuous_action_trainer_says_what_the_ac_plugin_registers(tmp_path):
     path = tmp_path / "pipeline.toml"
     path.write_text(SAC.replace('"sac"', '"td3"'))
     host = PluginHost(env={"HORIZON_LOAD_PLUGINS": "ac"})
+    assert build_spec(path, host).sections["trainer"].component.name == "td3"
+    # An installation whose plugin lacks the trainer asked for says what it does register.
+    plugin = host.plugins["ac"]
+    del host._components[("trainers", "td3", None)]
+    plugin.components = [entry for entry in plugin.components if entry.name == "ddpg"]
+    with pytest.raises(ConfigError) as caught:
+        build_spec(path, host)
+    assert caught.value.problems[0].endswith("(plugin 'ac'), which registers ddpg in this version.")
+    plugin.components = []
     with pytest.raises(ConfigError) as caught:
         build_spec(path, host)
     assert caught.value.problems[0].endswith(
         "(plugin 'ac'), which registers no trainer yet: they are not available in this version."
     )
-    ddpg = SimpleNamespace(family="trainers", name="ddpg")
-    host.plugins["ac"].components.append(RegisteredComponent(ddpg, "ac"))
-    with pytest.raises(ConfigError) as caught:
-        build_spec(path, host)
-    assert caught.value.problems[0].endswith("(plugin 'ac'), which registers ddpg in this version.")

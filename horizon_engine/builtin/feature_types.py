@@ -266,6 +266,7 @@ class ContinuousAction(FeatureTransform):
         constant = span == 0
         return feature_module(
             _continuous_action,
+            inverse=_continuous_action_inverse,
             # A constant action is mapped as if its range were [value - 1, value + 1].
             low=np.where(constant, low - 1.0, low),
             span=np.where(constant, 2.0, span),
@@ -277,6 +278,14 @@ def _continuous_action(
     x: torch.Tensor, low: torch.Tensor, span: torch.Tensor, scale: float
 ) -> torch.Tensor:
     return (((x - low) / span * 2.0 - 1.0) * scale).clamp(-scale, scale)
+
+
+def _continuous_action_inverse(
+    y: torch.Tensor, low: torch.Tensor, span: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """The action in the user's units whose normalized value is ``y``: ``y`` clamped to
+    [-scale, scale] first, so that any value an actor emits in [-1, 1] lands in [min, max]."""
+    return low + (y.clamp(-scale, scale) / scale + 1.0) * 0.5 * span
 
 
 class DoNotPreprocess(FeatureTransform):

@@ -1,0 +1,96 @@
+"""The ``[trainer]`` options of the actor-critic trainers (no torch: ``horizon plugins`` lists
+them).
+
+``sac``, ``td3`` and ``ddpg`` share the options of ``ActorCriticConfig``; each adds its own. The
+defaults are the ones measured on Horizon's logged Pendulum rows (tests/test_ac_trainers.py and
+the plugin's README section): a user who names only the trainer learns from logs, so the actor
+is kept near the logged actions (``bc_weight``) unless told otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from horizon_engine import TrainerConfig
+
+
+class ActorCriticConfig(TrainerConfig):
+    """Options every actor-critic trainer of this plugin accepts."""
+
+    epochs: int = Field(default=100, ge=1)
+    """Passes over the train split. 100 rather than the core's 20: an actor-critic needs
+    thousands of updates, and 100 epochs of batch 256 over Horizon's 7,600 logged Pendulum
+    rows are 3,000."""
+    minibatch_size: int = Field(default=256, ge=1)
+    """Rows per update (256, as the SAC and TD3 papers)."""
+    gamma: float = Field(default=0.99, ge=0.0, le=1.0)
+    """Discount factor of future rewards."""
+    n_step: int = Field(default=1, ge=0)
+    """Steps of the multi-step return: 1 (the default) bootstraps from the next state, as the
+    papers do (an n-step return of logged rewards follows the logging policy, not the actor);
+    > 1 needs a timeline built with this same n_step; 0 takes the timeline's window."""
+    layers: list[int] = Field(default_factory=lambda: [256, 256], min_length=1)
+    """Widths of the hidden layers (relu) of the actor and of each critic."""
+    actor_learning_rate: float = Field(default=3e-4, gt=0.0)
+    """Adam's step size for the actor."""
+    critic_learning_rate: float = Field(default=3e-4, gt=0.0)
+    """Adam's step size for the critics."""
+    target_update_rate: float = Field(default=0.005, gt=0.0, le=1.0)
+    """Soft target update: target <- rate * trained + (1 - rate) * target (tau)."""
+    bc_weight: float = Field(default=0.4, ge=0.0)
+    """Behaviour cloning weight, for learning from logs (TD3+BC, Fujimoto and Gu 2021): the
+    actor minimizes ``-Q(s, pi(s)) / mean|Q| + bc_weight * mean((pi(s) - a_logged)^2)``, actions
+    normalized to (-1, 1). The paper writes it ``-lambda Q + (pi(s) - a)^2`` with
+    ``lambda = alpha / mean|Q|``, alpha = 2.5: the same loss scaled by 1 / alpha, so
+    ``bc_weight = 1 / alpha`` (0.4 is the paper's 2.5). 0 switches it off (the plain actor
+    loss, unnormalized): what online training, where the agent tries its own actions, wants."""
+    cql_alpha: float = Field(default=0.0, ge=0.0)
+    """Conservative critic (CQL(H), Kumar et al. 2020): adds ``cql_alpha * (logsumexp over
+    sampled actions of Q(s, a) - Q(s, a_logged))`` to each critic's loss, the samples uniform
+    and the actor's own, importance-weighted by their densities. 0 (off) by default."""
+    cql_samples: int = Field(default=10, ge=1)
+    """Actions of each kind (uniform, the actor's) sampled per state for ``cql_alpha``."""
+
+
+class SacConfig(ActorCriticConfig):
+    """Options of the ``sac`` trainer (``[trainer]`` with ``kind = "sac"``)."""
+
+    alpha: float = Field(default=1.0, gt=0.0)
+    """The entropy temperature to start from (or to keep, with ``learn_alpha = false``)."""
+    learn_alpha: bool = True
+    """Automatic entropy tuning: learn the temperature so that the policy's entropy stays near
+    ``target_entropy``."""
+    target_entropy: float | None = None
+    """The entropy automatic tuning aims at; unset: minus the number of action dimensions."""
+    alpha_learning_rate: float = Field(default=3e-4, gt=0.0)
+    """Adam's step size for the temperature."""
+
+
+class DeterministicActorConfig(ActorCriticConfig):
+    """Options of the deterministic actors (``td3``, ``ddpg``): how they explore online."""
+
+    exploration_noise: float = Field(default=0.1, ge=0.0)
+    """Standard deviation of the noise added to the actor's action when acting online, in the
+    normalized action's units (the action range is (-1, 1), so 0.1 is 5% of it)."""
+    noise: Literal["gaussian", "ou"] = "gaussian"
+    """Online exploration noise: independent Gaussian draws, or an Ornstein-Uhlenbeck process
+    (theta 0.15, sigma ``exploration_noise``, restarted at 0 every episode)."""
+
+
+class Td3Config(DeterministicActorConfig):
+    """Options of the ``td3`` trainer (``[trainer]`` with ``kind = "td3"``)."""
+
+    target_noise: float = Field(default=0.2, ge=0.0)
+    """Target policy smoothing: standard deviation of the noise on the target actor's next
+    action (normalized units)."""
+    target_noise_clip: float = Field(default=0.5, ge=0.0)
+    """The smoothing noise is clipped to +- this."""
+    policy_delay: int = Field(default=2, ge=1)
+    """The actor and the target networks are updated once every ``policy_delay`` critic
+    updates."""
+
+
+class DdpgConfig(DeterministicActorConfig):
+    """Options of the ``ddpg`` trainer (``[trainer]`` with ``kind = "ddpg"``)."""
