@@ -2,8 +2,8 @@
 them).
 
 ``sac``, ``td3`` and ``ddpg`` share the options of ``ActorCriticConfig``; each adds its own. The
-defaults are the ones measured on Horizon's logged Pendulum rows (tests/test_ac_trainers.py and
-the plugin's README section): a user who names only the trainer learns from logs, so the actor
+defaults are the ones measured on Horizon's logged Pendulum rows (tests/test_ac_reference.py
+gives the figures): a user who names only the trainer learns from logs, so the actor
 is kept near the logged actions (``bc_weight``) unless told otherwise.
 """
 

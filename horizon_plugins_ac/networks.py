@@ -159,12 +159,21 @@ class SacExploration(SacPolicy):
         return self.action_preprocessor.inverse(action)
 
 
+class NoiseState:
+    """The Ornstein-Uhlenbeck process's current value, held by the trainer and shared by every
+    exploration module it hands out: the gym runner takes a fresh module every so many steps,
+    and the process must run on across them within an episode."""
+
+    def __init__(self) -> None:
+        self.value: torch.Tensor | None = None
+
+
 class NoisyPolicy(DeterministicPolicy):
     """``exploration_policy()`` of ``td3`` and ``ddpg``: the actor's action plus noise of
     standard deviation ``sigma`` (normalized units), clipped to (-1, 1) and so to the action
-    bounds, in the user's units ``[B, D]``. With ``ornstein_uhlenbeck`` the noise is the process
-    ``x <- x - OU_THETA x + sigma eps`` (per row and dimension), which ``reset()`` restarts at 0
-    (the gym runner calls it at every episode start); otherwise independent draws."""
+    bounds, in the user's units ``[B, D]``. With an Ornstein-Uhlenbeck ``process`` the noise is
+    ``x <- x - OU_THETA x + sigma eps`` (per row and dimension), which ``reset()`` restarts at
+    0 (the gym runner calls it at every episode start); without, independent draws."""
 
     def __init__(
         self,
@@ -172,23 +181,24 @@ class NoisyPolicy(DeterministicPolicy):
         actor: nn.Module,
         action_preprocessor: nn.Module,
         sigma: float,
-        ornstein_uhlenbeck: bool,
+        process: NoiseState | None,
     ) -> None:
         super().__init__(preprocessor, actor, action_preprocessor)
         self.sigma = sigma
-        self.ornstein_uhlenbeck = ornstein_uhlenbeck
-        self.noise: torch.Tensor | None = None
+        self.process = process
 
     def reset(self) -> None:
         """Restart the Ornstein-Uhlenbeck process at 0 (nothing to do for Gaussian noise)."""
-        self.noise = None
+        if self.process is not None:
+            self.process.value = None
 
     def forward(self, values: torch.Tensor, presence: torch.Tensor) -> torch.Tensor:
         action = self.actor(self.preprocessor(values, presence))
         draw = self.sigma * torch.randn_like(action)
-        if self.ornstein_uhlenbeck:
-            if self.noise is None or self.noise.shape != action.shape:
-                self.noise = torch.zeros_like(action)
-            self.noise = self.noise - OU_THETA * self.noise + draw
-            draw = self.noise
+        process = self.process
+        if process is not None:
+            if process.value is None or process.value.shape != action.shape:
+                process.value = torch.zeros_like(action)
+            process.value = process.value - OU_THETA * process.value + draw
+            draw = process.value
         return self.action_preprocessor.inverse((action + draw).clamp(-1.0, 1.0))

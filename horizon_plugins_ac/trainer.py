@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     import torch
 
     from horizon_engine import TimelineTensors
+    from horizon_plugins_ac.networks import NoiseState
     from horizon_plugins_ac.optimizers import ForeachAdam
 
 EVAL_CHUNK_ROWS = 65_536
@@ -356,6 +357,10 @@ class DeterministicActorCritic(ActorCriticTrainer):
     config: DeterministicActorConfig
     smoothing_noise: ClassVar[float] = 0.0
 
+    def finish_setup(self, problem: TrainingProblem) -> None:
+        """No Ornstein-Uhlenbeck process yet: the first exploration module starts it."""
+        self.noise_state: NoiseState | None = None
+
     def build_actor(self, state_width: int, action_width: int) -> torch.nn.Module:
         from horizon_plugins_ac.networks import DeterministicActor
 
@@ -400,18 +405,26 @@ class DeterministicActorCritic(ActorCriticTrainer):
 
     def exploration_policy(self) -> torch.nn.Module:
         """For acting online: the actor's action plus ``exploration_noise`` (Gaussian, or
-        Ornstein-Uhlenbeck with ``noise = "ou"``, whose ``reset()`` starts an episode), clipped
-        to the action bounds, in the user's units ``[B, D]``."""
-        from horizon_plugins_ac.networks import NoisyPolicy
+        Ornstein-Uhlenbeck with ``noise = "ou"``, whose ``reset()`` starts an episode; the
+        process runs on across the modules handed out, held by the trainer), clipped to the
+        action bounds, in the user's units ``[B, D]``."""
+        from horizon_plugins_ac.networks import NoiseState, NoisyPolicy
 
+        process = None
+        if self.config.noise == "ou":
+            if self.noise_state is None:
+                self.noise_state = NoiseState()
+            process = self.noise_state
         live = NoisyPolicy(
             self.preprocessor,
             self.actor,
             self.action_preprocessor,
             self.config.exploration_noise,
-            self.config.noise == "ou",
+            process,
         )
-        return self.frozen(live)
+        # The networks are copied; the process is shared with every module handed out.
+        shared = {id(process): process} if process is not None else {}
+        return copy.deepcopy(live, shared).eval().requires_grad_(False)
 
 
 class Td3Trainer(DeterministicActorCritic):

@@ -232,8 +232,11 @@ def test_ornstein_uhlenbeck_noise_is_correlated_and_restarts_at_every_reset():
     path = torch.cat([explore(state, torch.ones_like(state)) - base for _ in range(2000)])[:, 0]
     lag_one = torch.corrcoef(torch.stack([path[:-1], path[1:]]))[0, 1]
     assert lag_one > 0.7  # 1 - theta = 0.85 for the process itself
+    # A fresh module (the gym runner refreshes its acting module) carries the process on.
+    carried = built.exploration_policy().process.value
+    assert carried is not None and torch.equal(carried, explore.process.value)
     explore.reset()
-    assert explore.noise is None
+    assert built.exploration_policy().process.value is None
     first = explore(state, torch.ones_like(state)) - base
     assert first.abs().max() < 1.0  # one draw of sigma 0.2 (x 2 in user units) from 0
 
