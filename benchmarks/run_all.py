@@ -23,6 +23,7 @@ HERE = Path(__file__).parent
 BENCHMARKS = (
     "make_run.py",
     "train_throughput.py",
+    "ac_throughput.py",
     "timeline.py",
     "normalization.py",
     "cpe.py",
