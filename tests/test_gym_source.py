@@ -195,9 +195,77 @@ def test_pendulum_random_actions_are_continuous_feature_maps():
     assert RowChecker(CONTINUOUS).check(shaped.table, shaped.locations)[1] == []
 
 
-def test_continuous_actions_only_allow_the_random_policy():
-    config = GymSourceConfig(env="Pendulum-v1", episodes=1, policy="epsilon_greedy")
-    with pytest.raises(HorizonError, match="only policy = 'random'"):
+def _actor_model(path: Path, weights: list[float]) -> str:
+    """An ONNX continuous actor for Pendulum: ``action = (obs * presence) @ weights``, one
+    action value, with the ``features``/``presence`` inputs and the ``action`` output of an
+    exported actor."""
+    nodes = [
+        helper.make_node("Mul", ["features", "presence"], ["present"]),
+        helper.make_node("MatMul", ["present", "weights"], ["action"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "linear_actor",
+        [
+            helper.make_tensor_value_info("features", TensorProto.FLOAT, [1, 3]),
+            helper.make_tensor_value_info("presence", TensorProto.FLOAT, [1, 3]),
+        ],
+        [helper.make_tensor_value_info("action", TensorProto.FLOAT, [1, 1])],
+        initializer=[numpy_helper.from_array(np.array([weights], np.float32).T, "weights")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return str(path)
+
+
+def test_continuous_epsilon_greedy_needs_an_actor_model():
+    config = GymSourceConfig(env="Pendulum-v1", episodes=1, policy="epsilon_greedy", epsilon=0.5)
+    with pytest.raises(HorizonError, match=r"needs a model = 'path\.onnx': an exported actor"):
+        _rows(config)
+
+
+def test_continuous_epsilon_greedy_logs_the_actors_action(tmp_path):
+    """The actor's action where it is within the bounds, clipped where it is not."""
+    model = _actor_model(tmp_path / "actor.onnx", [0.0, 0.0, 1.0])  # the angular velocity
+    config = GymSourceConfig(
+        env="Pendulum-v1", episodes=2, policy="epsilon_greedy", epsilon=0.0, model=model
+    )
+    pairs = _rows(config)
+    velocities = np.array([row["state_features"]["2"] for _, row in pairs])
+    actions = np.array([row["action"]["3"] for _, row in pairs])
+    assert np.abs(velocities).max() > 2.0, "some velocity outside the bounds, to clip"
+    np.testing.assert_allclose(actions, np.clip(velocities, -2.0, 2.0), atol=1e-6)
+    assert all(row["action_probability"] == 1.0 for _, row in pairs)
+
+
+def test_continuous_epsilon_greedy_adds_noise_and_uniform_actions(tmp_path):
+    """An actor that always says 0, on 1,000 steps: with ``action_noise = 0.1`` the actions'
+    standard deviation is 0.1 of the half-range 2 (0.2; 10% allows for 1,000 draws); with
+    ``epsilon = 0.2`` a fifth of them are uniform in [-2, 2] and the rest exactly 0."""
+    model = _actor_model(tmp_path / "actor.onnx", [0.0, 0.0, 0.0])
+
+    def actions(**options) -> np.ndarray:
+        config = GymSourceConfig(
+            env="Pendulum-v1", episodes=5, policy="epsilon_greedy", model=model, **options
+        )
+        return np.array([row["action"]["3"] for _, row in _rows(config)])
+
+    noisy = actions(epsilon=0.0, action_noise=0.1)
+    assert np.std(noisy) == pytest.approx(0.2, rel=0.1)
+    assert abs(np.mean(noisy)) < 0.03
+    mixed = actions(epsilon=0.2)
+    assert (mixed == 0.0).mean() == pytest.approx(0.8, abs=0.04)
+    assert (np.abs(mixed) <= 2.0).all() and np.abs(mixed).max() > 1.5
+
+
+def test_a_discrete_model_is_no_continuous_actor(tmp_path):
+    model = _scores_model(tmp_path / "scores.onnx", [0.0, 1.0], with_mask=True)
+    config = GymSourceConfig(
+        env="Pendulum-v1", episodes=1, policy="epsilon_greedy", epsilon=0.0, model=model
+    )
+    with pytest.raises(HorizonError, match="is no continuous actor"):
         _rows(config)
 
 

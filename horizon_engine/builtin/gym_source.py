@@ -47,7 +47,12 @@ class GymSourceConfig(SourceConfig):
     epsilon: float = Field(1.0, ge=0.0, le=1.0)
     """For epsilon_greedy: the chance of a uniform random action instead of the greedy one."""
     model: str | None = None
-    """Path to an ONNX model scoring the actions of an observation; its argmax is greedy."""
+    """Path to an ONNX model: for discrete actions one scoring the actions of an observation
+    (its argmax is greedy), for continuous ones an exported actor (its ``action`` output)."""
+    action_noise: float = Field(0.0, ge=0.0)
+    """For continuous actions under epsilon_greedy: Gaussian noise added to the model's
+    action, its standard deviation this fraction of each action's half-range (the noisy action
+    clipped to the bounds): a mediocre logging policy from a trained actor."""
     seed: int | None = None
     """Seed of the environment and the policy; None uses the run seed."""
     max_steps: int | None = Field(None, ge=1)
@@ -78,10 +83,12 @@ def collect_rows(
     ``greedy`` maps a flattened observation to the greedy action index; without it,
     ``config.model`` provides one. For discrete actions, ``action_probability`` is the exact
     chance the logging policy had of choosing the logged action. For continuous (Box) actions
-    only the random policy is allowed; the action is drawn uniformly within the bounds and
-    logged as a feature map whose ids continue after the state's (Pendulum: state ``"0"`` to
-    ``"2"``, action ``"3"``). Its ``action_probability`` is 1.0, as Horizon logged it: the true
-    uniform density ``1 / prod(high - low)`` can exceed 1, which the row schema forbids.
+    the action is drawn uniformly within the bounds (``random``), or under ``epsilon_greedy``
+    is the ``config.model`` actor's action with ``action_noise`` added, or with chance
+    ``epsilon`` a uniform one; it is logged as a feature map whose ids continue after the
+    state's (Pendulum: state ``"0"`` to ``"2"``, action ``"3"``). Its ``action_probability``
+    is 1.0, as Horizon logged it: a density is no probability (the uniform one,
+    ``1 / prod(high - low)``, can exceed 1, which the row schema forbids).
 
     The same ``seed`` gives the same rows (and, with ``config.ds`` set, identical ones): it
     seeds the policy's generator and the environment's first reset, after which the
@@ -173,14 +180,10 @@ def _uniform_box(
     space: gymnasium.spaces.Box,
     rng: np.random.Generator,
 ) -> _Choose:
-    """Uniform actions in a bounded Box; the action ids follow the state feature ids."""
+    """Actions in a bounded Box: uniform, or (epsilon_greedy) an ONNX actor's with Gaussian
+    noise and a chance of a uniform one; the action ids follow the state feature ids."""
     from gymnasium import spaces
 
-    if config.policy != "random":
-        raise HorizonError(
-            f"[source] env = {config.env!r} has continuous actions; only policy = 'random' "
-            f"is supported for them, not {config.policy!r}"
-        )
     low, high = space.low.ravel(), space.high.ravel()
     if not (np.isfinite(low).all() and np.isfinite(high).all()):
         raise HorizonError(
@@ -188,13 +191,64 @@ def _uniform_box(
             "a uniform random policy needs finite bounds"
         )
     first_id = int(spaces.flatdim(env.observation_space))
+    epsilon = config.epsilon if config.policy == "epsilon_greedy" else 1.0
+    actor = None
+    if epsilon < 1.0:
+        if config.model is None:
+            raise HorizonError(
+                f"[source] policy = 'epsilon_greedy' with epsilon < 1 (here {epsilon}) "
+                "needs a model = 'path.onnx': an exported actor of this environment's actions"
+            )
+        actor = _onnx_actor(config.model, len(low))
+    spread = config.action_noise * (high - low) / 2
 
     def choose(state: np.ndarray) -> tuple[Any, Any, list[Any] | None, float]:
-        action = rng.uniform(low, high).astype(space.dtype)
+        if actor is None or rng.random() < epsilon:
+            action = rng.uniform(low, high)
+        else:
+            action = np.clip(actor(state) + rng.normal(0.0, 1.0, len(low)) * spread, low, high)
+        action = action.astype(space.dtype)
         logged = {str(first_id + j): float(v) for j, v in enumerate(action)}
         return action.reshape(space.shape), logged, None, 1.0
 
     return choose
+
+
+def _onnx_actor(path: str, dimensions: int) -> Callable[[np.ndarray], np.ndarray]:
+    """An exported continuous actor: one observation -> its ``action`` output ``[D]`` (the
+    observation as float32 ``[1, obs_dim]``, with a presence mask of ones when the model takes
+    one)."""
+    if not Path(path).is_file():
+        raise HorizonError(f"[source] model = {path!r}: no such file")
+    import onnxruntime
+
+    try:
+        session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own untyped errors for a bad model
+        raise HorizonError(f"[source] model = {path!r}: cannot load the ONNX model: {exc}") from exc
+    names = [model_input.name for model_input in session.get_inputs()]
+    outputs = [output.name for output in session.get_outputs()]
+    if "action" not in outputs or "scores" in outputs:
+        raise HorizonError(
+            f"[source] model = {path!r} is no continuous actor (its outputs are {outputs}); "
+            "a continuous action space needs a model exported from an actor-critic trainer"
+        )
+
+    def act(state: np.ndarray) -> np.ndarray:
+        observation = state.astype(np.float32).reshape(1, -1)
+        feeds = {names[0]: observation}
+        if len(names) > 1:
+            feeds[names[1]] = np.ones_like(observation)
+        (action,) = session.run(["action"], feeds)
+        action = np.asarray(action, dtype=np.float64).ravel()
+        if action.size != dimensions:
+            raise HorizonError(
+                f"[source] model = {path!r} gives {action.size} action values; the "
+                f"environment takes {dimensions}"
+            )
+        return action
+
+    return act
 
 
 def _onnx_greedy(path: str, n_actions: int) -> Callable[[np.ndarray], int]:
