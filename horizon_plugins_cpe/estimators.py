@@ -63,9 +63,11 @@ if TYPE_CHECKING:
     from horizon_plugins_cpe.formulas import CpeInputs, CpeOptions, MetricEstimate, ModelValues
 
 CONTINUOUS_REASON = (
-    "continuous actions: the policy gives no probability of the logged action, so there are "
-    "no importance weights to form; on continuous actions only the direct methods apply, dm "
-    "(a reward model at the policy's action) and fqe (fitted-Q evaluation)"
+    "continuous actions: an importance weight needs both policies' densities at the logged "
+    "action, and the rows' action_probability is a probability (1.0 for continuous logs, as "
+    "Horizon's), while a deterministic policy has no density at all; on continuous actions "
+    "only the direct methods apply, dm (a reward model at the policy's action) and fqe "
+    "(fitted-Q evaluation)"
 )
 """What ``cpe.json`` records for an importance-weighted entry on continuous actions."""
 
