@@ -51,7 +51,9 @@ class ActorCriticConfig(TrainerConfig):
     cql_alpha: float = Field(default=0.0, ge=0.0)
     """Conservative critic (CQL(H), Kumar et al. 2020): adds ``cql_alpha * (logsumexp over
     sampled actions of Q(s, a) - Q(s, a_logged))`` to each critic's loss, the samples uniform
-    and the actor's own, importance-weighted by their densities. 0 (off) by default."""
+    and the actor's own, importance-weighted by their densities. 0 (off) by default: on
+    Horizon's logged Pendulum rows 1.0 made td3 score -684 and sac -372 (seed 0), against -390
+    and -320 without, and an update costs about 8 times as much with 10 samples."""
     cql_samples: int = Field(default=10, ge=1)
     """Actions of each kind (uniform, the actor's) sampled per state for ``cql_alpha``."""
 
