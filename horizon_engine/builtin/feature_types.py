@@ -244,7 +244,9 @@ class ContinuousAction(FeatureTransform):
     """[min_value, max_value] mapped linearly to [-(1 - 1e-6), 1 - 1e-6], clamped there.
 
     Clamped so that an action outside the logged range still lies strictly inside (-1, 1),
-    where an actor's tanh can reach it. A constant action (min == max) maps to 0.
+    where an actor's tanh can reach it. A constant action (min == max) maps to 0. The module
+    has an inverse (``Preprocessor.inverse``): an actor's action in [-1, 1] back to [min, max],
+    the user's units (a constant action's inverse spans [value - 1, value + 1]).
     """
 
     name = FeatureType.CONTINUOUS_ACTION.value
