@@ -104,6 +104,10 @@ def test_online_td3_and_ddpg_on_pendulum_reach_their_bars_within_20000_steps(tmp
     -120.2, -175.2 and -123.5. With the bar both stop at step 4,000 (-154.0 and -154.8), and
     their exported actors (``action`` only: deterministic), played by onnxruntime on 10 other
     episodes, score -164.8 and -167.2 with actions reaching both bounds, -2.0 and 2.0.
+    Seeds 1-4 with the bar (30-47 s each): TD3 reached it at steps 4,000, 4,000, 4,000 and
+    6,000 (-243.8, -140.6, -290.1, -182.2; exported -172.5, -190.7, -189.9, -145.6), DDPG at
+    4,000, 4,000, 6,000 and 6,000 (-256.5, -143.8, -169.6, -179.5; exported -172.9, -220.8,
+    -145.2, -144.0).
     """
     result, score, low, high = pendulum(tmp_path, 0, bar, f'trainer.kind="{kind}"')
     assert result.reached
