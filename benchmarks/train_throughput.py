@@ -16,7 +16,7 @@ default, as ``[trainer] threads = "auto"`` picks for these networks):
   network and double-DQN update written directly, on states normalized once beforehand, with
   ``torch.optim.Adam(foreach=True)`` and a ``torch._foreach_lerp_`` target update, reading its
   loss every step as the trainer reads its metrics. The trainer's own optimizer makes Adam's
-  foreach operations without ``torch.optim`` (horizon_plugins_dqn/optimizers.py, the same
+  foreach operations without ``torch.optim`` (horizon_engine/optimizers.py, the same
   numbers to the bit), so the bare loop also runs on it: ``ratio_same_optimizer`` is ours
   against that, the gap the optimizer does not explain.
 - ``update_example_b256``: the same with the example's settings (the trainer's defaults:
@@ -57,12 +57,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from horizon_engine import ForeachAdam
 from horizon_engine.config import build_spec
 from horizon_engine.dataset import TimelineTensors
 from horizon_engine.driver import TrainingDriver, load_split, timeline_problem
 from horizon_engine.pipeline import Engine
 from horizon_engine.run_context import RunContext
-from horizon_plugins_dqn.optimizers import ForeachAdam
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cartpole_dqn.toml"
 GAMMA = 0.99
@@ -312,7 +312,7 @@ def stage_row(engine: Engine, settings: list[str], blocks: int) -> None:
 
 FIRST_OPTIMIZER = """
 import sys, time, torch
-from horizon_plugins_dqn.optimizers import ForeachAdam
+from horizon_engine import ForeachAdam
 network = torch.nn.Linear(4, 2)
 started = time.perf_counter()
 if sys.argv[1] == "ours":

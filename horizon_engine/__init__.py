@@ -16,7 +16,8 @@ names, and an import-linter contract run by ``make test`` holds them to it.
   ``feature_module``;
 - trainers: ``TrainerBase``, ``TrainerConfig``, ``TrainingProblem``, the batch schema
   (``BATCH_SCHEMA``, ``BatchField``, ``batch_fields``, ``check_batch``), ``TimelineTensors``,
-  and the policy helpers (``masked_scores``, ``action_probabilities``);
+  the policy helpers (``masked_scores``, ``action_probabilities``), and optimizers that do not
+  import ``torch._dynamo`` (``ForeachAdam``, ``ForeachSgd``, ``ForeachOptimizer``);
 - the policy-output type every consumer of a policy reads: ``PolicyOutput``,
   ``policy_output``, ``ExplorationConfig``;
 - estimators: ``EstimatorBase``, ``EstimatorConfig``, ``EvaluationEpisodes``, ``Estimate``,
@@ -70,6 +71,7 @@ from horizon_engine.normalization import (
     NormalizationTransform,
     group_map_values,
 )
+from horizon_engine.optimizers import ForeachAdam, ForeachOptimizer, ForeachSgd
 from horizon_engine.policies import (
     ExplorationConfig,
     PolicyOutput,
@@ -115,6 +117,9 @@ __all__ = [
     "Exporter",
     "ExporterBase",
     "FeatureTransform",
+    "ForeachAdam",
+    "ForeachOptimizer",
+    "ForeachSgd",
     "HorizonError",
     "NormalizationConfig",
     "NormalizationParameters",

@@ -28,9 +28,8 @@ from horizon_plugins_ac.config import (
 if TYPE_CHECKING:
     import torch
 
-    from horizon_engine import TimelineTensors
+    from horizon_engine import ForeachAdam, TimelineTensors
     from horizon_plugins_ac.networks import NoiseState
-    from horizon_plugins_ac.optimizers import ForeachAdam
 
 EVAL_CHUNK_ROWS = 65_536
 """Rows evaluated at once on the eval split, bounding its memory."""
@@ -52,8 +51,8 @@ class ActorCriticTrainer(TrainerBase):
         depend on ``problem.seed`` alone (a forked RNG)."""
         import torch
 
+        from horizon_engine import ForeachAdam
         from horizon_plugins_ac.networks import Critic
-        from horizon_plugins_ac.optimizers import ForeachAdam
 
         config = self.config
         if problem.action_type is not ActionType.CONTINUOUS:
@@ -476,8 +475,8 @@ class SacTrainer(ActorCriticTrainer):
 
         import torch
 
+        from horizon_engine import ForeachAdam
         from horizon_plugins_ac.networks import action_log_scale
-        from horizon_plugins_ac.optimizers import ForeachAdam
 
         config = self.config
         self.log_alpha = torch.nn.Parameter(

@@ -18,8 +18,7 @@ from horizon_plugins_dqn.config import QLearningConfig
 if TYPE_CHECKING:
     import torch
 
-    from horizon_engine import TimelineTensors
-    from horizon_plugins_dqn.optimizers import ForeachOptimizer
+    from horizon_engine import ForeachOptimizer, TimelineTensors
 
 EVAL_CHUNK_ROWS = 65_536
 """Rows scored at once during evaluation, bounding its memory on a large eval split."""
@@ -61,10 +60,10 @@ class QLearningTrainer(TrainerBase):
 
     def make_optimizer(self, module: torch.nn.Module) -> ForeachOptimizer:
         """Adam (or SGD) over ``module``'s parameters, computed as ``torch.optim``'s foreach
-        implementation computes it (``horizon_plugins_dqn.optimizers``): one call per step for
+        implementation computes it (``horizon_engine.ForeachAdam``): one call per step for
         all parameters, on the CPU too (torch's default there is a loop over them), and no
         ``torch._dynamo`` import before the first update."""
-        from horizon_plugins_dqn.optimizers import ForeachAdam, ForeachSgd
+        from horizon_engine import ForeachAdam, ForeachSgd
 
         kind = ForeachSgd if self.config.optimizer == "sgd" else ForeachAdam
         return kind(module.parameters(), lr=self.config.learning_rate, weight_decay=self.config.l2)

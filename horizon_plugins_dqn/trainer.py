@@ -21,9 +21,8 @@ from horizon_plugins_dqn.q_learning import EVAL_CHUNK_ROWS, QLearningTrainer, ch
 if TYPE_CHECKING:
     import torch
 
-    from horizon_engine import TimelineTensors
+    from horizon_engine import ForeachOptimizer, TimelineTensors
     from horizon_plugins_dqn.networks import DqnPolicy
-    from horizon_plugins_dqn.optimizers import ForeachOptimizer
 
 
 class DqnTrainer(QLearningTrainer):

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from horizon_engine import ForeachAdam
 from horizon_engine.errors import HorizonError
 from horizon_engine.normalization import NormalizationParameters
 from horizon_engine.preprocessor import build_preprocessor
@@ -23,7 +24,6 @@ from horizon_plugins_ac import (
     Td3Trainer,
 )
 from horizon_plugins_ac.networks import GaussianActor, squashed_log_density
-from horizon_plugins_ac.optimizers import ForeachAdam
 
 torch.set_num_threads(1)
 

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from test_dqn_reference import onnx_greedy_return
 from test_training import scalars
 
+from horizon_engine import ForeachAdam, ForeachSgd
 from horizon_engine.dataset import TimelineTensors
 from horizon_engine.errors import HorizonError
 from horizon_engine.normalization import NormalizationParameters
@@ -29,7 +30,6 @@ from horizon_engine.schema import ActionType
 from horizon_engine.training import TrainingProblem
 from horizon_plugins_dqn import DqnConfig, DqnTrainer
 from horizon_plugins_dqn.networks import QNetwork
-from horizon_plugins_dqn.optimizers import ForeachAdam, ForeachSgd
 from horizon_plugins_dqn.targets import (
     cql_regularizer,
     discounted_returns,

@@ -7,8 +7,10 @@ every train stage, before the first update, for a compiler no trainer here uses.
 classes make the same tensor operations in the same order as ``torch.optim.Adam`` and
 ``torch.optim.SGD`` with ``foreach=True`` (L2 ``weight_decay`` added to the gradient, no
 momentum, amsgrad or maximize), so an update's numbers are identical, bit for bit
-(tests/test_dqn.py holds them to it). Their ``state_dict`` has ``torch.optim``'s layout, so a
-checkpoint written with ``torch.optim.Adam`` warm-starts them and the other way round.
+(tests/test_dqn.py and tests/test_ac_trainers.py hold them to it). Their ``state_dict`` has
+``torch.optim``'s layout, so a checkpoint written with ``torch.optim.Adam`` warm-starts them
+and the other way round. They are public (``horizon_engine.ForeachAdam``, ...) so that every
+trainer plugin can use them: the dqn and ac plugins do.
 
 torch is imported where it is used.
 """
