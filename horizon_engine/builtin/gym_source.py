@@ -218,14 +218,7 @@ def _onnx_actor(path: str, dimensions: int) -> Callable[[np.ndarray], np.ndarray
     """An exported continuous actor: one observation -> its ``action`` output ``[D]`` (the
     observation as float32 ``[1, obs_dim]``, with a presence mask of ones when the model takes
     one)."""
-    if not Path(path).is_file():
-        raise HorizonError(f"[source] model = {path!r}: no such file")
-    import onnxruntime
-
-    try:
-        session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # onnxruntime raises its own untyped errors for a bad model
-        raise HorizonError(f"[source] model = {path!r}: cannot load the ONNX model: {exc}") from exc
+    session = _onnx_session(path)
     names = [model_input.name for model_input in session.get_inputs()]
     outputs = [output.name for output in session.get_outputs()]
     if "action" not in outputs or "scores" in outputs:
@@ -251,6 +244,18 @@ def _onnx_actor(path: str, dimensions: int) -> Callable[[np.ndarray], np.ndarray
     return act
 
 
+def _onnx_session(path: str) -> Any:
+    """An onnxruntime session of the ``[source] model``, or an error naming it."""
+    if not Path(path).is_file():
+        raise HorizonError(f"[source] model = {path!r}: no such file")
+    import onnxruntime
+
+    try:
+        return onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own untyped errors for a bad model
+        raise HorizonError(f"[source] model = {path!r}: cannot load the ONNX model: {exc}") from exc
+
+
 def _onnx_greedy(path: str, n_actions: int) -> Callable[[np.ndarray], int]:
     """Greedy action of an ONNX model: the argmax of its first output for one observation.
 
@@ -259,14 +264,7 @@ def _onnx_greedy(path: str, n_actions: int) -> Callable[[np.ndarray], int]:
     dense, every feature is present. A parametric model (with ``candidates`` inputs) is offered
     every action as the one-hot features ``parametric_actions`` logs, in action order.
     """
-    if not Path(path).is_file():
-        raise HorizonError(f"[source] model = {path!r}: no such file")
-    import onnxruntime
-
-    try:
-        session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # onnxruntime raises its own untyped errors for a bad model
-        raise HorizonError(f"[source] model = {path!r}: cannot load the ONNX model: {exc}") from exc
+    session = _onnx_session(path)
     names = [model_input.name for model_input in session.get_inputs()]
     metadata = session.get_modelmeta().custom_metadata_map
     action_ids = json.loads(metadata.get("action_feature_ids", "[]"))
