@@ -38,6 +38,11 @@ Jiang & Li 2016, Thomas & Brunskill 2016):
   ``weighted_dr`` at ``confidence`` (the normal-theory one when ``num_bootstrap`` is 0).
   Horizon's code used ``b * b`` elementwise and an unscaled covariance.
 
+The direct method over episodes, no importance weight (any policy, continuous ones included):
+
+- ``fqe`` = mean over episodes of ``V_hat(s_0)``, the model's value of the first state
+  (``direct_per_episode``; ``direct_per_decision`` is ``dm`` for a continuous policy).
+
 Intervals: a percentile bootstrap over EPISODES (the rows of an episode are not independent):
 ``num_bootstrap`` resamples of the ``E`` episodes with replacement, drawn as a ``[B, E]`` count
 matrix, each estimate recomputed from count-weighted per-episode (or per-step) sums. The
