@@ -3,5 +3,22 @@ a key, join the rewards that arrive later.
 
 Registered through the ``horizon`` entry point like any third-party plugin. Scoring needs only
 onnxruntime and numpy: a serving process imports neither torch nor Spark (an import-linter
-contract and a test hold it to that).
+contract and a test hold it to that). ``predictor`` holds the ``Predictor`` and exploration,
+``decision_log`` the decision log, ``commands`` ``horizon score``.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from horizon_engine import hookimpl
+
+if TYPE_CHECKING:
+    import click
+
+
+@hookimpl
+def horizon_register_commands(cli: click.Group) -> None:
+    from horizon_plugins_serving.commands import score_command
+
+    cli.add_command(score_command)

@@ -1,0 +1,158 @@
+"""``horizon score MODEL ROWS.jsonl -o DECISIONS.jsonl``: offline scoring into a decision log.
+
+Each input line is a JSON object with a ``state_features`` map (feature id -> number) and,
+optionally, ``possible_actions`` (a list of the model's action names), ``mdp_id`` and
+``sequence_number``, which the decision row keeps. A bad line is named (line number and what
+is wrong) and fails the command, or with ``--skip-bad-rows`` is counted and skipped; the count
+and the first lines named are printed, never dropped silently.
+
+The output is written atomically: the decision log is appended to a temporary file beside it
+and renamed into place when every row is scored, so a crash leaves no half-written
+DECISIONS.jsonl (offline scoring is simply run again); ``horizon serve``'s log is the one
+appended line by line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from horizon_engine import HorizonError, atomic_output
+
+BATCH = 1024
+"""Rows scored per session call."""
+
+
+def check_row(row: Any, actions: list[str], parametric: bool) -> str | None:
+    """What is wrong with an input row, or None."""
+    if not isinstance(row, dict):
+        return f"expected a JSON object, found {type(row).__name__}"
+    state = row.get("state_features")
+    if not isinstance(state, dict):
+        return "no state_features map"
+    for key, value in state.items():
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+        ):
+            return f"state feature {key!r} is {value!r}, expected a finite number"
+    if parametric:
+        return "a parametric model is not scored by `horizon score` yet"
+    possible = row.get("possible_actions")
+    if possible is not None:
+        if not isinstance(possible, list) or not possible:
+            return f"possible_actions is {possible!r}, expected a non-empty list of actions"
+        unknown = [action for action in possible if action not in actions]
+        if unknown:
+            return f"possible action(s) {unknown} not among the model's actions {actions}"
+    return None
+
+
+@click.command("score")
+@click.argument("model", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.argument("rows", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Decision log to write (JSONL, one pre-timeline row per decision).",
+)
+@click.option(
+    "--policy",
+    type=click.Choice(["greedy", "epsilon_greedy", "softmax"]),
+    default="greedy",
+    show_default=True,
+)
+@click.option("--epsilon", type=float, default=0.1, show_default=True)
+@click.option("--temperature", type=float, default=1.0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--skip-bad-rows", is_flag=True, help="Count and skip bad input rows instead of failing."
+)
+def score_command(
+    model: Path,
+    rows: Path,
+    output: Path,
+    policy: str,
+    epsilon: float,
+    temperature: float,
+    seed: int,
+    skip_bad_rows: bool,
+) -> None:
+    """Score ROWS.jsonl's state_features with MODEL (an exported model.onnx) and write a
+    decision log with each chosen action and its propensity under --policy."""
+    from horizon_plugins_serving.decision_log import DecisionLog, decision_rows
+    from horizon_plugins_serving.predictor import Exploration, Predictor
+
+    try:
+        exploration = Exploration(
+            policy, epsilon if policy == "epsilon_greedy" else 0.0, temperature
+        )
+        predictor = Predictor(model, exploration, seed=seed)
+        if predictor.continuous:
+            raise HorizonError(f"{model}: a continuous actor is not scored by `horizon score` yet")
+        bad: list[tuple[int, str]] = []
+        scored = 0
+        with atomic_output(output) as temporary, DecisionLog(temporary) as log:
+            batch: list[dict[str, Any]] = []
+
+            def flush() -> None:
+                states = [row["state_features"] for row in batch]
+                possible = [row.get("possible_actions") for row in batch]
+                result = predictor.predict(states, possible)
+                log.append(
+                    decision_rows(
+                        states,
+                        result.actions,
+                        result.propensities,
+                        predictor.model_id,
+                        possible,
+                        predictor.actions,
+                        [row.get("mdp_id") for row in batch],
+                        [row.get("sequence_number", 0) for row in batch],
+                    )
+                )
+                batch.clear()
+
+            with open(rows, encoding="utf-8") as handle:
+                for number, line in enumerate(handle, start=1):
+                    if not line.strip():
+                        continue
+                    try:
+                        row = json.loads(line)
+                    except ValueError as exc:
+                        problem: str | None = f"not JSON ({exc})"
+                    else:
+                        problem = check_row(row, predictor.actions, predictor.parametric)
+                    if problem is not None:
+                        if not skip_bad_rows:
+                            raise HorizonError(
+                                f"{rows}, line {number}: {problem} "
+                                "(--skip-bad-rows counts and skips such rows)"
+                            )
+                        bad.append((number, problem))
+                        continue
+                    batch.append(row)
+                    scored += 1
+                    if len(batch) == BATCH:
+                        flush()
+            if batch:
+                flush()
+    except HorizonError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    for number, problem in bad[:10]:
+        click.echo(f"skipped {rows}, line {number}: {problem}", err=True)
+    if len(bad) > 10:
+        click.echo(f"... and {len(bad) - 10} more bad rows", err=True)
+    click.echo(
+        f"scored {scored} rows with {model} (model_id {predictor.model_id}, policy {policy}), "
+        f"skipped {len(bad)} bad rows; wrote {output}"
+    )
