@@ -46,6 +46,11 @@ class Exploration:
 
     def probabilities(self, scores: np.ndarray, possible: np.ndarray | None) -> np.ndarray:
         """Each action's probability, ``[rows, actions]``; 0 for impossible actions."""
+        if self.policy == "greedy" or (self.policy == "epsilon_greedy" and not self.epsilon):
+            best = (scores if possible is None else np.where(possible, scores, -np.inf)).argmax(1)
+            probabilities = np.zeros(scores.shape)
+            probabilities[np.arange(len(best)), best] = 1.0
+            return probabilities
         scores = np.asarray(scores, dtype=np.float64)
         if possible is None:
             possible = np.ones(scores.shape, dtype=bool)
@@ -297,8 +302,13 @@ class Predictor:
             possible = self.possible_mask(possible_actions)
         else:
             possible = None
-        probabilities = (exploration or self.exploration).probabilities(scores, possible)
-        chosen = self.sample(probabilities)
+        exploration = exploration or self.exploration
+        probabilities = exploration.probabilities(scores, possible)
+        chosen = (
+            probabilities.argmax(axis=1)
+            if exploration.policy == "greedy"
+            else self.sample(probabilities)
+        )
         propensities = probabilities[np.arange(len(chosen)), chosen]
         actions = chosen.tolist() if self.parametric else [self.actions[i] for i in chosen]
         return Predictions(actions, propensities, scores, probabilities)
@@ -339,22 +349,21 @@ class Predictor:
 def _dense(
     maps: Sequence[Mapping[str, float]], columns: Mapping[str, int], width: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Feature maps as dense float32 ``values`` and ``presence`` ``[rows, width]``: the
-    present (row, column, value) triples gathered in Python, placed by one numpy assignment."""
-    rows: list[int] = []
-    cols: list[int] = []
-    vals: list[float] = []
+    """Feature maps as dense float32 ``values`` and ``presence`` ``[rows, width]``: flat
+    Python lists filled through the precomputed id -> column index, then one array each."""
+    values = [0.0] * (len(maps) * width)
+    presence = [0.0] * (len(maps) * width)
     get = columns.get
-    for row, features in enumerate(maps):
+    base = 0
+    for features in maps:
         for key, value in features.items():
             column = get(key)
             if column is not None:
-                rows.append(row)
-                cols.append(column)
-                vals.append(value)
-    values = np.zeros((len(maps), width), dtype=np.float32)
-    presence = np.zeros((len(maps), width), dtype=np.float32)
-    if rows:
-        values[rows, cols] = vals
-        presence[rows, cols] = 1.0
-    return values, presence
+                values[base + column] = value
+                presence[base + column] = 1.0
+        base += width
+    shape = (len(maps), width)
+    return (
+        np.array(values, dtype=np.float32).reshape(shape),
+        np.array(presence, dtype=np.float32).reshape(shape),
+    )
