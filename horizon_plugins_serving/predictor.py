@@ -304,13 +304,13 @@ class Predictor:
             possible = None
         exploration = exploration or self.exploration
         probabilities = exploration.probabilities(scores, possible)
-        chosen = (
-            probabilities.argmax(axis=1)
-            if exploration.policy == "greedy"
-            else self.sample(probabilities)
-        )
-        propensities = probabilities[np.arange(len(chosen)), chosen]
-        actions = chosen.tolist() if self.parametric else [self.actions[i] for i in chosen]
+        if exploration.policy == "greedy":
+            chosen, propensities = probabilities.argmax(axis=1), np.ones(len(probabilities))
+        else:
+            chosen = self.sample(probabilities)
+            propensities = probabilities[np.arange(len(chosen)), chosen]
+        indexes = chosen.tolist()
+        actions = indexes if self.parametric else [self.actions[i] for i in indexes]
         return Predictions(actions, propensities, scores, probabilities)
 
     def sample(self, probabilities: np.ndarray) -> np.ndarray:
