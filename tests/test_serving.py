@@ -268,3 +268,52 @@ def test_scoring_imports_neither_torch_nor_spark(model):
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_parametric_model_scores_each_rows_candidates_and_never_chooses_padding(tmp_path):
+    from horizon_engine.pipeline import Engine
+
+    run = tmp_path / "run"
+    config = {
+        "pipeline": {"output_dir": str(run), "seed": 0},
+        "source": {
+            "kind": "gym",
+            "env": "CartPole-v1",
+            "policy": "random",
+            "episodes": 20,
+            "parametric_actions": True,
+        },
+        "timeline": {"reward": {"reward": 1.0}},
+        "normalization": {"quantiles": False},
+        "trainer": {"kind": "parametric_dqn", "epochs": 1, "threads": 1},
+        "export": {"kind": "onnx"},
+    }
+    Engine(show_progress=False).run(config)
+    predictor = Predictor(run / "model.onnx", Exploration("softmax", temperature=10.0), seed=0)
+    assert predictor.parametric and predictor.action_feature_ids == ["4", "5"]
+    rows = states(60)
+    one, two = {"4": 1.0, "5": 0.0}, {"4": 0.0, "5": 1.0}
+    candidates = [[one, two, one] if i % 2 else [two] for i in range(60)]
+    result = predictor.predict(rows, candidates=candidates)
+    assert all(result.actions[i] == 0 for i in range(0, 60, 2))  # one candidate: no choice
+    np.testing.assert_allclose(result.probabilities[::2, 1:], 0.0)
+    assert {result.actions[i] for i in range(1, 60, 2)} == {0, 1, 2}
+
+    features, presence = predictor.state_arrays(rows)
+    values, candidate_presence, mask = predictor.candidate_arrays(candidates)
+    session = onnxruntime.InferenceSession(
+        str(run / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    scores, _, action = session.run(
+        None,
+        {
+            "features": features,
+            "presence": presence,
+            "candidates": values,
+            "candidate_presence": candidate_presence,
+            "candidate_mask": mask,
+        },
+    )
+    np.testing.assert_array_equal(result.scores, scores)
+    greedy = predictor.predict(rows, candidates=candidates, exploration=Exploration())
+    assert greedy.actions == action.tolist()
