@@ -317,3 +317,54 @@ def test_parametric_model_scores_each_rows_candidates_and_never_chooses_padding(
     np.testing.assert_array_equal(result.scores, scores)
     greedy = predictor.predict(rows, candidates=candidates, exploration=Exploration())
     assert greedy.actions == action.tolist()
+
+
+def continuous_model(path: Path) -> Path:
+    """A stand-in continuous actor with an exported model's inputs, outputs and metadata:
+    ``action = features @ W`` and ``log_density = sum(action)``."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights = numpy_helper.from_array(
+        np.array([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]], np.float32), "W"
+    )
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["features", "W"], ["action"]),
+            helper.make_node("ReduceSum", ["action", "axes"], ["log_density"], keepdims=0),
+        ],
+        "actor",
+        [
+            helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", 3])
+            for name in ("features", "presence")
+        ],
+        [
+            helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", 2]),
+            helper.make_tensor_value_info("log_density", TensorProto.FLOAT, ["batch"]),
+        ],
+        [weights, axes],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    metadata = {
+        "feature_ids": '["0", "1", "2"]',
+        "actions": "[]",
+        "action_feature_ids": '["3", "4"]',
+        "action_type": "continuous",
+        "action_bounds": '{"low": [-2.0, -2.0], "high": [2.0, 2.0]}',
+    }
+    for key, value in metadata.items():
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.save(model, path)
+    return path
+
+
+def test_a_continuous_actor_gives_its_action_vector_and_density(tmp_path):
+    predictor = Predictor(continuous_model(tmp_path / "model.onnx"))
+    assert predictor.continuous and predictor.fetch == ["action", "log_density"]
+    assert predictor.action_bounds == {"low": [-2.0, -2.0], "high": [2.0, 2.0]}
+    result = predictor.predict([{"0": 0.5, "1": 0.25, "2": -0.5}, {"1": 1.0, "9": 7.0}])
+    np.testing.assert_allclose(np.array(result.actions), [[0.0, 0.0], [0.0, 2.0]])
+    np.testing.assert_allclose(result.propensities, [1.0, np.exp(2.0)], rtol=1e-6)
