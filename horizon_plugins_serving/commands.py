@@ -2,9 +2,13 @@
 
 Each input line is a JSON object with a ``state_features`` map (feature id -> number) and,
 optionally, ``possible_actions`` (a list of the model's action names), ``mdp_id`` and
-``sequence_number``, which the decision row keeps. A bad line is named (line number and what
-is wrong) and fails the command, or with ``--skip-bad-rows`` is counted and skipped; the count
-and the first lines named are printed, never dropped silently.
+``sequence_number``, which the decision row keeps. For a parametric model ``possible_actions``
+is required, a list of candidate action feature maps, and the logged action is the chosen
+candidate's map; a continuous actor's action is logged as a map of its action feature ids to
+the model's values, with exp(log_density) as its probability (1 for a deterministic actor).
+A bad line is named (line number and what is wrong) and fails the command, or with
+``--skip-bad-rows`` is counted and skipped; the count and the first lines named are printed,
+never dropped silently.
 
 The output is written atomically: the decision log is appended to a temporary file beside it
 and renamed into place when every row is scored, so a crash leaves no half-written
@@ -28,23 +32,41 @@ BATCH = 1024
 """Rows scored per session call."""
 
 
-def check_row(row: Any, actions: list[str], parametric: bool) -> str | None:
-    """What is wrong with an input row, or None."""
-    if not isinstance(row, dict):
-        return f"expected a JSON object, found {type(row).__name__}"
-    state = row.get("state_features")
-    if not isinstance(state, dict):
-        return "no state_features map"
-    for key, value in state.items():
+def _bad_map(features: Any, what: str) -> str | None:
+    if not isinstance(features, dict):
+        return f"{what} is {features!r}, expected a map of feature ids to numbers"
+    for key, value in features.items():
         if (
             isinstance(value, bool)
             or not isinstance(value, int | float)
             or not math.isfinite(value)
         ):
-            return f"state feature {key!r} is {value!r}, expected a finite number"
-    if parametric:
-        return "a parametric model is not scored by `horizon score` yet"
+            return f"{what} {key!r} is {value!r}, expected a finite number"
+    return None
+
+
+def check_row(row: Any, actions: list[str], action_type: str) -> str | None:
+    """What is wrong with an input row for a model of ``action_type``, or None."""
+    if not isinstance(row, dict):
+        return f"expected a JSON object, found {type(row).__name__}"
+    if not isinstance(row.get("state_features"), dict):
+        return "no state_features map"
+    problem = _bad_map(row["state_features"], "state feature")
+    if problem is not None:
+        return problem
     possible = row.get("possible_actions")
+    if action_type == "continuous":
+        if possible is not None:
+            return "possible_actions given to a continuous actor, which takes none"
+        return None
+    if action_type == "parametric":
+        if not isinstance(possible, list) or not possible:
+            return "a parametric model needs possible_actions, a non-empty list of feature maps"
+        for number, candidate in enumerate(possible):
+            problem = _bad_map(candidate, f"possible action {number}'s feature")
+            if problem is not None:
+                return problem
+        return None
     if possible is not None:
         if not isinstance(possible, list) or not possible:
             return f"possible_actions is {possible!r}, expected a non-empty list of actions"
@@ -96,8 +118,6 @@ def score_command(
             policy, epsilon if policy == "epsilon_greedy" else 0.0, temperature
         )
         predictor = Predictor(model, exploration, seed=seed)
-        if predictor.continuous:
-            raise HorizonError(f"{model}: a continuous actor is not scored by `horizon score` yet")
         bad: list[tuple[int, str]] = []
         scored = 0
         with atomic_output(output) as temporary, DecisionLog(temporary) as log:
@@ -106,11 +126,21 @@ def score_command(
             def flush() -> None:
                 states = [row["state_features"] for row in batch]
                 possible = [row.get("possible_actions") for row in batch]
-                result = predictor.predict(states, possible)
+                if predictor.parametric:
+                    result = predictor.predict(states, candidates=possible)
+                    actions = [row[i] for row, i in zip(possible, result.actions, strict=True)]
+                elif predictor.continuous:
+                    result = predictor.predict(states)
+                    ids = predictor.action_feature_ids
+                    actions = [dict(zip(ids, map(float, a), strict=True)) for a in result.actions]
+                    possible = None
+                else:
+                    result = predictor.predict(states, possible)
+                    actions = result.actions
                 log.append(
                     decision_rows(
                         states,
-                        result.actions,
+                        actions,
                         result.propensities,
                         predictor.model_id,
                         possible,
@@ -130,7 +160,7 @@ def score_command(
                     except ValueError as exc:
                         problem: str | None = f"not JSON ({exc})"
                     else:
-                        problem = check_row(row, predictor.actions, predictor.parametric)
+                        problem = check_row(row, predictor.actions, predictor.action_type)
                     if problem is not None:
                         if not skip_bad_rows:
                             raise HorizonError(

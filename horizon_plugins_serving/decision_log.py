@@ -37,7 +37,8 @@ def decision_rows(
     now: datetime | None = None,
 ) -> list[dict[str, Any]]:
     """The pre-timeline rows of a batch of decisions (a row without possible actions logs
-    ``all_actions``)."""
+    ``all_actions``; without those either, as for a continuous action, it has no
+    ``possible_actions``)."""
     now = now or datetime.now(UTC)
     ds, timestamp = now.strftime("%Y-%m-%d"), now.isoformat()
     rows = []
@@ -47,20 +48,21 @@ def decision_rows(
         decision_id = uuid.uuid4().hex
         possible = possible_actions[row] if possible_actions is not None else None
         mdp_id = mdp_ids[row] if mdp_ids is not None else None
-        rows.append(
-            {
-                "ds": ds,
-                "mdp_id": mdp_id if mdp_id is not None else decision_id,
-                "sequence_number": sequence_numbers[row] if sequence_numbers is not None else 0,
-                "state_features": dict(state),
-                "possible_actions": list(possible if possible is not None else all_actions),
-                "action": action,
-                "action_probability": float(propensity),
-                "decision_id": decision_id,
-                "model_id": model_id,
-                "timestamp": timestamp,
-            }
-        )
+        record = {
+            "ds": ds,
+            "mdp_id": mdp_id if mdp_id is not None else decision_id,
+            "sequence_number": sequence_numbers[row] if sequence_numbers is not None else 0,
+            "state_features": dict(state),
+            "possible_actions": list(possible if possible is not None else all_actions),
+            "action": action,
+            "action_probability": float(propensity),
+            "decision_id": decision_id,
+            "model_id": model_id,
+            "timestamp": timestamp,
+        }
+        if possible is None and not all_actions:  # a continuous action: no possible actions
+            del record["possible_actions"]
+        rows.append(record)
     return rows
 
 

@@ -318,6 +318,22 @@ def test_parametric_model_scores_each_rows_candidates_and_never_chooses_padding(
     greedy = predictor.predict(rows, candidates=candidates, exploration=Exploration())
     assert greedy.actions == action.tolist()
 
+    # horizon score logs the chosen candidate's map, and needs the candidates
+    source = tmp_path / "rows.jsonl"
+    lines = [
+        {"state_features": row, "possible_actions": offered}
+        for row, offered in zip(rows, candidates, strict=True)
+    ]
+    source.write_text("\n".join(map(json.dumps, [*lines, {"state_features": rows[0]}])) + "\n")
+    output = tmp_path / "decisions.jsonl"
+    printed = horizon("score", run / "model.onnx", source, "-o", output, "--skip-bad-rows")
+    assert "line 61: a parametric model needs possible_actions" in printed
+    logged = read_decisions(output).rows
+    assert [row["action"] for row in logged] == [
+        offered[i] for offered, i in zip(candidates, greedy.actions, strict=True)
+    ]
+    assert logged[1]["possible_actions"] == [one, two, one]
+
 
 def continuous_model(path: Path) -> Path:
     """A stand-in continuous actor with an exported model's inputs, outputs and metadata:
@@ -368,3 +384,10 @@ def test_a_continuous_actor_gives_its_action_vector_and_density(tmp_path):
     result = predictor.predict([{"0": 0.5, "1": 0.25, "2": -0.5}, {"1": 1.0, "9": 7.0}])
     np.testing.assert_allclose(np.array(result.actions), [[0.0, 0.0], [0.0, 2.0]])
     np.testing.assert_allclose(result.propensities, [1.0, np.exp(2.0)], rtol=1e-6)
+
+    source = tmp_path / "rows.jsonl"
+    source.write_text(json.dumps({"state_features": {"1": 1.0}}) + "\n")
+    horizon("score", tmp_path / "model.onnx", source, "-o", tmp_path / "decisions.jsonl")
+    (logged,) = read_decisions(tmp_path / "decisions.jsonl").rows
+    assert logged["action"] == {"3": 0.0, "4": 2.0} and "possible_actions" not in logged
+    assert logged["action_probability"] == pytest.approx(np.exp(2.0))
