@@ -255,9 +255,9 @@ class Predictor:
         self,
         states: Sequence[Mapping[str, float]],
         candidates: Sequence[Sequence[Mapping[str, float]]] | None = None,
-    ) -> tuple[np.ndarray, np.ndarray | None]:
-        """The model's scores (a continuous actor's actions) and, for a parametric model, the
-        candidate mask."""
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """The model's scores (a continuous actor's actions), for a parametric model the
+        candidate mask, and for a stochastic actor the ``log_density``."""
         features, presence = self.state_arrays(states)
         feeds = {"features": features, "presence": presence}
         mask = None
@@ -271,9 +271,7 @@ class Predictor:
                 "candidate_mask": mask,
             }
         outputs = self.run(feeds)
-        if self.continuous:
-            self._log_density = outputs[1] if self.stochastic else None
-        return outputs[0], mask
+        return outputs[0], mask, outputs[1] if len(outputs) > 1 else None
 
     def predict(
         self,
@@ -284,11 +282,11 @@ class Predictor:
     ) -> Predictions:
         """Score a batch of raw feature maps and choose an action for each row under the
         exploration (the Predictor's own unless given): see ``Predictions``."""
-        scores, candidate_mask = self.scores(states, candidates)
+        scores, candidate_mask, log_density = self.scores(states, candidates)
         if self.continuous:
             density = (
-                np.exp(self._log_density.astype(np.float64))
-                if self._log_density is not None
+                np.exp(log_density.astype(np.float64))
+                if log_density is not None
                 else np.ones(len(scores))
             )
             return Predictions(list(scores), density, scores)
@@ -336,7 +334,7 @@ class Predictor:
         """The paper's rule for a two-action send/drop model: send when
         ``sigmoid(Q_send - Q_drop - threshold)`` wins a Bernoulli draw, the threshold the
         controller's; the controller sees the batch's sends when ``update``."""
-        scores, _ = self.scores(states)
+        scores = self.scores(states)[0]
         difference = scores[:, self.action_index[send]] - scores[:, self.action_index[drop]]
         p_send = send_probabilities(difference, controller.threshold)
         sent = self.rng.random(len(p_send)) < p_send
