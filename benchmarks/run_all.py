@@ -28,6 +28,7 @@ BENCHMARKS = (
     "normalization.py",
     "cpe.py",
     "cpe_overhead.py",
+    "serving.py",
 )
 """In the order they run; each accepts ``--quick``."""
 
