@@ -28,7 +28,7 @@ from horizon_plugins_cpe.formulas import CpeOptions, ModelValues
 from horizon_plugins_cpe.models import (
     FEATURE_RIDGE,
     RIDGE,
-    _bounded_metric,
+    bounded_fqe_metric,
     episode_folds,
     return_bounds,
 )
@@ -85,7 +85,9 @@ def continuous_model_values(
     num_episodes = len(starts) - 1
     fold_of_row = np.repeat(episode_folds(num_episodes, options.seed), np.diff(starts))
     folds = ((0, 1), (1, 0)) if num_episodes > 1 else ((1, 1),)  # a lone episode is fold 1
-    notes = ["one episode: the models are fitted on the rows they evaluate"] * (num_episodes == 1)
+    notes = []
+    if num_episodes == 1:
+        notes.append("one episode: the models are fitted on the rows they evaluate")
     logged = np.empty(rewards.shape)
     expected = np.empty(rewards.shape)
     low, high = return_bounds(rewards, options.gamma)
@@ -96,7 +98,7 @@ def continuous_model_values(
             regularized = gram + FEATURE_RIDGE * int(rows.sum()) * np.eye(len(gram))
             weights = np.empty((phi.shape[1], rewards.shape[1]))
             for metric in range(rewards.shape[1]):
-                weights[:, metric], note = _bounded_metric(
+                weights[:, metric], note = bounded_fqe_metric(
                     regularized,
                     phi[rows],
                     following[rows],
@@ -111,9 +113,7 @@ def continuous_model_values(
             regularized = gram + RIDGE * int(rows.sum()) * np.eye(len(gram))
             weights = np.linalg.solve(regularized, phi[rows].T @ rewards[rows])
         target = fold_of_row == predict_fold
-        logged[target] = phi[target] @ weights
-        expected[target] = own[target] @ weights
-        if sequential:
-            logged[target] = np.clip(logged[target], low, high)
-            expected[target] = np.clip(expected[target], low, high)
+        bounds = (low, high) if sequential else (-np.inf, np.inf)
+        logged[target] = np.clip(phi[target] @ weights, *bounds)
+        expected[target] = np.clip(own[target] @ weights, *bounds)
     return ModelValues(logged=logged, expected=expected, note="; ".join(notes) or None)

@@ -920,21 +920,11 @@ def direct_per_decision(
     is the model's value of each row's state and the policy's action there."""
     starts = np.asarray(inputs.episode_starts)
     rewards = np.asarray(inputs.rewards, dtype=np.float64)
-    lengths = np.diff(starts).astype(np.float64)
-    per_episode, logged_sums = episode_sums(expected, starts), episode_sums(rewards, starts)
-    value = per_episode.sum(axis=0) / lengths.sum()
-    logged = logged_sums.sum(axis=0) / lengths.sum()
-    samples = logged_samples = None
-    if options.num_bootstrap > 0:
-        pieces, logged_pieces = [], []
-        for counts in bootstrap_blocks(len(lengths), options):
-            rows = (counts @ lengths)[:, None]
-            pieces.append((counts @ per_episode) / rows)
-            logged_pieces.append((counts @ logged_sums) / rows)
-        samples, logged_samples = np.concatenate(pieces), np.concatenate(logged_pieces)
+    per_episode = episode_sums(expected, starts)
+    logged_sums = episode_sums(rewards, starts)
     scale = np.abs(rewards).mean(axis=0)
-    notes = [FIXED_MODEL] if samples is not None else []
-    return finish(inputs, options, value, samples, logged, logged_samples, scale, None, notes)
+    lengths = np.diff(starts).astype(np.float64)
+    return _direct(inputs, options, per_episode, logged_sums, lengths, scale)
 
 
 def direct_per_episode(
@@ -952,17 +942,32 @@ def direct_per_episode(
     step = np.arange(len(rewards)) - np.repeat(starts[:-1], lengths)
     discount = options.gamma ** step.astype(np.float64)
     returns = episode_sums(discount[:, None] * rewards, starts)  # [E, M]
-    first = expected[starts[:-1]]  # [E, M]
-    value, logged = first.mean(axis=0), returns.mean(axis=0)
+    scale = episode_sums(discount[:, None] * np.abs(rewards), starts).mean(axis=0)
+    ones = np.ones(len(lengths))
+    return _direct(inputs, options, expected[starts[:-1]], returns, ones, scale)
+
+
+def _direct(
+    inputs: Any,
+    options: CpeOptions,
+    per_episode: np.ndarray,
+    logged_per_episode: np.ndarray,
+    units: np.ndarray,
+    scale: np.ndarray,
+) -> dict[str, MetricEstimate]:
+    """A direct method's estimate: the model's total per episode ``[E, M]`` and the logged
+    one, each over the episodes' ``units`` ``[E]`` (rows, or 1 an episode), with a bootstrap
+    over episodes that holds the model's values fixed."""
+    value = per_episode.sum(axis=0) / units.sum()
+    logged = logged_per_episode.sum(axis=0) / units.sum()
     samples = logged_samples = None
     if options.num_bootstrap > 0:
         pieces, logged_pieces = [], []
-        for counts in bootstrap_blocks(len(lengths), options):
-            drawn = counts.sum(axis=1, keepdims=True)
-            pieces.append((counts @ first) / drawn)
-            logged_pieces.append((counts @ returns) / drawn)
+        for counts in bootstrap_blocks(len(units), options):
+            drawn = (counts @ units)[:, None]
+            pieces.append((counts @ per_episode) / drawn)
+            logged_pieces.append((counts @ logged_per_episode) / drawn)
         samples, logged_samples = np.concatenate(pieces), np.concatenate(logged_pieces)
-    scale = episode_sums(discount[:, None] * np.abs(rewards), starts).mean(axis=0)
     notes = [FIXED_MODEL] if samples is not None else []
     return finish(inputs, options, value, samples, logged, logged_samples, scale, None, notes)
 

@@ -347,7 +347,7 @@ def fit_bounded_fqe(
     notes = []
     for metric in range(rewards.shape[1]):
         bounds = (float(low[metric]), float(high[metric]))
-        weights[:, metric], note = _bounded_metric(
+        weights[:, metric], note = bounded_fqe_metric(
             regularized, phi, psi, terminal, rewards[:, metric], gamma, bounds
         )
         if note:
@@ -355,7 +355,7 @@ def fit_bounded_fqe(
     return weights, "; ".join(notes) or None
 
 
-def _bounded_metric(
+def bounded_fqe_metric(
     regularized: np.ndarray,
     phi: np.ndarray,
     psi: np.ndarray,
