@@ -131,6 +131,9 @@ class ProblemDescription:
     seed: int
     max_feature_value: float
     """The preprocessors' clamp (``[normalization] max_feature_value``)."""
+    online: bool = False
+    """The trainer plays for its own data (``horizon gym train``'s replay buffer) rather than
+    learning from logs; options meant to keep a policy near logged actions can then be off."""
 
     def problem(
         self,
@@ -151,6 +154,7 @@ class ProblemDescription:
             device=device,
             seed=self.seed,
             n_step=self.n_step,
+            online=self.online,
         )
 
     def write(self, run_dir: Path) -> str:

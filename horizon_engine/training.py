@@ -93,6 +93,8 @@ class TrainingProblem:
     (``next_n_*``) when it is above 1. The timeline's ``[timeline] n_step`` offline, the
     replay buffer's ``[gym] n_step`` online; a trainer checks its own option against it. The
     driver always sets it; None (a problem built by hand) leaves the batches to tell."""
+    online: bool = False
+    """The trainer plays for its own data (the gym runner) instead of learning from logs."""
 
 
 class TrainerBase(Trainer):

@@ -9,7 +9,7 @@ is kept near the logged actions (``bc_weight``) unless told otherwise.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -39,15 +39,18 @@ class ActorCriticConfig(TrainerConfig):
     """Adam's step size for the critics."""
     target_update_rate: float = Field(default=0.005, gt=0.0, le=1.0)
     """Soft target update: target <- rate * trained + (1 - rate) * target (tau)."""
-    bc_weight: float = Field(default=0.2, ge=0.0)
+    LOGGED_BC_WEIGHT: ClassVar[float] = 0.2
+    """``bc_weight`` when it is unset and the trainer learns from logs."""
+    bc_weight: float | None = Field(default=None, ge=0.0)
     """Behaviour cloning weight, for learning from logs (TD3+BC, Fujimoto and Gu 2021): the
     actor minimizes ``-Q(s, pi(s)) / mean|Q| + bc_weight * mean((pi(s) - a_logged)^2)``, actions
     normalized to (-1, 1). The paper writes it ``-lambda Q + (pi(s) - a)^2`` with
     ``lambda = alpha / mean|Q|``: the same loss scaled by 1 / alpha, so ``bc_weight = 1 / alpha``
     (the paper's alpha = 2.5 is 0.4). 0 switches it off (the plain actor loss, unnormalized):
-    what online training, where the agent tries its own actions, wants. 0.2 (alpha = 5) by
-    default for td3 and ddpg: on Horizon's logged Pendulum rows (100 epochs) td3 scored -390
-    with 0.2, -431 with 0.4 and -663 with 0 (the logs: -424); sac's default is 0."""
+    what online training, where the agent tries its own actions, wants. Unset, it is 0 online
+    (``horizon gym train``) and ``LOGGED_BC_WEIGHT`` from logs: 0.2 (alpha = 5) for td3 and
+    ddpg, since on Horizon's logged Pendulum rows (100 epochs) td3 scored -390 with 0.2, -431
+    with 0.4 and -663 with 0 (the logs: -424); sac's is 0."""
     cql_alpha: float = Field(default=0.0, ge=0.0)
     """Conservative critic (CQL(H), Kumar et al. 2020): adds ``cql_alpha * (logsumexp over
     sampled actions of Q(s, a) - Q(s, a_logged))`` to each critic's loss, the samples uniform
@@ -61,12 +64,13 @@ class ActorCriticConfig(TrainerConfig):
 class SacConfig(ActorCriticConfig):
     """Options of the ``sac`` trainer (``[trainer]`` with ``kind = "sac"``)."""
 
-    bc_weight: float = Field(default=0.0, ge=0.0)
+    LOGGED_BC_WEIGHT: ClassVar[float] = 0.0
+    bc_weight: float | None = Field(default=None, ge=0.0)
     """Behaviour cloning weight (see td3's): the entropy-regularized actor loss
     ``(alpha log pi(a|s) - Q(s, a)) / mean|Q| + bc_weight * mean((a - a_logged)^2)`` with ``a``
-    drawn from the actor. 0 (off) by default: on Horizon's logged Pendulum rows (100 epochs)
-    plain SAC scored -320, -194 and -313 (seeds 0-2), against -624 with 0.4 and -761 with 1.0
-    (seed 0; the logs: -424)."""
+    drawn from the actor. Unset, 0 (off), from logs too: on Horizon's logged Pendulum rows
+    (100 epochs) plain SAC scored -320, -194 and -313 (seeds 0-2), against -624 with 0.4 and
+    -761 with 1.0 (seed 0; the logs: -424)."""
     alpha: float = Field(default=1.0, gt=0.0)
     """The entropy temperature to start from (or to keep, with ``learn_alpha = false``)."""
     learn_alpha: bool = True

@@ -68,6 +68,8 @@ class ActorCriticTrainer(TrainerBase):
                 "(-1, 1) and back; check normalization.json's action_features"
             )
         self.check_n_step(problem.n_step)
+        unset = 0.0 if problem.online else config.LOGGED_BC_WEIGHT
+        self.bc_weight = unset if config.bc_weight is None else config.bc_weight
         self.preprocessor = problem.state_preprocessor
         self.action_preprocessor = action_preprocessor
         self.action_width = problem.action_width
@@ -240,7 +242,7 @@ class ActorCriticTrainer(TrainerBase):
         """The actor's loss from ``q`` (the critic's value of the actor's ``action``, minus
         SAC's entropy cost): ``-mean(q)``, or with ``bc_weight`` TD3+BC's
         ``-mean(q) / mean|q| + bc_weight * mean((action - logged)^2)``."""
-        bc_weight = self.config.bc_weight
+        bc_weight = self.bc_weight
         if bc_weight == 0:
             return -q.mean(), {}
         bc_loss = ((action - logged) ** 2).mean()

@@ -69,7 +69,7 @@ def pendulum(tmp_path: Path, seed: int, bar: float, *extra: str):
 @pytest.mark.parametrize("seed", SEEDS)
 def test_online_sac_on_pendulum_reaches_minus_250_within_20000_steps(tmp_path, seed):
     """examples/pendulum_sac_online.toml: SAC ([256, 256], batch 256, automatic entropy
-    tuning, bc_weight 0), 1,000 uniform random steps in [-2, 2], then an update every step;
+    tuning, bc_weight unset: 0 online), 1,000 uniform random steps in [-2, 2], then an update every step;
     a 10-episode evaluation of the deterministic actor every 2,000 steps stops the run at
     the issue's bar, a mean return of -250, within its 20,000 steps (100 episodes).
 

@@ -4,6 +4,7 @@ in the user's units, target updates, checkpoints, exploration, and the inverse o
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -294,6 +295,20 @@ def test_bc_and_cql_options_add_their_losses(kind):
     for step in range(2):
         metrics.update(plain.train_step(batch(seed=step)))
     assert "bc_loss" not in metrics and "cql_loss" not in metrics
+
+
+@pytest.mark.parametrize(("kind", "from_logs"), [("td3", 0.2), ("ddpg", 0.2), ("sac", 0.0)])
+def test_unset_bc_weight_is_the_kinds_from_logs_and_zero_online(kind, from_logs):
+    """Named alone, td3 and ddpg keep the actor near logged actions; online, where the agent
+    tries its own actions, no kind does; a weight given is kept either way."""
+    cls, config = TRAINERS[kind]
+    for online, expected in ((False, from_logs), (True, 0.0)):
+        built = cls(config(layers=[8]))
+        built.setup(dataclasses.replace(problem(), online=online))
+        assert built.bc_weight == expected
+        given = cls(config(layers=[8], bc_weight=0.5))
+        given.setup(dataclasses.replace(problem(), online=online))
+        assert given.bc_weight == 0.5
 
 
 def test_behaviour_cloning_alone_learns_the_logged_actions():

@@ -82,6 +82,7 @@ def test_the_run_folder_describes_the_problem_and_keeps_eval_rows_to_check_on(
         "n_step": 3,
         "seed": 1,
         "max_feature_value": 6.0,
+        "online": False,
     }
     description = ProblemDescription.read(tmp_path)
     assert description.action_type is ActionType.DISCRETE

@@ -465,6 +465,7 @@ class OnlineRun:
             n_step=config.n_step,
             seed=config.seed,
             max_feature_value=self.spec.normalization_config.max_feature_value,
+            online=True,
         )
 
     def _identify(self, config: NormalizationConfig) -> Normalization:
