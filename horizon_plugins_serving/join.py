@@ -1,0 +1,971 @@
+"""``horizon join DECISIONS REWARDS -o JOINED --window 48h``: attach late rewards to decisions.
+
+A decision log (``horizon score``'s or ``horizon serve``'s: JSONL, or Parquet, a file or a
+directory of part files) holds one row per decision under a ``decision_id``; a rewards file
+(JSONL or Parquet) holds rows ``{"decision_id", "timestamp", "metrics": {name: number}}`` that
+arrive later, any number per decision. A reward counts when ``0 <= reward.timestamp -
+decision.timestamp <= window``; the values of one metric are summed per decision. JOINED holds
+every decision row as it was logged plus ``metrics``: a pre-timeline row that ``horizon run``
+reads as its ``[source]``, with ``[timeline] reward`` weighting the metrics. A decision that no
+reward reached within the window gets the ``--default`` metrics, or with ``--drop-unrewarded``
+is left out; both are counted.
+
+Nothing is held as a Python object per row: the local engine keeps the join's keys, the rewards
+and the sums as Arrow arrays and streams the decision log twice, chunk by chunk (once for the
+keys, once to write), so memory grows with the number of decisions by a few dozen bytes each.
+``--engine spark`` runs the same join on a SparkSession (``join_spark``) and writes the same
+rows.
+
+Every count lands in ``JOINED.report.json`` and in the printed summary: torn last lines of the
+log (a crash mid-write) and rewards outside the window or for an unknown decision are counted,
+not fatal; a repeated decision_id keeps its first row only. A reward row without a decision_id,
+with a timestamp that is not ISO 8601 with a zone, or with a metric that is not a finite number
+fails the command naming its file and line, or with ``--skip-bad-rows`` is counted and skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from horizon_engine import HorizonError, atomic_output
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+
+CHUNK_ROWS = 50_000
+"""Decision-log rows parsed, joined and written at a time."""
+
+SHOWN = 5
+"""How many example ids, lines or rows the report names for each kind of count."""
+
+TIMESTAMP = "timestamp[us, tz=UTC]"
+"""Every timestamp is compared as microseconds since the epoch, in UTC."""
+
+_WINDOW = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd])\s*$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_window(text: str) -> float:
+    """Seconds in a window written as a number and a unit: ``3600s``, ``90m``, ``48h``, ``2d``."""
+    match = _WINDOW.match(text)
+    if match is None:
+        raise ValueError(
+            f"window {text!r} is not a number followed by s, m, h or d (e.g. 48h, 90m, 2d, 3600s)"
+        )
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+class WindowType(click.ParamType):
+    """``--window``: a duration as ``parse_window`` reads it, in seconds."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, float):
+            return value
+        try:
+            return parse_window(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def parse_defaults(pairs: Sequence[str]) -> dict[str, float]:
+    """``--default METRIC=VALUE`` pairs as a map; none given means ``reward=0``."""
+    defaults: dict[str, float] = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not sep or not name.strip() or not math.isfinite(value):
+            raise ValueError(f"--default {pair!r}: expected METRIC=NUMBER, e.g. reward=0")
+        defaults[name.strip()] = value
+    return defaults or {"reward": 0.0}
+
+
+# --- the report -------------------------------------------------------------------------------
+
+
+@dataclass
+class JoinReport:
+    """What the join did, counted: printed as a summary and written as JOINED.report.json."""
+
+    engine: str
+    window_seconds: float
+    default_metrics: dict[str, float] | None
+    decision_rows: int = 0
+    """Good whole rows in the decision log, repeated decision_ids included."""
+    torn_lines: int = 0
+    torn_line_numbers: list[int] = field(default_factory=list)
+    duplicate_decisions: int = 0
+    """Rows whose decision_id an earlier row had: left out, the first row kept."""
+    duplicate_ids: list[str] = field(default_factory=list)
+    decisions: int = 0
+    """Distinct decisions: rewarded + defaulted + dropped."""
+    rewarded: int = 0
+    defaulted: int = 0
+    dropped: int = 0
+    written: int = 0
+    reward_rows: int = 0
+    """Good reward rows: attached + late + early + unknown."""
+    rewards_attached: int = 0
+    late_rewards: int = 0
+    early_rewards: int = 0
+    unknown_rewards: int = 0
+    unknown_ids: list[str] = field(default_factory=list)
+    bad_decision_rows: int = 0
+    bad_reward_rows: int = 0
+    bad_rows: list[str] = field(default_factory=list)
+    """The first bad rows skipped (``--skip-bad-rows``), each as ``file:line: reason``."""
+
+    def summary(self, output: Path) -> str:
+        unrewarded = (
+            f"dropped {self.dropped} without a reward"
+            if self.default_metrics is None
+            else f"defaulted {self.defaulted} to {self.default_metrics}"
+        )
+        lines = [
+            f"joined {self.decisions} decisions: {self.rewarded} rewarded, {unrewarded}; "
+            f"wrote {self.written} rows to {output}",
+            f"reward rows: {self.reward_rows} ({self.rewards_attached} attached, "
+            f"{self.late_rewards} late, {self.early_rewards} before their decision, "
+            f"{self.unknown_rewards} for unknown decision_ids{_examples(self.unknown_ids)})",
+        ]
+        if self.duplicate_decisions:
+            lines.append(
+                f"{self.duplicate_decisions} repeated decision_id rows left out, the first "
+                f"row of each kept{_examples(self.duplicate_ids)}"
+            )
+        if self.torn_lines:
+            lines.append(
+                f"{self.torn_lines} torn decision-log lines skipped"
+                f"{_examples(list(map(str, self.torn_line_numbers)))}"
+            )
+        if self.bad_decision_rows or self.bad_reward_rows:
+            lines.append(
+                f"skipped {self.bad_decision_rows} bad decision rows and "
+                f"{self.bad_reward_rows} bad reward rows:"
+            )
+            lines += [f"  {bad}" for bad in self.bad_rows]
+        return "\n".join(lines)
+
+
+def _examples(items: Sequence[str]) -> str:
+    return f", e.g. {', '.join(items)}" if items else ""
+
+
+def report_path(output: Path) -> Path:
+    """Where the report of a join writing ``output`` goes: ``JOINED.report.json``."""
+    return output.with_name(output.name + ".report.json")
+
+
+class BadRows:
+    """Bad input rows: the first fails the join, or with ``skip`` each is counted and skipped."""
+
+    def __init__(self, skip: bool, report: JoinReport) -> None:
+        self.skip, self.report = skip, report
+
+    def found(self, location: str, reason: str, kind: str) -> None:
+        if not self.skip:
+            raise HorizonError(f"{location}: {reason} (--skip-bad-rows counts and skips such rows)")
+        if kind == "decision":
+            self.report.bad_decision_rows += 1
+        else:
+            self.report.bad_reward_rows += 1
+        if len(self.report.bad_rows) < 2 * SHOWN:
+            self.report.bad_rows.append(f"{location}: {reason}")
+
+
+# --- checking keys and rewards ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Locations:
+    """Names the rows of a chunk: ``file:line`` for JSONL, ``file:row N`` for Parquet."""
+
+    prefix: str
+    numbers: Sequence[int]
+
+    def __call__(self, index: int) -> str:
+        return f"{self.prefix}{self.numbers[index]}"
+
+
+def bad_key(row: Any) -> str | None:
+    """What is wrong with a row's ``decision_id`` or ``timestamp`` (its text), or None."""
+    if not isinstance(row, dict):
+        return f"expected a JSON object, found {type(row).__name__}"
+    decision_id = row.get("decision_id")
+    if not isinstance(decision_id, str) or not decision_id:
+        return f"decision_id is {decision_id!r}, expected a non-empty string"
+    if not isinstance(row.get("timestamp"), str):
+        return f"timestamp is {row.get('timestamp')!r}, expected an ISO 8601 string"
+    return None
+
+
+def bad_metrics(metrics: Any) -> str | None:
+    """What is wrong with a reward row's ``metrics``, or None."""
+    if not isinstance(metrics, dict):
+        return f"metrics is {metrics!r}, expected a map of metric names to numbers"
+    for name, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"metric {name!r} is {value!r}, expected a number"
+        if not math.isfinite(value):
+            return f"metric {name!r} is {value!r}, expected a finite number"
+    return None
+
+
+def parse_timestamps(texts: pa.Array, located: Locations, bad: BadRows, kind: str) -> pa.Array:
+    """ISO 8601 strings (or timestamps) as UTC microseconds; a bad one is null and reported.
+
+    A timestamp must say its zone (``Z`` or ``+00:00``, as the decision log writes): without
+    one the instant it names depends on where it was written.
+    """
+    import pyarrow as pa
+
+    target = pa.timestamp("us", tz="UTC")
+    if pa.types.is_timestamp(texts.type):
+        if texts.type.tz is None:
+            raise HorizonError(f"{located(0)}: timestamp column has no time zone")
+        return texts.cast(target)
+    try:
+        parsed = texts.cast(target)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        parsed = None
+    if parsed is not None and parsed.null_count == texts.null_count == 0:
+        return parsed
+    values = []
+    for index, text in enumerate(texts.to_pylist()):
+        try:
+            values.append(pa.scalar(text, pa.string()).cast(target).as_py())
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+            bad.found(
+                located(index),
+                f"timestamp {text!r} is not ISO 8601 with a zone (e.g. 2026-12-01T10:00:00Z)",
+                kind,
+            )
+            values.append(None)
+    return pa.array(values, target)
+
+
+# --- reading the decision log -----------------------------------------------------------------
+
+
+@dataclass
+class DecisionChunk:
+    """A chunk of good decision rows, as read: their keys, and what writing them needs."""
+
+    decision_ids: pa.Array
+    timestamps: pa.Array
+    lines: list[bytes] | None = None
+    """JSONL: each row's line as it was logged."""
+    rows: list[dict[str, Any]] | None = None
+    """JSONL: each row parsed (dropped once the chunk is written)."""
+    batch: pa.RecordBatch | None = None
+    """Parquet: the rows as read."""
+
+
+def parquet_files(path: Path) -> list[Path]:
+    """A Parquet file, or a directory's part files in the order they were written.
+
+    A part's name carries its sequence number (``part-<sequence>-<uuid>.parquet``); names that
+    start with a dot are files still being written (or left by a crash) and are passed over.
+    """
+    if not path.is_dir():
+        return [path]
+
+    def order(part: Path) -> tuple[int, str]:
+        pieces = part.name.split("-")
+        sequence = pieces[1] if len(pieces) > 1 else ""
+        return (int(sequence) if sequence.isdigit() else -1, part.name)
+
+    return sorted(
+        (part for part in path.rglob("*.parquet") if not part.name.startswith((".", "_"))),
+        key=order,
+    )
+
+
+def is_parquet(path: Path) -> bool:
+    return path.name.endswith(".parquet")
+
+
+class DecisionLogReader:
+    """Streams a decision log's good rows in chunks, the same rows in the same order each pass.
+
+    A JSONL line that is not a whole JSON object ending with a newline is torn (what a crash
+    mid-write leaves, as ``read_decisions`` counts it): counted, never fatal. A whole row
+    without a decision_id or a readable timestamp is a bad row.
+    """
+
+    def __init__(self, path: Path, bad: BadRows, chunk_rows: int = CHUNK_ROWS) -> None:
+        self.path, self.bad, self.chunk_rows = path, bad, chunk_rows
+        self.torn_lines: list[int] = []
+        self.torn = 0
+
+    def chunks(self) -> Iterator[DecisionChunk]:
+        self.torn_lines, self.torn = [], 0
+        if is_parquet(self.path):
+            yield from self._parquet_chunks()
+        else:
+            yield from self._jsonl_chunks()
+
+    def _jsonl_chunks(self) -> Iterator[DecisionChunk]:
+        lines: list[bytes] = []
+        rows: list[dict[str, Any]] = []
+        numbers: list[int] = []
+        with open(self.path, "rb") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    row = None
+                if not isinstance(row, dict) or not line.endswith(b"\n"):
+                    self.torn += 1
+                    if len(self.torn_lines) < SHOWN:
+                        self.torn_lines.append(number)
+                    continue
+                problem = bad_key(row)
+                if problem is not None:
+                    self.bad.found(f"{self.path}:{number}", problem, "decision")
+                    continue
+                lines.append(line)
+                rows.append(row)
+                numbers.append(number)
+                if len(rows) == self.chunk_rows:
+                    yield self._jsonl_chunk(lines, rows, numbers)
+                    lines, rows, numbers = [], [], []
+        if rows:
+            yield self._jsonl_chunk(lines, rows, numbers)
+
+    def _jsonl_chunk(
+        self, lines: list[bytes], rows: list[dict[str, Any]], numbers: list[int]
+    ) -> DecisionChunk:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        ids = pa.array([row["decision_id"] for row in rows], pa.string())
+        timestamps = parse_timestamps(
+            pa.array([row["timestamp"] for row in rows], pa.string()),
+            Locations(f"{self.path}:", numbers),
+            self.bad,
+            "decision",
+        )
+        if timestamps.null_count:  # bad rows the caller chose to skip
+            good = pc.is_valid(timestamps).to_numpy(zero_copy_only=False)
+            keep = [index for index, ok in enumerate(good) if ok]
+            lines = [lines[index] for index in keep]
+            rows = [rows[index] for index in keep]
+            ids, timestamps = ids.filter(pa.array(good)), timestamps.filter(pa.array(good))
+        return DecisionChunk(ids, timestamps, lines=lines, rows=rows)
+
+    def _parquet_chunks(self) -> Iterator[DecisionChunk]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        for part in parquet_files(self.path):
+            try:
+                parquet = pq.ParquetFile(part)
+            except (OSError, pa.ArrowException) as exc:
+                raise HorizonError(f"{part}: not a readable Parquet file ({exc})") from None
+            for name in ("decision_id", "timestamp"):
+                if name not in parquet.schema_arrow.names:
+                    raise HorizonError(f"{part}: no {name} column in the decision log")
+            first = 0
+            for batch in parquet.iter_batches(batch_size=self.chunk_rows):
+                ids = batch.column("decision_id").cast(pa.string())
+                missing = pc.or_kleene(pc.is_null(ids), pc.equal(ids, ""))
+                missing = missing.to_numpy(zero_copy_only=False)
+                for index in missing.nonzero()[0]:
+                    self.bad.found(
+                        f"{part}:row {first + index}",
+                        "decision_id is empty, expected a non-empty string",
+                        "decision",
+                    )
+                timestamps = parse_timestamps(
+                    batch.column("timestamp"),
+                    Locations(f"{part}:row ", range(first, first + batch.num_rows)),
+                    self.bad,
+                    "decision",
+                )
+                first += batch.num_rows
+                good = pc.and_(pc.invert(pa.array(missing)), pc.is_valid(timestamps))
+                if not pc.all(good).as_py():
+                    batch, ids, timestamps = (
+                        batch.filter(good),
+                        ids.filter(good),
+                        timestamps.filter(good),
+                    )
+                yield DecisionChunk(ids, timestamps, batch=batch)
+
+
+# --- reading rewards ---------------------------------------------------------------------------
+
+
+@dataclass
+class Rewards:
+    """Good reward rows as Arrow tables: one row each, and one row per (reward row, metric)."""
+
+    rows: pa.Table
+    """reward_row (int64, in file order), decision_id, timestamp."""
+    metrics: pa.Table
+    """reward_row, metric, value (float64)."""
+
+
+def read_rewards(path: Path, bad: BadRows) -> Rewards:
+    """Every good row of a rewards file (JSONL or Parquet), checked and numbered in order."""
+    import pyarrow as pa
+
+    rows: list[pa.Table] = []
+    metrics: list[pa.Table] = []
+    reader = _parquet_rewards if is_parquet(path) else _jsonl_rewards
+    first = 0
+    for chunk_rows, chunk_metrics in reader(path, bad):
+        count = chunk_rows.num_rows
+        numbers = pa.array(range(first, first + count), pa.int64())
+        rows.append(chunk_rows.append_column("reward_row", numbers))
+        local = chunk_metrics.column("reward_row").to_numpy() + first
+        metrics.append(chunk_metrics.set_column(0, "reward_row", pa.array(local, pa.int64())))
+        first += count
+    row_schema = pa.schema(
+        [("decision_id", pa.string()), ("timestamp", pa.timestamp("us", tz="UTC"))]
+    ).append(pa.field("reward_row", pa.int64()))
+    metric_schema = pa.schema(
+        [("reward_row", pa.int64()), ("metric", pa.string()), ("value", pa.float64())]
+    )
+    return Rewards(
+        pa.concat_tables(rows) if rows else row_schema.empty_table(),
+        pa.concat_tables(metrics) if metrics else metric_schema.empty_table(),
+    )
+
+
+def _rewards_chunk(
+    ids: pa.Array,
+    texts: pa.Array,
+    metrics: pa.Table,
+    located: Locations,
+    bad: BadRows,
+) -> tuple[pa.Table, pa.Table]:
+    """Reward rows and their metric rows (``reward_row`` numbered within the chunk), less the
+    rows whose timestamp is bad."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    timestamps = parse_timestamps(texts, located, bad, "reward")
+    rows = pa.table({"decision_id": ids, "timestamp": timestamps})
+    if timestamps.null_count:
+        good = pc.is_valid(timestamps).to_numpy(zero_copy_only=False)
+        rows, metrics = rows.filter(pa.array(good)), _renumbered(metrics, good)
+    return rows, metrics
+
+
+def _renumbered(metrics: pa.Table, good: np.ndarray) -> pa.Table:
+    """The metric rows of the reward rows ``good`` keeps, numbered as those rows are then."""
+    import numpy as np
+    import pyarrow as pa
+
+    parents = metrics.column("reward_row").to_numpy()
+    metrics = metrics.filter(pa.array(good[parents]))
+    renumber = np.cumsum(good) - 1
+    parents = renumber[metrics.column("reward_row").to_numpy()]
+    return metrics.set_column(0, "reward_row", pa.array(parents, pa.int64()))
+
+
+def _metric_table(rows: Any, names: Any, values: Any) -> pa.Table:
+    import pyarrow as pa
+
+    return pa.table(
+        {
+            "reward_row": pa.array(rows, pa.int64()),
+            "metric": pa.array(names, pa.string()),
+            "value": pa.array(values, pa.float64()),
+        }
+    )
+
+
+def _jsonl_rewards(path: Path, bad: BadRows) -> Iterator[tuple[pa.Table, pa.Table]]:
+    import pyarrow as pa
+
+    ids: list[str] = []
+    texts: list[str] = []
+    numbers: list[int] = []
+    metric_rows: list[int] = []
+    names: list[str] = []
+    values: list[float] = []
+
+    def chunk() -> tuple[pa.Table, pa.Table]:
+        return _rewards_chunk(
+            pa.array(ids, pa.string()),
+            pa.array(texts, pa.string()),
+            _metric_table(metric_rows, names, values),
+            Locations(f"{path}:", list(numbers)),
+            bad,
+        )
+
+    with open(path, "rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                bad.found(f"{path}:{number}", f"not JSON ({exc})", "reward")
+                continue
+            problem = bad_key(row) or bad_metrics(row.get("metrics"))
+            if problem is not None:
+                bad.found(f"{path}:{number}", problem, "reward")
+                continue
+            for name, value in row["metrics"].items():
+                metric_rows.append(len(ids))
+                names.append(name)
+                values.append(float(value))
+            ids.append(row["decision_id"])
+            texts.append(row["timestamp"])
+            numbers.append(number)
+            if len(ids) == CHUNK_ROWS:
+                yield chunk()
+                ids, texts, numbers, metric_rows, names, values = [], [], [], [], [], []
+    if ids:
+        yield chunk()
+
+
+def _parquet_rewards(path: Path, bad: BadRows) -> Iterator[tuple[pa.Table, pa.Table]]:
+    """A Parquet rewards file's rows, checked on whole batches: a bad row is looked at alone
+    only once a batch is known to hold one."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    for part in parquet_files(path):
+        try:
+            parquet = pq.ParquetFile(part)
+        except (OSError, pa.ArrowException) as exc:
+            raise HorizonError(f"{part}: not a readable Parquet file ({exc})") from None
+        missing = {"decision_id", "timestamp", "metrics"} - set(parquet.schema_arrow.names)
+        if missing:
+            raise HorizonError(f"{part}: no {', '.join(sorted(missing))} column in the rewards")
+        first = 0
+        for batch in parquet.iter_batches(batch_size=CHUNK_ROWS):
+            numbers = np.arange(first, first + batch.num_rows)
+            first += batch.num_rows
+            located = Locations(f"{part}:row ", numbers)
+            ids = batch.column("decision_id").cast(pa.string())
+            parents, names, values = _metric_entries(batch.column("metrics"), str(part))
+            problems: dict[int, str] = {}
+            no_id = pc.fill_null(pc.equal(ids, ""), True).to_numpy(zero_copy_only=False)
+            for index in np.flatnonzero(no_id):
+                problems.setdefault(index, "decision_id is missing or empty")
+            for index in np.flatnonzero(batch.column("metrics").is_null().to_numpy(False)):
+                problems.setdefault(index, "metrics is missing")
+            finite = pc.fill_null(pc.is_finite(values), False).to_numpy(zero_copy_only=False)
+            for entry in np.flatnonzero(~finite):
+                name, value = names[entry].as_py(), values[entry].as_py()
+                problem = f"metric {name!r} is {value!r}, expected a finite number"
+                problems.setdefault(int(parents[entry]), problem)
+            good = np.ones(batch.num_rows, dtype=bool)
+            for index in sorted(problems):
+                bad.found(located(index), problems[index], "reward")
+                good[index] = False
+            metrics = _metric_table(parents, names, values)
+            if problems:
+                metrics = _renumbered(metrics, good)
+                ids, batch = ids.filter(pa.array(good)), batch.filter(pa.array(good))
+                located = Locations(f"{part}:row ", numbers[good])
+            yield _rewards_chunk(ids, batch.column("timestamp"), metrics, located, bad)
+
+
+def _metric_entries(column: pa.Array, where: str) -> tuple[np.ndarray, pa.Array, pa.Array]:
+    """For a metrics column (a map, or a struct with one field per metric): each entry's row,
+    name and value (as float64; a null value stays null, to be reported)."""
+    import numpy as np
+    import pyarrow as pa
+
+    if pa.types.is_map(column.type) and _numeric(column.type.item_type):
+        offsets = column.offsets.to_numpy(zero_copy_only=False)
+        start, end = offsets[0], offsets[-1]
+        parents = np.repeat(np.arange(len(column)), np.diff(offsets))
+        names = column.keys.slice(start, end - start).cast(pa.string())
+        values = column.items.slice(start, end - start).cast(pa.float64())
+        return parents, names, values
+    if pa.types.is_struct(column.type) and all(
+        _numeric(column.type.field(i).type) for i in range(column.type.num_fields)
+    ):
+        parents, names, values = [], [], []
+        for index, child in enumerate(column.flatten()):
+            present = np.flatnonzero(child.is_valid().to_numpy(zero_copy_only=False))
+            parents.append(present)
+            names.append(np.full(len(present), column.type.field(index).name, object))
+            values.append(child.cast(pa.float64()).take(pa.array(present)))
+        order = np.argsort(np.concatenate(parents) if parents else np.zeros(0), kind="stable")
+        return (
+            np.concatenate(parents)[order] if parents else np.zeros(0, np.int64),
+            pa.array(np.concatenate(names)[order] if names else [], pa.string()),
+            pa.concat_arrays(values).take(pa.array(order)) if values else pa.array([], "f8"),
+        )
+    raise HorizonError(
+        f"{where}: metrics column has type {column.type}, expected a map of metric names to numbers"
+    )
+
+
+def _numeric(data_type: pa.DataType) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_integer(data_type) or pa.types.is_floating(data_type)
+
+
+# --- the join ---------------------------------------------------------------------------------
+
+
+@dataclass
+class JoinPlan:
+    """What the first pass decided, by position of a good decision row in the log."""
+
+    first: np.ndarray
+    """True for the first row of each decision_id."""
+    rewarded: np.ndarray
+    """True for a first row that a reward reached within the window."""
+    positions: np.ndarray
+    """Sorted positions of the summed metrics below, (position, metric) ascending."""
+    metrics: pa.Table
+    """metric (string), value (float64): one row per rewarded decision and metric name."""
+
+
+def plan_join(
+    keys: pa.Table, rewards: Rewards, window_seconds: float, report: JoinReport
+) -> JoinPlan:
+    """Keep each decision_id's first row, classify every reward row against it, and sum the
+    rewards within the window per decision and metric. ``keys``: decision_id, timestamp and
+    position (0, 1, 2, ... in log order)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    count = keys.num_rows
+    groups = keys.group_by("decision_id", use_threads=False).aggregate(
+        [("position", "min"), ("position", "count")]
+    )
+    first = np.zeros(count, dtype=bool)
+    first[groups.column("position_min").to_numpy()] = True
+    repeated = groups.filter(pc.greater(groups.column("position_count"), 1))
+    repeated = repeated.sort_by("position_min")
+    report.decision_rows += count
+    report.duplicate_decisions = count - groups.num_rows
+    report.duplicate_ids = repeated.column("decision_id").slice(0, SHOWN).to_pylist()
+    report.decisions = groups.num_rows
+
+    firsts = keys.filter(pa.array(first)).rename_columns(
+        ["decision_id", "decision_timestamp", "position"]
+    )
+    matched = rewards.rows.join(firsts, "decision_id", join_type="left outer", use_threads=False)
+    matched = matched.sort_by("reward_row")
+    known = pc.is_valid(matched.column("position"))
+    delay = pc.subtract(
+        matched.column("timestamp").cast(pa.int64()),
+        matched.column("decision_timestamp").cast(pa.int64()),
+    )
+    window = round(window_seconds * 1_000_000)
+    early = pc.fill_null(pc.less(delay, 0), False)
+    late = pc.fill_null(pc.greater(delay, window), False)
+    inside = pc.and_(known, pc.invert(pc.or_(early, late)))
+    report.reward_rows = matched.num_rows
+    report.unknown_rewards = matched.num_rows - pc.sum(known).as_py() if matched.num_rows else 0
+    report.early_rewards = pc.sum(early).as_py() or 0
+    report.late_rewards = pc.sum(late).as_py() or 0
+    unknown = matched.filter(pc.invert(known)).column("decision_id")
+    report.unknown_ids = pc.unique(unknown).slice(0, SHOWN).to_pylist()
+
+    attached = matched.filter(inside).select(["reward_row", "position"])
+    report.rewards_attached = attached.num_rows
+    rewarded = np.zeros(count, dtype=bool)
+    rewarded[attached.column("position").to_numpy()] = True
+    sums = (
+        rewards.metrics.join(attached, "reward_row", join_type="inner", use_threads=False)
+        .group_by(["position", "metric"], use_threads=False)
+        .aggregate([("value", "sum")])
+        .sort_by([("position", "ascending"), ("metric", "ascending")])
+    )
+    report.rewarded = int(rewarded.sum())
+    unrewarded = report.decisions - report.rewarded
+    if report.default_metrics is None:
+        report.dropped = unrewarded
+    else:
+        report.defaulted = unrewarded
+    return JoinPlan(
+        first,
+        rewarded,
+        sums.column("position").to_numpy(),
+        pa.table({"metric": sums.column("metric"), "value": sums.column("value_sum")}),
+    )
+
+
+def chunk_metrics(
+    plan: JoinPlan, start: int, stop: int, defaults: dict[str, float] | None
+) -> pa.MapArray:
+    """The metrics map of each decision row at positions ``start`` to ``stop``: its summed
+    rewards, or the defaults (empty where unrewarded rows are to be dropped)."""
+    import numpy as np
+    import pyarrow as pa
+
+    low, high = np.searchsorted(plan.positions, [start, stop])
+    rows = plan.positions[low:high] - start
+    keys = plan.metrics.column("metric").slice(low, high - low)
+    values = plan.metrics.column("value").slice(low, high - low)
+    unrewarded = np.flatnonzero(~plan.rewarded[start:stop])
+    if defaults:
+        names = np.array(list(defaults), dtype=object)
+        rows = np.concatenate([rows, np.repeat(unrewarded, len(names))])
+        keys = pa.concat_arrays(
+            [keys.combine_chunks(), pa.array(np.tile(names, len(unrewarded)), pa.string())]
+        )
+        values = pa.concat_arrays(
+            [
+                values.combine_chunks(),
+                pa.array(np.tile(list(defaults.values()), len(unrewarded)), pa.float64()),
+            ]
+        )
+        order = pa.array(np.argsort(rows, kind="stable"))
+        keys, values = keys.take(order), values.take(order)
+    else:
+        keys, values = keys.combine_chunks(), values.combine_chunks()
+    counts = np.bincount(rows, minlength=stop - start)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    return pa.MapArray.from_arrays(pa.array(offsets), keys, values)
+
+
+class JoinedWriter:
+    """Writes joined rows: JSONL lines, or Parquet part files in a directory."""
+
+    def __init__(self, path: Path, parquet: bool) -> None:
+        self.path, self.parquet = path, parquet
+        self._writer: Any = None
+        self._handle: Any = None
+        self._shaper: Any = None
+        self.written = 0
+        if self.parquet:
+            path.mkdir()
+        else:
+            self._handle = open(path, "wb")  # noqa: SIM115 (closed by close())
+
+    def write(self, chunk: DecisionChunk, metrics: pa.MapArray, keep: np.ndarray) -> None:
+        import pyarrow as pa
+
+        metrics = metrics.filter(pa.array(keep))
+        self.written += len(metrics)
+        if chunk.batch is not None:
+            batch = chunk.batch.filter(pa.array(keep))
+            if self.parquet:
+                self._write_table(_with_metrics(pa.Table.from_batches([batch]), metrics))
+            else:
+                rows = batch.to_pylist(maps_as_pydicts="lossy")
+                self._write_lines(
+                    _json_line(row, m) for row, m in zip(rows, metrics.to_pylist(), strict=True)
+                )
+            return
+        selected = keep.nonzero()[0]
+        if self.parquet:
+            rows = [
+                chunk.rows[index] | {"metrics": dict(m)}
+                for index, m in zip(selected, metrics.to_pylist(), strict=True)
+            ]
+            self._write_table(self._shape(rows))
+        else:
+            self._write_lines(
+                _with_metrics_line(chunk.lines[index], chunk.rows[index], m)
+                for index, m in zip(selected, metrics.to_pylist(), strict=True)
+            )
+
+    def _write_lines(self, lines: Iterator[bytes]) -> None:
+        self._handle.write(b"".join(line + b"\n" for line in lines))
+
+    def _shape(self, rows: list[dict[str, Any]]) -> pa.Table:
+        """JSONL decision rows as the pre-timeline Arrow schema, their other fields after it."""
+        import pyarrow as pa
+
+        from horizon_engine import RowShaper, detect_layout
+
+        if not rows:
+            return None
+        if self._shaper is None:
+            self._shaper = RowShaper(detect_layout(rows[0], "pre_timeline", "auto"))
+        shaped = self._shaper.shape((str(index), row) for index, row in enumerate(rows))
+        if shaped.bad_rows:
+            raise HorizonError(
+                f"a decision row cannot be written as Parquet: {shaped.bad_rows[0].reason}"
+            )
+        table = shaped.table
+        known = set(table.column_names)
+        extra = [name for name in rows[0] if name not in known]
+        for name in extra:
+            table = table.append_column(name, pa.array([row.get(name) for row in rows]))
+        return table
+
+    def _write_table(self, table: pa.Table | None) -> None:
+        import pyarrow.parquet as pq
+
+        if table is None or table.num_rows == 0:
+            return
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self.path / "part-00000.parquet", table.schema)
+        self._writer.write_table(table.cast(self._writer.schema))
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        if self._handle is not None:
+            self._handle.close()
+
+
+def _with_metrics(table: pa.Table, metrics: pa.MapArray) -> pa.Table:
+    if "metrics" in table.column_names:
+        return table.set_column(table.column_names.index("metrics"), "metrics", metrics)
+    return table.append_column("metrics", metrics)
+
+
+def _json_line(row: dict[str, Any], metrics: list[tuple[str, float]]) -> bytes:
+    """A Parquet row as a JSON line with ``metrics``; null fields, which a column holds for
+    rows without that field, are left out as a logged JSONL row leaves them out."""
+    fields = {name: value for name, value in row.items() if value is not None}
+    return json.dumps(fields | {"metrics": dict(metrics)}, separators=(",", ":")).encode()
+
+
+def _with_metrics_line(line: bytes, row: dict[str, Any], metrics: list[tuple[str, float]]) -> bytes:
+    """A logged line with ``metrics`` added, the logged text otherwise unchanged."""
+    text = json.dumps(dict(metrics), separators=(",", ":")).encode()
+    body = line.rstrip()
+    if "metrics" in row or not body.endswith(b"}"):
+        return json.dumps(row | {"metrics": dict(metrics)}, separators=(",", ":")).encode()
+    return body[:-1] + b',"metrics":' + text + b"}"
+
+
+def join_local(
+    decisions: Path,
+    rewards_path: Path,
+    output: Path,
+    window_seconds: float,
+    defaults: dict[str, float] | None,
+    skip_bad_rows: bool,
+) -> JoinReport:
+    """The local engine: Arrow tables for the keys and rewards, two passes over the log."""
+    import pyarrow as pa
+
+    report = JoinReport("local", window_seconds, defaults)
+    bad = BadRows(skip_bad_rows, report)
+    log = DecisionLogReader(decisions, bad)
+    keys = []
+    start = 0
+    for chunk in log.chunks():
+        positions = pa.array(range(start, start + len(chunk.decision_ids)), pa.int64())
+        keys.append(
+            pa.table(
+                {
+                    "decision_id": chunk.decision_ids,
+                    "timestamp": chunk.timestamps,
+                    "position": positions,
+                }
+            )
+        )
+        start += len(chunk.decision_ids)
+    report.torn_lines, report.torn_line_numbers = log.torn, list(log.torn_lines)
+    key_schema = pa.schema(
+        [
+            ("decision_id", pa.string()),
+            ("timestamp", pa.timestamp("us", tz="UTC")),
+            ("position", pa.int64()),
+        ]
+    )
+    keys_table = pa.concat_tables(keys) if keys else key_schema.empty_table()
+    plan = plan_join(keys_table, read_rewards(rewards_path, bad), window_seconds, report)
+    del keys, keys_table
+    quiet = BadRows(True, JoinReport("local", window_seconds, defaults))
+    with atomic_output(output) as temporary:
+        writer = JoinedWriter(temporary, is_parquet(output))
+        try:
+            start = 0
+            for chunk in DecisionLogReader(decisions, quiet).chunks():
+                stop = start + len(chunk.decision_ids)
+                keep = plan.first[start:stop]
+                if defaults is None:
+                    keep = keep & plan.rewarded[start:stop]
+                writer.write(chunk, chunk_metrics(plan, start, stop, defaults), keep)
+                start = stop
+        finally:
+            writer.close()
+    report.written = writer.written
+    return report
+
+
+@click.command("join")
+@click.argument("decisions", type=click.Path(exists=True, path_type=Path))
+@click.argument("rewards", type=click.Path(exists=True, path_type=Path))
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Joined rows to write: JSONL, or a Parquet directory when the name ends .parquet.",
+)
+@click.option(
+    "--window",
+    required=True,
+    type=WindowType(),
+    help="How long after its decision a reward still counts: 48h, 90m, 2d, 3600s.",
+)
+@click.option(
+    "--default",
+    "default_pairs",
+    multiple=True,
+    metavar="METRIC=VALUE",
+    help="Metrics of a decision no reward reached in the window (repeatable; reward=0 if none).",
+)
+@click.option(
+    "--drop-unrewarded", is_flag=True, help="Leave out decisions no reward reached (counted)."
+)
+@click.option("--engine", type=click.Choice(["local", "spark"]), default="local", show_default=True)
+@click.option(
+    "--skip-bad-rows", is_flag=True, help="Count and skip bad input rows instead of failing."
+)
+def join_command(
+    decisions: Path,
+    rewards: Path,
+    output: Path,
+    window: float,
+    default_pairs: tuple[str, ...],
+    drop_unrewarded: bool,
+    engine: str,
+    skip_bad_rows: bool,
+) -> None:
+    """Attach the REWARDS that arrived within --window of each decision in DECISIONS (a decision
+    log) by decision_id, and write every decision row with its summed metrics: the [source] of
+    the next horizon run."""
+    if drop_unrewarded and default_pairs:
+        raise click.UsageError("--default gives nothing to a run with --drop-unrewarded")
+    try:
+        defaults = None if drop_unrewarded else parse_defaults(default_pairs)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--default") from None
+    try:
+        if engine == "spark":
+            from horizon_plugins_serving.join_spark import join_spark
+
+            report = join_spark(decisions, rewards, output, window, defaults, skip_bad_rows)
+        else:
+            report = join_local(decisions, rewards, output, window, defaults, skip_bad_rows)
+        with atomic_output(report_path(output)) as temporary:
+            temporary.write_text(json.dumps(asdict(report), indent=2) + "\n", encoding="utf-8")
+    except HorizonError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    click.echo(report.summary(output))

@@ -1,0 +1,433 @@
+"""``horizon join``: late rewards attached to logged decisions by decision_id.
+
+A hand-made log holds every case once (several metric rows for one decision, a late and an
+early reward, an unknown decision_id, a repeated decision_id, an unrewarded decision, a torn
+last line), so each count of the report has one known value. The same rows as Parquet give the
+same output; a big generated log checks the counts at scale; and the joined rows go through
+``horizon run`` (timeline and a short dqn training) with the rewards arriving in the timeline.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from horizon_engine.cli import main
+from horizon_plugins_serving.decision_log import DecisionLog, decision_rows
+from horizon_plugins_serving.join import parse_window
+
+NOON = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+
+def horizon(*arguments: object) -> str:
+    result = CliRunner().invoke(main, [str(argument) for argument in arguments])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return result.output
+
+
+def failing(*arguments: object) -> str:
+    result = CliRunner().invoke(main, [str(argument) for argument in arguments])
+    assert result.exit_code != 0, result.output
+    return result.output
+
+
+def at(hours: float) -> str:
+    return (NOON + timedelta(hours=hours)).isoformat()
+
+
+def decision(decision_id: str, hours: float = 0.0, action: str = "0") -> dict[str, Any]:
+    """A decision row as ``horizon score`` logs it, ``hours`` after noon."""
+    return {
+        "ds": "2026-12-01",
+        "mdp_id": decision_id,
+        "sequence_number": 0,
+        "state_features": {"0": 0.5, "1": -1.0},
+        "possible_actions": ["0", "1"],
+        "action": action,
+        "action_probability": 0.5,
+        "decision_id": decision_id,
+        "model_id": "0123456789abcdef",
+        "timestamp": at(hours),
+    }
+
+
+def reward(decision_id: str, hours: float, **metrics: float) -> dict[str, Any]:
+    return {"decision_id": decision_id, "timestamp": at(hours), "metrics": metrics}
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]], tail: str = "") -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows) + tail)
+    return path
+
+
+DECISIONS = [
+    decision("rewarded"),  # two reward rows in the window, clicks summed, cost from one
+    decision("late"),  # its one reward comes 49 hours after it
+    decision("early"),  # its one reward is stamped an hour before it
+    decision("quiet"),  # no reward at all
+    decision("rewarded", hours=5.0, action="1"),  # a repeated decision_id: left out
+    decision("edge", hours=1.0),  # a reward exactly 48 hours later still counts
+]
+TORN = '{"ds": "2026-12-01", "mdp_id": "cut", "state_feat'
+"""What a crash mid-write leaves: the last line, without its end."""
+
+REWARDS = [
+    reward("rewarded", 1.0, clicks=1, cost=0.25),
+    reward("rewarded", 30.0, clicks=2),
+    reward("late", 49.0, clicks=7),
+    reward("early", -1.0, clicks=7),
+    reward("stranger", 2.0, clicks=7),
+    reward("edge", 49.0, clicks=3),
+]
+
+
+@pytest.fixture
+def logs(tmp_path: Path) -> tuple[Path, Path]:
+    return (
+        write_jsonl(tmp_path / "decisions.jsonl", DECISIONS, TORN),
+        write_jsonl(tmp_path / "rewards.jsonl", REWARDS),
+    )
+
+
+def read_joined(path: Path) -> list[dict[str, Any]]:
+    """JOINED's rows, JSONL or Parquet, as dicts with maps as dicts and no null fields."""
+    if path.name.endswith(".parquet"):
+        rows = pq.read_table(path).to_pylist(maps_as_pydicts="strict")
+        return [{key: value for key, value in row.items() if value is not None} for row in rows]
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_window_is_a_number_and_a_unit():
+    assert parse_window("48h") == 48 * 3600
+    assert parse_window("90m") == 5400
+    assert parse_window("2d") == 172800
+    assert parse_window("3600s") == 3600
+    assert parse_window("1.5h") == 5400
+    for bad in ("48", "h", "-1h", "2w", "48 hours", ""):
+        with pytest.raises(ValueError, match="number followed by s, m, h or d"):
+            parse_window(bad)
+
+
+def test_a_bad_window_or_default_is_a_usage_error(logs, tmp_path):
+    decisions, rewards = logs
+    output = tmp_path / "joined.jsonl"
+    printed = failing("join", decisions, rewards, "-o", output, "--window", "2 weeks")
+    assert "Invalid value for '--window'" in printed and "'2 weeks'" in printed
+    printed = failing("join", decisions, rewards, "-o", output, "--window", "1d", "--default", "x")
+    assert "expected METRIC=NUMBER" in printed
+    printed = failing(
+        "join", decisions, rewards, "-o", output, "--window", "1d", "--default", "reward=0",
+        "--drop-unrewarded",
+    )  # fmt: skip
+    assert "--drop-unrewarded" in printed
+    assert not output.exists()
+
+
+def test_every_case_is_counted_and_the_rewards_summed(logs, tmp_path):
+    decisions, rewards = logs
+    output = tmp_path / "joined.jsonl"
+    printed = horizon(
+        "join", decisions, rewards, "-o", output, "--window", "48h",
+        "--default", "clicks=0", "--default", "cost=0",
+    )  # fmt: skip
+    report = json.loads((tmp_path / "joined.jsonl.report.json").read_text())
+    assert report["decision_rows"] == 6 and report["torn_lines"] == 1
+    assert report["torn_line_numbers"] == [7]
+    assert report["duplicate_decisions"] == 1 and report["duplicate_ids"] == ["rewarded"]
+    assert report["decisions"] == 5
+    assert (report["rewarded"], report["defaulted"], report["dropped"]) == (2, 3, 0)
+    assert report["reward_rows"] == 6 and report["rewards_attached"] == 3
+    assert (report["late_rewards"], report["early_rewards"]) == (1, 1)
+    assert report["unknown_rewards"] == 1 and report["unknown_ids"] == ["stranger"]
+    assert report["written"] == 5 and report["window_seconds"] == 48 * 3600
+    assert "joined 5 decisions: 2 rewarded" in printed and "e.g. stranger" in printed
+    assert "1 torn decision-log lines skipped" in printed
+
+    joined = read_joined(output)
+    assert [row["decision_id"] for row in joined] == ["rewarded", "late", "early", "quiet", "edge"]
+    assert joined[0]["metrics"] == {"clicks": 3.0, "cost": 0.25}
+    assert joined[0]["action"] == "0"  # the first row of the repeated id, not the later one
+    assert joined[4]["metrics"] == {"clicks": 3.0}
+    for row in joined[1:4]:
+        assert row["metrics"] == {"clicks": 0.0, "cost": 0.0}
+    for logged, row in zip([DECISIONS[i] for i in (0, 1, 2, 3, 5)], joined, strict=True):
+        assert {key: value for key, value in row.items() if key != "metrics"} == logged
+
+
+def test_unrewarded_decisions_get_reward_zero_or_are_dropped(logs, tmp_path):
+    decisions, rewards = logs
+    horizon("join", decisions, rewards, "-o", tmp_path / "zero.jsonl", "--window", "48h")
+    zero = read_joined(tmp_path / "zero.jsonl")
+    assert [row["metrics"] for row in zero[1:4]] == [{"reward": 0.0}] * 3
+    output = tmp_path / "dropped.jsonl"
+    printed = horizon(
+        "join", decisions, rewards, "-o", output, "--window", "48h", "--drop-unrewarded"
+    )
+    assert "dropped 3 without a reward" in printed
+    assert [row["decision_id"] for row in read_joined(output)] == ["rewarded", "edge"]
+    report = json.loads((tmp_path / "dropped.jsonl.report.json").read_text())
+    assert (report["rewarded"], report["defaulted"], report["dropped"]) == (2, 0, 3)
+    assert report["written"] == 2 and report["default_metrics"] is None
+
+
+def test_a_shorter_window_makes_the_edge_reward_late(logs, tmp_path):
+    decisions, rewards = logs
+    horizon("join", decisions, rewards, "-o", tmp_path / "j.jsonl", "--window", "2879m")
+    report = json.loads((tmp_path / "j.jsonl.report.json").read_text())
+    assert report["late_rewards"] == 2 and report["rewarded"] == 1
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        ({"timestamp": at(1), "metrics": {"clicks": 1}}, "decision_id is None"),
+        ({"decision_id": "", "timestamp": at(1), "metrics": {}}, "decision_id is ''"),
+        (reward("quiet", 1) | {"timestamp": "yesterday"}, "timestamp 'yesterday' is not ISO"),
+        (reward("quiet", 1) | {"timestamp": "2026-12-01T13:00:00"}, "is not ISO 8601 with a zone"),
+        (reward("quiet", 1) | {"timestamp": 1764590400}, "timestamp is 1764590400"),
+        (reward("quiet", 1, clicks=1) | {"metrics": {"clicks": "1"}}, "metric 'clicks' is '1'"),
+        (reward("quiet", 1) | {"metrics": {"won": True}}, "metric 'won' is True"),
+        (reward("quiet", 1) | {"metrics": [1, 2]}, "metrics is [1, 2], expected a map"),
+        ("{not json", "not JSON"),
+    ],
+)
+def test_a_bad_reward_row_is_named_or_counted_and_skipped(logs, tmp_path, line, reason):
+    decisions, _ = logs
+    rewards = tmp_path / "bad_rewards.jsonl"
+    text = line if isinstance(line, str) else json.dumps(line)
+    rewards.write_text(json.dumps(REWARDS[0]) + "\n" + text + "\n" + json.dumps(REWARDS[1]) + "\n")
+    output = tmp_path / "joined.jsonl"
+    printed = failing("join", decisions, rewards, "-o", output, "--window", "48h")
+    assert f"{rewards}:2: " in printed and reason in printed and "--skip-bad-rows" in printed
+    assert not output.exists()
+    printed = horizon(
+        "join", decisions, rewards, "-o", output, "--window", "48h", "--skip-bad-rows"
+    )
+    report = json.loads((tmp_path / "joined.jsonl.report.json").read_text())
+    assert report["bad_reward_rows"] == 1 and report["reward_rows"] == 2
+    assert report["bad_rows"][0].startswith(f"{rewards}:2: ") and reason in printed
+    assert read_joined(output)[0]["metrics"] == {"clicks": 3.0, "cost": 0.25}
+
+
+def test_a_decision_row_without_its_key_is_named(tmp_path):
+    rows = [decision("a"), {k: v for k, v in decision("b").items() if k != "decision_id"}]
+    decisions = write_jsonl(tmp_path / "decisions.jsonl", rows)
+    rewards = write_jsonl(tmp_path / "rewards.jsonl", [reward("a", 1, clicks=1)])
+    printed = failing("join", decisions, rewards, "-o", tmp_path / "j.jsonl", "--window", "1d")
+    assert f"{decisions}:2: decision_id is None" in printed
+    horizon(
+        "join", decisions, rewards, "-o", tmp_path / "j.jsonl", "--window", "1d", "--skip-bad-rows"
+    )
+    report = json.loads((tmp_path / "j.jsonl.report.json").read_text())
+    assert report["bad_decision_rows"] == 1 and report["decisions"] == 1
+
+
+def write_parquet_log(folder: Path, rows: list[dict[str, Any]], parts: int) -> Path:
+    """A decision log as ``horizon serve`` writes it with a ``.parquet`` name: a directory of
+    part files, maps as Arrow maps; plus a temporary file a crash left, which is not a part."""
+    folder.mkdir()
+    schema = pa.schema(
+        [
+            ("ds", pa.string()),
+            ("mdp_id", pa.string()),
+            ("sequence_number", pa.int64()),
+            ("state_features", pa.map_(pa.string(), pa.float64())),
+            ("possible_actions", pa.list_(pa.string())),
+            ("action", pa.string()),
+            ("action_probability", pa.float64()),
+            ("decision_id", pa.string()),
+            ("model_id", pa.string()),
+            ("timestamp", pa.string()),
+        ]
+    )
+    for part, chunk in enumerate(np.array_split(np.arange(len(rows)), parts)):
+        table = pa.Table.from_pylist([rows[i] for i in chunk], schema=schema)
+        pq.write_table(table, folder / f"part-{part:05d}-{uuid.uuid4().hex}.parquet")
+    pq.write_table(pa.Table.from_pylist([rows[0]], schema=schema), folder / ".part-9.tmp")
+    return folder
+
+
+def test_parquet_in_and_out_give_the_jsonl_rows(logs, tmp_path):
+    decisions, rewards = logs
+    horizon("join", decisions, rewards, "-o", tmp_path / "want.jsonl", "--window", "48h")
+    want = read_joined(tmp_path / "want.jsonl")
+    parquet_log = write_parquet_log(tmp_path / "decisions.parquet", DECISIONS, parts=3)
+    parquet_rewards = tmp_path / "rewards.parquet"
+    metrics = pa.map_(pa.string(), pa.float64())
+    pq.write_table(
+        pa.Table.from_pylist(
+            REWARDS,
+            schema=pa.schema(
+                [("decision_id", pa.string()), ("timestamp", pa.string()), ("metrics", metrics)]
+            ),
+        ),
+        parquet_rewards,
+    )
+    for inputs in [
+        (parquet_log, parquet_rewards),
+        (decisions, parquet_rewards),
+        (parquet_log, rewards),
+    ]:
+        for name in ("joined.jsonl", "joined.parquet"):
+            output = tmp_path / f"{inputs[0].suffix[1:]}-{inputs[1].suffix[1:]}-{name}"
+            horizon("join", *inputs, "-o", output, "--window", "48h")
+            assert read_joined(output) == want, output
+            report = json.loads(Path(f"{output}.report.json").read_text())
+            assert report["rewarded"] == 2 and report["unknown_ids"] == ["stranger"]
+    assert (tmp_path / "parquet-parquet-joined.parquet").is_dir()
+
+
+def test_parquet_rewards_name_their_bad_rows(logs, tmp_path):
+    decisions, _ = logs
+    rewards = tmp_path / "rewards.parquet"
+    pq.write_table(
+        pa.table(
+            {
+                "decision_id": ["rewarded", None, "quiet"],
+                "timestamp": [at(1), at(1), "noon"],
+                "metrics": pa.array(
+                    [[("clicks", 1.0)], [("clicks", 1.0)], [("clicks", float("nan"))]],
+                    pa.map_(pa.string(), pa.float64()),
+                ),
+            }
+        ),
+        rewards,
+    )
+    printed = failing("join", decisions, rewards, "-o", tmp_path / "j.jsonl", "--window", "1d")
+    assert f"{rewards}:row 1: decision_id is missing or empty" in printed
+    horizon(
+        "join", decisions, rewards, "-o", tmp_path / "j.jsonl", "--window", "1d", "--skip-bad-rows"
+    )
+    report = json.loads((tmp_path / "j.jsonl.report.json").read_text())
+    assert report["bad_reward_rows"] == 2 and report["rewarded"] == 1
+    assert report["bad_rows"] == [
+        f"{rewards}:row 1: decision_id is missing or empty",
+        f"{rewards}:row 2: metric 'clicks' is nan, expected a finite number",
+    ]
+
+
+def big_logs(tmp_path: Path, count: int) -> tuple[Path, Path, dict[str, int]]:
+    """``count`` decisions a second apart, ids ``d<i>``; rewards for every third decision (two
+    rows each, one of them late for every sixth), one unknown id per hundred decisions, and
+    the first 100 decisions logged twice. Returns the counts each case must give."""
+    decisions = tmp_path / "decisions.jsonl"
+    rows = [json.dumps(decision(f"d{i}", hours=i / 3600)) for i in range(count)]
+    with decisions.open("w") as handle:
+        handle.write("\n".join(rows + rows[:100]) + "\n")
+    rewards = []
+    for i in range(0, count, 3):
+        rewards.append(json.dumps(reward(f"d{i}", i / 3600 + 1, clicks=1)))
+        rewards.append(json.dumps(reward(f"d{i}", i / 3600 + (49 if i % 6 == 0 else 2), clicks=2)))
+    rewards += [json.dumps(reward(f"u{i}", 1, clicks=1)) for i in range(count // 100)]
+    rewards_path = tmp_path / "rewards.jsonl"
+    rewards_path.write_text("\n".join(rewards) + "\n")
+    rewarded = len(range(0, count, 3))
+    late = len(range(0, count, 6))
+    return (
+        decisions,
+        rewards_path,
+        {
+            "decisions": count,
+            "duplicate_decisions": 100,
+            "rewarded": rewarded,
+            "defaulted": count - rewarded,
+            "late_rewards": late,
+            "unknown_rewards": count // 100,
+            "rewards_attached": 2 * rewarded - late,
+            "clicks": 3 * rewarded - 2 * late,
+        },
+    )
+
+
+def test_two_hundred_thousand_decisions_join_correctly(tmp_path):
+    decisions, rewards, want = big_logs(tmp_path, 200_000)
+    output = tmp_path / "joined.parquet"
+    horizon("join", decisions, rewards, "-o", output, "--window", "48h")
+    report = json.loads((tmp_path / "joined.parquet.report.json").read_text())
+    for key, value in want.items():
+        if key != "clicks":
+            assert report[key] == value, key
+    table = pq.read_table(output, columns=["decision_id", "metrics"])
+    assert table.num_rows == want["decisions"]
+    ids = table.column("decision_id").to_pylist()
+    assert ids[:3] == ["d0", "d1", "d2"] and ids[-1] == "d199999"
+    entries = pa.concat_arrays([chunk.items for chunk in table.column("metrics").chunks])
+    keys = pa.concat_arrays([chunk.keys for chunk in table.column("metrics").chunks])
+    clicks = np.asarray(entries)[np.asarray(keys) == "clicks"]
+    assert clicks.sum() == want["clicks"]
+    rewards_total = np.asarray(entries)[np.asarray(keys) == "reward"]
+    assert len(rewards_total) == want["defaulted"] and not rewards_total.any()
+
+
+# --- JOINED as the next run's source ----------------------------------------------------------
+
+RUN = """
+[pipeline]
+output_dir = "{output}"
+seed = 0
+
+[source]
+kind = "{kind}"
+path = "{joined}"
+
+[timeline]
+actions = ["0", "1"]
+reward = {{ clicks = 1.0, cost = -2.0 }}
+eval_fraction = 0.0
+
+[normalization]
+
+[trainer]
+kind = "dqn"
+epochs = 1
+layers = [8]
+minibatch_size = 16
+threads = 1
+"""
+
+
+@pytest.mark.parametrize("name", ["joined.jsonl", "joined.parquet"])
+def test_joined_rows_are_the_next_runs_source(tmp_path, name):
+    """A real decision log (``decision_rows`` and ``DecisionLog``, as ``horizon score``), its
+    rewards joined, then ``horizon run`` through the timeline and a dqn epoch: each timeline
+    row's reward is its decision's clicks - 2 * cost."""
+    rng = np.random.default_rng(0)
+    count = 64
+    states = [{"0": float(x), "1": float(y)} for x, y in rng.normal(size=(count, 2))]
+    actions = [str(a) for a in rng.integers(0, 2, count)]
+    rows = decision_rows(states, actions, [0.5] * count, "m" * 16, all_actions=["0", "1"], now=NOON)
+    with DecisionLog(tmp_path / "decisions.jsonl") as log:
+        log.append(rows)
+    clicks = rng.integers(0, 4, count)
+    rewards = [
+        reward(row["decision_id"], 1.0, clicks=int(c), cost=0.5)
+        for row, c in zip(rows, clicks, strict=True)
+        if c
+    ]
+    write_jsonl(tmp_path / "rewards.jsonl", rewards)
+    joined = tmp_path / name
+    horizon(
+        "join", tmp_path / "decisions.jsonl", tmp_path / "rewards.jsonl", "-o", joined,
+        "--window", "48h", "--default", "clicks=0", "--default", "cost=0",
+    )  # fmt: skip
+    config = tmp_path / "pipeline.toml"
+    kind = "parquet" if name.endswith(".parquet") else "jsonl"
+    config.write_text(RUN.format(output=tmp_path / "run", kind=kind, joined=joined))
+    horizon("run", config)
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["stages"]["source"]["rows_out"] == count
+    timeline = pq.read_table(tmp_path / "run" / "timeline" / "train").to_pylist()
+    want = {
+        row["mdp_id"]: float(c) - (1.0 if c else 0.0) for row, c in zip(rows, clicks, strict=True)
+    }
+    assert {row["mdp_id"]: row["reward"] for row in timeline} == want
+    assert (tmp_path / "run" / "checkpoints").exists()
