@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 def horizon_register_commands(cli: click.Group) -> None:
     from horizon_plugins_serving.commands import score_command
     from horizon_plugins_serving.join import join_command
+    from horizon_plugins_serving.server import serve_command
 
     cli.add_command(score_command)
     cli.add_command(join_command)
+    cli.add_command(serve_command)

@@ -54,6 +54,15 @@ def check_row(row: Any, actions: list[str], action_type: str) -> str | None:
     problem = _bad_map(row["state_features"], "state feature")
     if problem is not None:
         return problem
+    if row.get("mdp_id") is not None and not isinstance(row["mdp_id"], str):
+        return f"mdp_id is {row['mdp_id']!r}, expected a string"
+    sequence = row.get("sequence_number", 0)
+    if (
+        isinstance(sequence, bool)
+        or not isinstance(sequence, int)
+        or not -(2**63) <= sequence < 2**63
+    ):
+        return f"sequence_number is {sequence!r}, expected a 64-bit integer"
     possible = row.get("possible_actions")
     if action_type == "continuous":
         if possible is not None:

@@ -1,28 +1,44 @@
-"""The decision log: one JSON line per decision, a pre-timeline row under a ``decision_id``.
+"""The decision log: every decision a pre-timeline row under a ``decision_id``, in JSONL or in
+Parquet part files.
 
 Each row holds ``ds``, ``mdp_id`` (the caller's, or the decision_id for a one-step problem),
 ``sequence_number``, ``state_features``, ``possible_actions``, ``action``,
 ``action_probability``, and ``decision_id`` (uuid4 hex), ``model_id`` (the model file's
-sha256, 16 hex digits) and ``timestamp`` (ISO 8601, UTC).
+sha256, 16 hex digits) and ``timestamp`` (ISO 8601, UTC). ``open_decision_log`` picks the form
+by the path's name.
 
-Appending is crash-safe in the reader's sense: a batch of records is encoded whole and given
-to the operating system in one ``os.write`` on a file opened ``O_APPEND`` (no Python buffer
-to flush later), so a crash can tear only the last line written. A log opened on a file whose
-last line is torn starts with a newline, so the torn line stays a line of its own;
-``read_decisions`` skips every line that is not a whole JSON object and counts it, by line
-number.
+JSONL (``DecisionLog``): appending is crash-safe in the reader's sense: a batch of records is
+encoded whole and given to the operating system in one ``os.write`` on a file opened
+``O_APPEND`` (no Python buffer to flush later), so a crash can tear only the last line written.
+A log opened on a file whose last line is torn starts with a newline, so the torn line stays a
+line of its own; ``read_decisions`` skips every line that is not a whole JSON object and
+counts it, by line number.
+
+Parquet (``ParquetDecisionLog``, a path ending ``.parquet``): a folder of part files
+``part-<sequence>-<uuid>.parquet``, one per flush, each written under a temporary name
+(``.part-....parquet.tmp-PID``), synced and renamed, so a crash leaves no half-written part
+(only a temporary file, which readers skip: ``read_decisions`` names it, and
+``[source] kind = "parquet"`` reads only names ending ``.parquet``). Rows are gathered in
+memory and written as a part when ``rows_per_part`` are gathered or the oldest has waited
+``seconds_per_part`` at an append, and at ``flush`` or ``close``: a crash loses the rows
+gathered since the last part. Each part's columns have the pre-timeline schema's types (maps
+as Arrow maps) and record the row layout, so a decision folder is a ``[source]`` as it is.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from horizon_engine import HorizonError, detect_layout
 
 
 def decision_rows(
@@ -93,6 +109,9 @@ class DecisionLog:
         while view:  # a regular file takes a write whole; a short write goes on where it ended
             view = view[os.write(self._fd, view) :]
 
+    def flush(self) -> None:
+        """Nothing to do: every append is already in the file."""
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
@@ -105,17 +124,116 @@ class DecisionLog:
         self.close()
 
 
+PART_NAME = re.compile(r"part-(\d+)-[0-9a-f]{32}\.parquet")
+"""A Parquet decision log's part files; anything else in its folder is not read."""
+
+
+class ParquetDecisionLog:
+    """Gathers decision rows and writes them as Parquet parts of a folder; see the module's
+    docstring. ``written`` counts the rows in parts, ``len(gathered)`` those still waiting."""
+
+    def __init__(
+        self, path: str | Path, rows_per_part: int = 100_000, seconds_per_part: float = 60.0
+    ) -> None:
+        self.path = Path(path)
+        if self.path.exists() and not self.path.is_dir():
+            raise HorizonError(
+                f"{self.path}: a Parquet decision log is a folder of part files; a file is there"
+            )
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.rows_per_part = rows_per_part
+        self.seconds_per_part = seconds_per_part
+        sequences = [
+            int(match[1]) for match in map(PART_NAME.fullmatch, _names(self.path)) if match
+        ]
+        self.sequence = max(sequences, default=-1) + 1
+        self.gathered: list[Mapping[str, Any]] = []
+        self._first_gathered = 0.0
+        self.written = 0
+
+    def append(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Gather the rows; write a part when enough are gathered or the oldest is old enough."""
+        if not self.gathered:
+            self._first_gathered = time.monotonic()
+        self.gathered.extend(rows)
+        if len(self.gathered) >= self.rows_per_part or (
+            self.gathered and time.monotonic() - self._first_gathered >= self.seconds_per_part
+        ):
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the gathered rows as one part: a temporary file, synced, then renamed."""
+        if not self.gathered:
+            return
+        import pyarrow.parquet as pq
+
+        table = decision_table(self.gathered, str(self.path))
+        name = f"part-{self.sequence:08d}-{uuid.uuid4().hex}.parquet"
+        temporary = self.path / f".{name}.tmp-{os.getpid()}"
+        try:
+            with open(temporary, "wb") as handle:
+                pq.write_table(table, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temporary, self.path / name)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+        self.written += len(self.gathered)
+        self.sequence += 1
+        self.gathered = []
+
+    def close(self) -> None:
+        self.flush()
+
+    def __enter__(self) -> ParquetDecisionLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_decision_log(path: str | Path) -> DecisionLog | ParquetDecisionLog:
+    """The decision log at ``path``: Parquet parts when its name ends ``.parquet``, else JSONL."""
+    return ParquetDecisionLog(path) if str(path).endswith(".parquet") else DecisionLog(path)
+
+
+def decision_table(rows: Sequence[Mapping[str, Any]], where: str) -> Any:
+    """Decision rows as an Arrow table: the pre-timeline schema's type for each column the rows
+    have (their layout told by the first row, as ``[source]`` tells it) and strings for the
+    log's own ``decision_id``, ``model_id`` and ``timestamp``."""
+    import pyarrow as pa
+
+    layout = detect_layout(rows[0], "pre_timeline", "auto")
+    types = {column.name: column.type for column in layout.columns}
+    schema = pa.schema(
+        [pa.field(name, types.get(name, pa.string())) for name in rows[0]],
+        metadata=layout.metadata,
+    )
+    try:
+        return pa.Table.from_pylist(list(rows), schema=schema)
+    except (pa.ArrowException, TypeError, ValueError) as exc:
+        raise HorizonError(f"{where}: decision rows that do not fit {layout} ({exc})") from None
+
+
 @dataclass
 class DecisionLogContents:
-    """The whole rows of a decision log and the line numbers (from 1) of the torn ones."""
+    """The whole rows of a decision log, the line numbers (from 1) of a JSONL log's torn lines,
+    and the names of the files in a Parquet log's folder that are not parts (a temporary part
+    a crash left behind)."""
 
     rows: list[dict[str, Any]] = field(default_factory=list)
     torn_lines: list[int] = field(default_factory=list)
+    ignored_files: list[str] = field(default_factory=list)
 
 
 def read_decisions(path: str | Path) -> DecisionLogContents:
-    """Every whole row of a decision log; a line that is not a whole JSON object (what a crash
-    mid-write leaves) is skipped and counted."""
+    """Every whole row of a decision log, JSONL or a Parquet folder (parts in sequence order);
+    a JSONL line that is not a whole JSON object (what a crash mid-write leaves) is skipped and
+    counted, and so is a file in a Parquet folder that is not a part."""
+    path = Path(path)
+    if path.is_dir():
+        return _read_parts(path)
     contents = DecisionLogContents()
     with open(path, "rb") as handle:
         for number, line in enumerate(handle, start=1):
@@ -129,4 +247,29 @@ def read_decisions(path: str | Path) -> DecisionLogContents:
                 contents.rows.append(row)
             else:
                 contents.torn_lines.append(number)
+    return contents
+
+
+def _names(folder: Path) -> list[str]:
+    return sorted(entry.name for entry in folder.iterdir())
+
+
+def _read_parts(folder: Path) -> DecisionLogContents:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    contents = DecisionLogContents()
+    parts = []
+    for name in _names(folder):
+        match = PART_NAME.fullmatch(name)
+        if match:
+            parts.append((int(match[1]), name))
+        else:
+            contents.ignored_files.append(name)
+    for _, name in sorted(parts):
+        try:
+            table = pq.read_table(folder / name)
+        except (OSError, pa.ArrowException) as exc:
+            raise HorizonError(f"{folder / name}: not a readable Parquet part ({exc})") from None
+        contents.rows += table.to_pylist(maps_as_pydicts="strict")
     return contents

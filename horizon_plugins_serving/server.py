@@ -1,0 +1,531 @@
+"""``horizon serve MODEL``: decisions over HTTP/JSON, every one logged by a background writer.
+
+The command::
+
+    horizon serve MODEL [--host 127.0.0.1] [--port 8000] [--log decisions.jsonl]
+        [--policy greedy|epsilon_greedy|softmax] [--epsilon 0.1] [--temperature 1.0]
+        [--seed 0] [--max-body-bytes 1048576] [--max-batch 1024]
+        [--target-send-rate R --send-action NAME]
+
+listens on 127.0.0.1 unless told otherwise (``--port 0`` takes a free port), prints one line
+with its URL, and on SIGINT or SIGTERM stops taking requests, answers those in flight, writes
+every answered decision to the log, and exits 0. ``--log`` ending ``.parquet`` is a folder of
+Parquet parts (``decision_log``).
+
+The endpoints:
+
+- ``GET /health`` -> ``{"status": "ok", "model_id", "action_type", "actions", "policy",
+  "decisions_logged"}`` (and ``action_feature_ids`` for a parametric or continuous model).
+  ``decisions_logged`` counts the decisions the writer has handed to the log; answered ones
+  still queued are not counted yet. When the log has failed: 503 with ``"status": "failed"``.
+- ``POST /decisions`` with ``{"rows": [ROW, ...]}``, each ROW a ``horizon score`` input line:
+  200 ``{"decisions": [{"decision_id", "action", "action_probability", "timestamp",
+  "scores"}, ...]}`` in row order. ``scores`` maps each action to its score (a parametric
+  model's: each offered candidate's index, as a string); a continuous actor's decision has no
+  ``scores`` and its ``action`` maps the action feature ids to values; a parametric decision's
+  ``action`` is the chosen candidate's map. ``timestamp`` is the logged row's, for timing the
+  rewards that come later.
+- Errors, each ``{"error": message}`` and nothing logged: 400 the body is not JSON; 413 the
+  body is over ``--max-body-bytes`` (by its Content-Length before reading, else while reading
+  it: an oversized body is never held whole) or has more rows than ``--max-batch``; 422 the
+  body is not ``{"rows": [...]}`` or a row is bad, named by its index in ``rows`` (from 0):
+  ``row 3: state feature 'x' is 'a', expected a finite number`` (``commands.check_row``);
+  503 the decision log failed (its error given), so no more decisions are made.
+
+In Python (the closed loop's tests and examples run it this way)::
+
+    app = build_app(predictor, open_decision_log(path), max_body_bytes=1 << 20, max_batch=1024)
+    with BackgroundServer(app) as server:      # uvicorn in a thread, 127.0.0.1, a free port
+        ...  # plain HTTP to server.url, e.g. "http://127.0.0.1:43121"
+    # here the server has stopped and every answered decision is in the log, which is closed
+
+``build_app`` takes the log over: the app's lifespan starts its writer and, at shutdown, drains
+it and closes the log (so run the app with its lifespan: uvicorn does, and starlette's
+``TestClient`` as a context manager). The writer is one asyncio task: each answer's rows go
+into a bounded queue (when it is full the request waits for room, so a slow disk slows the
+answers instead of losing decisions) and the task appends what has gathered with one
+``DecisionLog.append`` in a worker thread, so answers never wait on the disk; an idle second
+flushes a Parquet log's gathered rows.
+
+Scoring runs inline on the event loop, not in the thread pool: with one request per call
+(``benchmarks/serving.py``, 8 keep-alive clients on 127.0.0.1) inline answered more decisions
+per second than ``run_in_threadpool``, whose hop to a worker thread and back costs more than the
+model (about 30 microseconds); inline also keeps the seeded draws in request order without a
+lock.
+
+Send/drop models: ``--target-send-rate R --send-action NAME`` decides a two-action model by
+the paper's rule (``Predictor.send_or_drop``) instead of ``--policy``; a
+``SendRateController`` moves the threshold after every ``SEND_RATE_WINDOW`` decisions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from horizon_engine import HorizonError
+from horizon_plugins_serving.commands import check_row
+from horizon_plugins_serving.decision_log import decision_rows
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from horizon_plugins_serving.decision_log import DecisionLog, ParquetDecisionLog
+    from horizon_plugins_serving.predictor import Predictor, SendRateController
+
+MAX_BODY_BYTES = 1 << 20
+MAX_BATCH = 1024
+QUEUED_ANSWERS = 1024
+"""Answered requests whose rows may wait for the writer before new requests wait instead."""
+IDLE_FLUSH_SECONDS = 1.0
+SEND_RATE_WINDOW = 200
+"""Decisions per controller update: the batch size its default gains were tuned on."""
+
+logger = logging.getLogger(__name__)
+
+
+class RequestError(Exception):
+    """A request answered with a 4xx or 5xx status and ``{"error": message}``."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class LogWriter:
+    """Appends answered decisions to the log from one asyncio task; see the module docstring.
+
+    ``logged`` counts the rows handed to the log; ``failure`` is the log's error once an
+    append or flush has failed: the app answers 503 from then on, and the rows already queued
+    are counted in ``lost`` (and left out of the log) so that no request waits for ever."""
+
+    def __init__(self, log: DecisionLog | ParquetDecisionLog) -> None:
+        self.log = log
+        self.logged = 0
+        self.lost = 0
+        self.failure: str | None = None
+        self._queue: asyncio.Queue[list[dict[str, Any]] | None] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._queue = asyncio.Queue(QUEUED_ANSWERS)
+        self._task = asyncio.create_task(self._write())
+
+    async def put(self, rows: list[dict[str, Any]]) -> None:
+        """Queue an answer's rows, waiting while the queue is full."""
+        if self._queue is None:
+            raise RuntimeError("the log writer is not running: run the app with its lifespan")
+        await self._queue.put(rows)
+
+    async def stop(self) -> None:
+        """Write every queued row, then close the log."""
+        if self._task is not None and self._queue is not None:
+            await self._queue.put(None)
+            await self._task
+        await asyncio.to_thread(self.log.close)
+
+    async def _write(self) -> None:
+        assert self._queue is not None
+        queue = self._queue
+        stopping = False
+        while not stopping:
+            try:
+                first = await asyncio.wait_for(queue.get(), IDLE_FLUSH_SECONDS)
+            except TimeoutError:
+                await self._call(self.log.flush)
+                continue
+            stopping = first is None
+            rows = list(first or [])
+            while not queue.empty() and not stopping:
+                more = queue.get_nowait()
+                stopping = more is None
+                rows += more or []
+            if rows and await self._call(self.log.append, rows):
+                self.logged += len(rows)
+            elif rows:
+                self.lost += len(rows)
+
+    async def _call(self, method: Any, *args: Any) -> bool:
+        """Call a log method in a worker thread; False (and ``failure`` set) once one fails."""
+        if self.failure:
+            return False
+        try:
+            await asyncio.to_thread(method, *args)
+        except Exception as exc:
+            self.failure = f"{type(exc).__name__}: {exc}"
+            logger.error("decision log %s failed, no more decisions: %s", self.log.path, exc)
+            return False
+        return True
+
+
+class DecisionService:
+    """The app's two endpoints on a Predictor and a LogWriter."""
+
+    def __init__(
+        self,
+        predictor: Predictor,
+        writer: LogWriter,
+        max_body_bytes: int,
+        max_batch: int,
+        send_rate: SendRateController | None,
+        send_action: str | None,
+    ) -> None:
+        self.predictor = predictor
+        self.writer = writer
+        self.max_body_bytes = max_body_bytes
+        self.max_batch = max_batch
+        self.send_rate = send_rate
+        self.send_drop: tuple[str, str] | None = None
+        self._sent: list[bool] = []
+        if send_rate is not None:
+            others = [action for action in predictor.actions if action != send_action]
+            if len(predictor.actions) != 2 or len(others) != 1:
+                raise HorizonError(
+                    f"send/drop needs a two-action model and --send-action one of them; "
+                    f"the model's actions are {predictor.actions}, --send-action {send_action!r}"
+                )
+            self.send_drop = (str(send_action), others[0])
+
+    @property
+    def policy(self) -> str:
+        return "send_drop" if self.send_drop else self.predictor.exploration.policy
+
+    async def health(self, request: Request) -> JSONResponse:
+        predictor = self.predictor
+        body: dict[str, Any] = {
+            "status": "failed" if self.writer.failure else "ok",
+            "model_id": predictor.model_id,
+            "action_type": predictor.action_type,
+            "actions": predictor.actions,
+            "policy": self.policy,
+            "decisions_logged": self.writer.logged,
+        }
+        if predictor.action_feature_ids:
+            body["action_feature_ids"] = predictor.action_feature_ids
+        if self.writer.failure:
+            body["error"] = f"the decision log failed: {self.writer.failure}"
+        return JSONResponse(body, 503 if self.writer.failure else 200)
+
+    async def decisions(self, request: Request) -> JSONResponse:
+        try:
+            if self.writer.failure:
+                raise RequestError(503, f"the decision log failed: {self.writer.failure}")
+            rows = self.parse(await self.read_body(request))
+            records, answers = self.decide(rows)
+        except RequestError as exc:
+            return JSONResponse({"error": str(exc)}, exc.status)
+        await self.writer.put(records)
+        return JSONResponse({"decisions": answers})
+
+    async def read_body(self, request: Request) -> bytes:
+        """The body, refused with 413 as soon as it is known to be over the cap."""
+        limit = self.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                raise RequestError(400, f"Content-Length {declared!r} is not a number")
+            if int(declared) > limit:
+                raise RequestError(
+                    413, f"body of {declared} bytes is over the limit of {limit} (--max-body-bytes)"
+                )
+        body = bytearray()
+        async with contextlib.aclosing(request.stream()) as chunks:
+            async for chunk in chunks:
+                body += chunk
+                if len(body) > limit:
+                    raise RequestError(
+                        413, f"body over the limit of {limit} bytes (--max-body-bytes)"
+                    )
+        return bytes(body)
+
+    def parse(self, body: bytes) -> list[dict[str, Any]]:
+        """The checked rows of a request body."""
+        try:
+            payload = json.loads(body)
+        except ValueError as exc:
+            raise RequestError(400, f"body is not JSON ({exc})") from None
+        rows = payload.get("rows") if isinstance(payload, dict) else None
+        if not isinstance(rows, list):
+            raise RequestError(422, 'expected a JSON object {"rows": [row, ...]}')
+        if len(rows) > self.max_batch:
+            raise RequestError(
+                413, f"{len(rows)} rows, more than the limit of {self.max_batch} (--max-batch)"
+            )
+        predictor = self.predictor
+        for number, row in enumerate(rows):
+            problem = check_row(row, predictor.actions, predictor.action_type)
+            if (
+                problem is None
+                and self.send_drop
+                and row.get("possible_actions") not in (None, predictor.actions)
+            ):
+                problem = f"send/drop decisions take both actions {predictor.actions} or none"
+            if problem is not None:
+                raise RequestError(422, f"row {number}: {problem}")
+        return rows
+
+    def decide(
+        self, rows: Sequence[dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The decision rows to log and the answers, in row order."""
+        predictor = self.predictor
+        states = [row["state_features"] for row in rows]
+        possible = [row.get("possible_actions") for row in rows]
+        if self.send_drop:
+            result = predictor.send_or_drop(states, self.send_rate, *self.send_drop, update=False)
+            self._update_send_rate([action == self.send_drop[0] for action in result.actions])
+            actions = result.actions
+        elif predictor.parametric:
+            result = predictor.predict(states, candidates=possible)
+            actions = [row[i] for row, i in zip(possible, result.actions, strict=True)]
+        elif predictor.continuous:
+            result = predictor.predict(states)
+            ids = predictor.action_feature_ids
+            actions = [dict(zip(ids, map(float, a), strict=True)) for a in result.actions]
+            possible = None
+        else:
+            result = predictor.predict(states, possible)
+            actions = result.actions
+        records = decision_rows(
+            states,
+            actions,
+            result.propensities,
+            predictor.model_id,
+            possible,
+            predictor.actions,
+            [row.get("mdp_id") for row in rows],
+            [row.get("sequence_number", 0) for row in rows],
+        )
+        answers = [
+            {
+                "decision_id": record["decision_id"],
+                "action": record["action"],
+                "action_probability": record["action_probability"],
+                "timestamp": record["timestamp"],
+            }
+            for record in records
+        ]
+        if not predictor.continuous:
+            for answer, offered, scores in zip(
+                answers, possible, result.scores.tolist(), strict=True
+            ):
+                if predictor.parametric:
+                    answer["scores"] = {str(i): scores[i] for i in range(len(offered))}
+                else:
+                    answer["scores"] = dict(zip(predictor.actions, scores, strict=True))
+        return records, answers
+
+    def _update_send_rate(self, sent: list[bool]) -> None:
+        assert self.send_rate is not None
+        self._sent += sent
+        while len(self._sent) >= SEND_RATE_WINDOW:
+            self.send_rate.update(self._sent[:SEND_RATE_WINDOW])
+            del self._sent[:SEND_RATE_WINDOW]
+
+
+def build_app(
+    predictor: Predictor,
+    log: DecisionLog | ParquetDecisionLog,
+    *,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    max_batch: int = MAX_BATCH,
+    send_rate: SendRateController | None = None,
+    send_action: str | None = None,
+) -> Starlette:
+    """The decision server's ASGI app; it takes ``log`` over and closes it at shutdown.
+
+    With ``send_rate`` (and ``send_action``, one of a two-action model's actions) decisions
+    follow the send/drop rule instead of the predictor's exploration."""
+    writer = LogWriter(log)
+    service = DecisionService(predictor, writer, max_body_bytes, max_batch, send_rate, send_action)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        writer.start()
+        try:
+            yield
+        finally:
+            await writer.stop()
+
+    app = Starlette(
+        routes=[
+            Route("/health", service.health, methods=["GET"]),
+            Route("/decisions", service.decisions, methods=["POST"]),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    return app
+
+
+def _uvicorn_server(app: Starlette, host: str = "127.0.0.1", port: int = 0) -> uvicorn.Server:
+    import uvicorn
+
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+    return uvicorn.Server(config)
+
+
+def _url(address: Sequence[Any]) -> str:
+    host, port = address[0], address[1]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class BackgroundServer:
+    """``app`` on uvicorn in a thread, bound to ``host`` (``port`` 0: a free port); ``url`` is
+    where it listens. Leaving the context stops it: requests in flight are answered, then the
+    app's shutdown writes every decision to the log and closes it."""
+
+    def __init__(
+        self, app: Starlette, host: str = "127.0.0.1", port: int = 0, start_timeout: float = 60.0
+    ) -> None:
+        self.server = _uvicorn_server(app, host, port)
+        self.start_timeout = start_timeout
+        self.url = ""
+        self._thread = threading.Thread(target=self.server.run, name="horizon-serve", daemon=True)
+
+    def __enter__(self) -> BackgroundServer:
+        self._thread.start()
+        deadline = time.monotonic() + self.start_timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.server.should_exit = True
+                self._thread.join()
+                raise HorizonError("the decision server did not start (its log says why)")
+            time.sleep(0.01)
+        self.url = _url(self.server.servers[0].sockets[0].getsockname())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self._thread.join()
+
+
+class _Stopped(Exception):
+    """SIGINT or SIGTERM, raised once uvicorn has shut down gracefully and re-raised it."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise _Stopped(signal.Signals(signum).name)
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    return socket.create_server((host, port), family=family)
+
+
+@click.command("serve")
+@click.argument("model", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on; the default keeps the server to this machine.",
+)
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option(
+    "--log",
+    "log_path",
+    type=click.Path(path_type=Path),
+    default=Path("decisions.jsonl"),
+    show_default=True,
+    help="Decision log: JSONL, or a folder of Parquet parts when the name ends .parquet.",
+)
+@click.option(
+    "--policy",
+    type=click.Choice(["greedy", "epsilon_greedy", "softmax"]),
+    default="greedy",
+    show_default=True,
+)
+@click.option("--epsilon", type=float, default=0.1, show_default=True)
+@click.option("--temperature", type=float, default=1.0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--max-body-bytes", type=click.IntRange(min=1), default=MAX_BODY_BYTES, show_default=True
+)
+@click.option("--max-batch", type=click.IntRange(min=1), default=MAX_BATCH, show_default=True)
+@click.option(
+    "--target-send-rate",
+    type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
+    help="Send/drop decisions holding this send rate (a two-action model; --send-action).",
+)
+@click.option("--send-action", help="The model's action that means send (with --target-send-rate).")
+def serve_command(
+    model: Path,
+    host: str,
+    port: int,
+    log_path: Path,
+    policy: str,
+    epsilon: float,
+    temperature: float,
+    seed: int,
+    max_body_bytes: int,
+    max_batch: int,
+    target_send_rate: float | None,
+    send_action: str | None,
+) -> None:
+    """Serve MODEL's decisions over HTTP (POST /decisions, GET /health), logging each one."""
+    from horizon_plugins_serving.decision_log import open_decision_log
+    from horizon_plugins_serving.predictor import Exploration, Predictor, SendRateController
+
+    try:
+        exploration = Exploration(
+            policy, epsilon if policy == "epsilon_greedy" else 0.0, temperature
+        )
+        predictor = Predictor(model, exploration, seed=seed)
+        send_rate = None
+        if target_send_rate is not None:
+            send_rate = SendRateController(target_send_rate)
+        elif send_action is not None:
+            raise HorizonError("--send-action is for send/drop decisions: add --target-send-rate")
+        log = open_decision_log(log_path)
+        app = build_app(
+            predictor,
+            log,
+            max_body_bytes=max_body_bytes,
+            max_batch=max_batch,
+            send_rate=send_rate,
+            send_action=send_action,
+        )
+        listening = _listening_socket(host, port)
+    except (HorizonError, OSError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    service: DecisionService = app.state.service
+    click.echo(
+        f"serving {model} (model_id {predictor.model_id}, policy {service.policy}) on "
+        f"{_url(listening.getsockname())}; logging decisions to {log_path}"
+    )
+    handlers = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stopped_by = "the server's end"
+    try:
+        _uvicorn_server(app).run(sockets=[listening])
+    except _Stopped as exc:
+        stopped_by = str(exc)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    writer = service.writer
+    if writer.failure:
+        click.echo(
+            f"error: the decision log failed: {writer.failure}; {writer.logged} decisions "
+            f"logged to {log_path}, {writer.lost} answered but not logged",
+            err=True,
+        )
+        sys.exit(1)
+    click.echo(f"stopped on {stopped_by}: {writer.logged} decisions logged to {log_path}")
