@@ -63,8 +63,10 @@ SECTIONS: dict[str, SectionRule] = {
     "trainer": SectionRule("trainers", "kind"),
     "evaluation": SectionRule("estimators", "kind", many=True),
     "export": SectionRule("exporters", "kind"),
+    "analysis": SectionRule("trainers", "kind", default_selector="world_model"),
 }
-"""The component sections, in pipeline order; ``[pipeline]`` is the core's own."""
+"""The component sections, in pipeline order; ``[pipeline]`` is the core's own. ``[analysis]``
+chooses a trainer that also analyses the data (``analyze``: the world model's MDP checks)."""
 
 STAGE_SECTIONS: dict[str, str] = {
     "source": "source",
@@ -73,6 +75,7 @@ STAGE_SECTIONS: dict[str, str] = {
     "train": "trainer",
     "evaluation": "evaluation",
     "export": "export",
+    "analysis": "analysis",
 }
 """The stages this version runs, in order, and the section configuring each: ``[pipeline]
 stages`` is checked against them when the file is loaded, so that a misspelt stage is reported

@@ -456,6 +456,24 @@ def run_export_stage(run: RunContext, choice: Choice) -> StageReport:
     return StageReport("export", outputs=exported["outputs"], details=exported["details"])
 
 
+def run_analysis_stage(run: RunContext, choice: Choice) -> StageReport:
+    """Analyse the timeline's data with the ``[analysis]`` trainer's ``analyze`` (the world
+    model's MDP checks), before or without training: the trainer is set up for the timeline's
+    problem as the train stage sets it up, and is handed both splits with the state
+    preprocessor's output; it writes its files under ``analysis/`` and returns the report."""
+    from horizon_engine.driver import load_split, set_up_trainer, timeline_problem
+    from horizon_engine.training import resolve_device
+
+    description, normalization = timeline_problem(run)
+    device = resolve_device(choice.config.device)
+    trainer, problem = set_up_trainer(choice, description, normalization, run.plugins, device)
+    splits = [
+        load_split(run, description, split, device).with_preprocessed(problem.state_preprocessor)
+        for split in ("train", "eval")
+    ]
+    return trainer.analyze(run, problem, splits)
+
+
 STAGES: tuple[Stage, ...] = (
     Stage(
         "source",
@@ -510,8 +528,16 @@ STAGES: tuple[Stage, ...] = (
         ),
         run_export_stage,
     ),
+    Stage(
+        "analysis",
+        "analysis",
+        ("analysis/*",),
+        ("timeline/timeline.json", NORMALIZATION_FILE),
+        run_analysis_stage,
+    ),
 )
-"""The stages this version can run, in pipeline order."""
+"""The stages this version can run, in pipeline order. The analysis comes last, though it
+reads only the data stages' outputs: running it again marks no training stale."""
 
 
 def _horizon_version() -> str:
@@ -546,6 +572,13 @@ class Engine:
             for section in [*spec.sections, *(["evaluation"] if spec.evaluation else [])]
             if section not in runnable and section in SECTIONS
         ]
+        analysis = spec.sections.get("analysis")
+        if analysis is not None and not callable(getattr(analysis.component.cls, "analyze", None)):
+            problems.append(
+                f"{spec.where('analysis', 'kind')}: [analysis] kind = "
+                f"{analysis.component.name!r} is a trainer that does not analyse data (it has no "
+                "analyze method); kind = 'world_model' does"
+            )
         if not spec.sections and not problems:
             problems.append(
                 f"{spec.origin}: no stage is configured; a pipeline needs at least a [source] "

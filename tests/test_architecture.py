@@ -24,6 +24,7 @@ PACKAGES = [
     "horizon_plugins_ac",
     "horizon_plugins_cpe",
     "horizon_plugins_serving",
+    "horizon_plugins_worldmodel",
 ]
 
 

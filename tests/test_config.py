@@ -78,7 +78,8 @@ def test_unknown_section_suggests_the_right_one(problems):
     path, found = problems(GOOD + '\n[trainr]\nkind = "dqn"\n')
     assert found == [
         f"{path}:9: unknown section [trainr]; did you mean [trainer]? Valid sections: "
-        "[pipeline], [source], [timeline], [normalization], [trainer], [[evaluation]], [export]."
+        "[pipeline], [source], [timeline], [normalization], [trainer], [[evaluation]], [export], "
+        "[analysis]."
     ]
 
 
@@ -362,7 +363,7 @@ def test_unknown_stage_names_file_line_and_the_nearest_stage(problems):
     path, found = problems(GOOD.replace("seed = 0", 'seed = 0\nstages = ["source", "trian"]'))
     assert found == [
         f"{path}:4: [pipeline] key 'stages': unknown stage 'trian'; did you mean 'train'? "
-        "Stages: source, timeline, normalization, train, evaluation, export."
+        "Stages: source, timeline, normalization, train, evaluation, export, analysis."
     ]
 
 

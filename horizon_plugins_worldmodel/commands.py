@@ -1,0 +1,95 @@
+"""``horizon check-mdp pipeline.toml``: is the logged problem an MDP? Checked before training.
+
+Registered through ``horizon_register_commands``. It runs the pipeline's data stages (source,
+timeline, normalization) and then the ``analysis`` stage, in the pipeline's output folder, and
+prints the report. The data stages are not run again when the folder already holds their
+outputs from the same ``[source]``, ``[timeline]`` and ``[normalization]`` settings
+(``--rebuild`` runs them anyway). A pipeline without ``[analysis]`` (or without ``[timeline]``
+or ``[normalization]``) gets the section with its defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from horizon_engine import Engine, HorizonError
+
+DATA_STAGES = ("source", "timeline", "normalization")
+"""The stages whose outputs the analysis reads, each configured by the section of its name."""
+
+DEFAULT_SECTIONS = {
+    "timeline": "timeline.engine=local",
+    "normalization": "normalization.engine=local",
+    "analysis": "analysis.kind=world_model",
+}
+"""What a pipeline without one of these sections is given (as a ``--set`` override)."""
+
+
+@click.command("check-mdp")
+@click.argument("pipeline", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="SECTION.KEY=VALUE",
+    help="Override a key of PIPELINE, e.g. --set analysis.epochs=60.",
+)
+@click.option(
+    "--rebuild",
+    is_flag=True,
+    help="Run the source, timeline and normalization stages even where output_dir holds them "
+    "from the same settings.",
+)
+def check_mdp_command(pipeline: Path, overrides: tuple[str, ...], rebuild: bool) -> None:
+    """Check PIPELINE's logged data with a learned world model: do actions predict
+    transitions, do state features predict the next state, do the features the actions move
+    predict the reward, and which features explain nothing."""
+    try:
+        output_dir = check_mdp(pipeline, list(overrides), rebuild)
+    except HorizonError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    folder = output_dir / "analysis"
+    click.echo((folder / "mdp_check.txt").read_text(encoding="utf-8"), nl=False)
+    click.echo(
+        f"every number: {folder / 'mdp_check.json'}; the chart: {folder / 'feature_importance.svg'}"
+    )
+
+
+def check_mdp(pipeline: Path, overrides: list[str], rebuild: bool = False) -> Path:
+    """Run the data stages that need running and the analysis; return the output folder."""
+    engine = Engine(show_progress=sys.stdout.isatty())
+    spec = engine.validate(pipeline, overrides, stages=["source"])
+    missing = [DEFAULT_SECTIONS[name] for name in DEFAULT_SECTIONS if name not in spec.sections]
+    overrides = [*overrides, *missing]
+    spec = engine.validate(pipeline, overrides, stages=[*DATA_STAGES, "analysis"])
+    output_dir = Path(spec.pipeline.output_dir)
+    reusable = not rebuild and _data_stages_done(output_dir, spec.resolved())
+    stages = ["analysis"] if reusable else [*DATA_STAGES, "analysis"]
+    engine.run(pipeline, overrides, stages)
+    return output_dir
+
+
+def _data_stages_done(output_dir: Path, config: dict[str, Any]) -> bool:
+    """Whether ``output_dir``'s manifest records the data stages as finished, current (not
+    stale) and configured as ``config`` configures them, with the same seed (which splits
+    the episodes)."""
+    try:
+        manifest = json.loads((output_dir / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    stages = manifest.get("stages", {})
+    recorded = manifest.get("config", {})
+    same_seed = recorded.get("pipeline", {}).get("seed") == config["pipeline"]["seed"]
+    return same_seed and all(
+        isinstance(stages.get(name), dict)
+        and not stages[name].get("stale")
+        and name not in manifest.get("incomplete_stages", {})
+        and recorded.get(name) == config.get(name)
+        for name in DATA_STAGES
+    )
