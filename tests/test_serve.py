@@ -360,3 +360,74 @@ def test_serving_over_http_imports_neither_torch_nor_spark(model, tmp_path):
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+class FailingLog:
+    """A decision log on a full disk."""
+
+    path = Path("full-disk.jsonl")
+
+    def append(self, rows: list[dict[str, Any]]) -> None:
+        raise OSError("No space left on device")
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_failed_log_stops_the_decisions_with_503_and_says_why(model):
+    with TestClient(build_app(Predictor(model), FailingLog())) as client:
+        assert client.post("/decisions", json={"rows": request_rows(2)}).status_code == 200
+        deadline = time.monotonic() + 30  # the writer fails beside the answers
+        while (health := client.get("/health")).status_code == 200:
+            assert time.monotonic() < deadline, "the writer never reported the failure"
+            time.sleep(0.01)
+        assert health.status_code == 503 and health.json()["status"] == "failed"
+        refused = client.post("/decisions", json={"rows": request_rows(1)})
+        service = client.app.state.service
+    assert refused.status_code == 503
+    assert refused.json()["error"] == ("the decision log failed: OSError: No space left on device")
+    assert service.writer.logged == 0 and service.writer.lost == 2
+
+
+def test_a_parametric_model_scores_the_offered_candidates_and_logs_the_chosen_map(tmp_path):
+    from horizon_engine.pipeline import Engine
+
+    run = tmp_path / "run"
+    config = {
+        "pipeline": {"output_dir": str(run), "seed": 0},
+        "source": {
+            "kind": "gym",
+            "env": "CartPole-v1",
+            "policy": "random",
+            "episodes": 20,
+            "parametric_actions": True,
+        },
+        "timeline": {"reward": {"reward": 1.0}},
+        "normalization": {"quantiles": False},
+        "trainer": {"kind": "parametric_dqn", "epochs": 1, "threads": 1},
+        "export": {"kind": "onnx"},
+    }
+    Engine(show_progress=False).run(config)
+    predictor = Predictor(run / "model.onnx")
+    one, two = {"4": 1.0, "5": 0.0}, {"4": 0.0, "5": 1.0}
+    offered = [[one, two, one], [two]]
+    rows = [
+        {"state_features": state, "possible_actions": candidates}
+        for state, candidates in zip(states(2), offered, strict=True)
+    ]
+    log = tmp_path / "decisions.parquet"
+    with TestClient(build_app(predictor, open_decision_log(log))) as client:
+        assert client.get("/health").json()["action_type"] == "parametric"
+        decisions = client.post("/decisions", json={"rows": rows}).json()["decisions"]
+        missing = client.post("/decisions", json={"rows": [{"state_features": {"0": 1.0}}]})
+    want = predictor.predict([row["state_features"] for row in rows], candidates=offered)
+    assert [list(d["scores"]) for d in decisions] == [["0", "1", "2"], ["0"]]
+    np.testing.assert_allclose(list(decisions[0]["scores"].values()), want.scores[0])
+    assert [d["action"] for d in decisions] == [offered[0][want.actions[0]], two]
+    assert missing.status_code == 422 and "needs possible_actions" in missing.json()["error"]
+    logged = read_decisions(log).rows
+    assert [row["action"] for row in logged] == [d["action"] for d in decisions]
+    assert logged[0]["possible_actions"] == [one, two, one]
