@@ -29,7 +29,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -171,12 +171,27 @@ def report_path(output: Path) -> Path:
 
 
 class BadRows:
-    """Bad input rows: the first fails the join, or with ``skip`` each is counted and skipped."""
+    """Bad input rows: the first fails the join, or with ``skip`` each is counted and skipped.
+
+    A chunk's rows are checked in two steps (each line, then the chunk's timestamps at once),
+    so what is found waits for ``flush`` at the chunk's end and is then taken in file order:
+    the first bad row named is the first in the file.
+    """
 
     def __init__(self, skip: bool, report: JoinReport) -> None:
         self.skip, self.report = skip, report
+        self._pending: list[tuple[int, str, str, str]] = []
 
-    def found(self, location: str, reason: str, kind: str) -> None:
+    def found(self, location: str, reason: str, kind: str, order: int) -> None:
+        """A bad row at ``location``; ``order`` places it in its file (line or row number)."""
+        self._pending.append((order, location, reason, kind))
+
+    def flush(self) -> None:
+        pending, self._pending = sorted(self._pending), []
+        for _, location, reason, kind in pending:
+            self._record(location, reason, kind)
+
+    def _record(self, location: str, reason: str, kind: str) -> None:
         if not self.skip:
             raise HorizonError(f"{location}: {reason} (--skip-bad-rows counts and skips such rows)")
         if kind == "decision":
@@ -213,6 +228,48 @@ def bad_key(row: Any) -> str | None:
     return None
 
 
+MISSING_ID = "decision_id is missing or empty, expected a non-empty string"
+"""Why a Parquet row without a decision_id is a bad row."""
+
+JOINED_ALREADY = "has metrics already (a joined row?); the join writes a decision's metrics"
+"""Why a decision row with metrics is a bad row."""
+
+
+def decision_problem(row: Any) -> str | None:
+    """What is wrong with a decision row's key, or a metrics field it must not have yet."""
+    problem = bad_key(row)
+    if problem is None and row.get("metrics") is not None:
+        return JOINED_ALREADY
+    return problem
+
+
+def reward_problem(row: Any) -> str | None:
+    """What is wrong with a reward row's decision_id or metrics (not its timestamp's text)."""
+    return bad_key(row) or bad_metrics(row.get("metrics"))
+
+
+def timestamp_problem(text: Any) -> str | None:
+    """Why a timestamp is not ISO 8601 text with a zone, or None."""
+    import pyarrow as pa
+
+    if not isinstance(text, str):
+        return f"timestamp is {text!r}, expected an ISO 8601 string"
+    try:
+        pa.scalar(text, pa.string()).cast(pa.timestamp("us", tz="UTC"))
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return f"timestamp {text!r} is not ISO 8601 with a zone (e.g. 2026-12-01T10:00:00Z)"
+    return None
+
+
+def line_problem(text: str, check: Callable[[Any], str | None]) -> str | None:
+    """What is wrong with a JSON line, as ``check`` and ``timestamp_problem`` word it."""
+    try:
+        row = json.loads(text)
+    except ValueError as exc:
+        return f"not JSON ({exc})"
+    return check(row) or timestamp_problem(row["timestamp"])
+
+
 def bad_metrics(metrics: Any) -> str | None:
     """What is wrong with a reward row's ``metrics``, or None."""
     if not isinstance(metrics, dict):
@@ -225,37 +282,36 @@ def bad_metrics(metrics: Any) -> str | None:
     return None
 
 
-def parse_timestamps(texts: pa.Array, located: Locations, bad: BadRows, kind: str) -> pa.Array:
-    """ISO 8601 strings (or timestamps) as UTC microseconds; a bad one is null and reported.
+def parse_timestamps(texts: pa.Array, where: str) -> tuple[pa.Array, dict[int, str]]:
+    """ISO 8601 strings (or timestamps) as UTC microseconds, and why each bad one (null in the
+    result) is bad, by index.
 
     A timestamp must say its zone (``Z`` or ``+00:00``, as the decision log writes): without
-    one the instant it names depends on where it was written.
+    one the instant it names depends on where it was written. A whole chunk is parsed at once;
+    a chunk that fails is parsed again row by row, to name the bad rows.
     """
     import pyarrow as pa
 
     target = pa.timestamp("us", tz="UTC")
     if pa.types.is_timestamp(texts.type):
         if texts.type.tz is None:
-            raise HorizonError(f"{located(0)}: timestamp column has no time zone")
-        return texts.cast(target)
+            raise HorizonError(f"{where}: the timestamp column has no time zone")
+        parsed = texts.cast(target)
+        missing = parsed.is_null().to_numpy(zero_copy_only=False).nonzero()[0]
+        return parsed, dict.fromkeys(missing.tolist(), timestamp_problem(None))
     try:
         parsed = texts.cast(target)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
         parsed = None
     if parsed is not None and parsed.null_count == texts.null_count == 0:
-        return parsed
-    values = []
+        return parsed, {}
+    values, problems = [], {}
     for index, text in enumerate(texts.to_pylist()):
-        try:
-            values.append(pa.scalar(text, pa.string()).cast(target).as_py())
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
-            bad.found(
-                located(index),
-                f"timestamp {text!r} is not ISO 8601 with a zone (e.g. 2026-12-01T10:00:00Z)",
-                kind,
-            )
-            values.append(None)
-    return pa.array(values, target)
+        problem = timestamp_problem(text)
+        if problem is not None:
+            problems[index] = problem
+        values.append(None if problem else pa.scalar(text, pa.string()).cast(target).as_py())
+    return pa.array(values, target), problems
 
 
 # --- reading the decision log -----------------------------------------------------------------
@@ -336,9 +392,9 @@ class DecisionLogReader:
                     if len(self.torn_lines) < SHOWN:
                         self.torn_lines.append(number)
                     continue
-                problem = bad_key(row)
+                problem = decision_problem(row)
                 if problem is not None:
-                    self.bad.found(f"{self.path}:{number}", problem, "decision")
+                    self.bad.found(f"{self.path}:{number}", problem, "decision", number)
                     continue
                 lines.append(line)
                 rows.append(row)
@@ -348,6 +404,7 @@ class DecisionLogReader:
                     lines, rows, numbers = [], [], []
         if rows:
             yield self._jsonl_chunk(lines, rows, numbers)
+        self.bad.flush()
 
     def _jsonl_chunk(
         self, lines: list[bytes], rows: list[dict[str, Any]], numbers: list[int]
@@ -356,21 +413,21 @@ class DecisionLogReader:
         import pyarrow.compute as pc
 
         ids = pa.array([row["decision_id"] for row in rows], pa.string())
-        timestamps = parse_timestamps(
-            pa.array([row["timestamp"] for row in rows], pa.string()),
-            Locations(f"{self.path}:", numbers),
-            self.bad,
-            "decision",
-        )
-        if timestamps.null_count:  # bad rows the caller chose to skip
+        texts = pa.array([row["timestamp"] for row in rows], pa.string())
+        timestamps, problems = parse_timestamps(texts, str(self.path))
+        for index, problem in problems.items():
+            self.bad.found(f"{self.path}:{numbers[index]}", problem, "decision", numbers[index])
+        if problems:  # bad rows the caller chose to skip
             good = pc.is_valid(timestamps).to_numpy(zero_copy_only=False)
             keep = [index for index, ok in enumerate(good) if ok]
             lines = [lines[index] for index in keep]
             rows = [rows[index] for index in keep]
             ids, timestamps = ids.filter(pa.array(good)), timestamps.filter(pa.array(good))
+        self.bad.flush()
         return DecisionChunk(ids, timestamps, lines=lines, rows=rows)
 
     def _parquet_chunks(self) -> Iterator[DecisionChunk]:
+        import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
@@ -386,27 +443,25 @@ class DecisionLogReader:
             first = 0
             for batch in parquet.iter_batches(batch_size=self.chunk_rows):
                 ids = batch.column("decision_id").cast(pa.string())
-                missing = pc.or_kleene(pc.is_null(ids), pc.equal(ids, ""))
-                missing = missing.to_numpy(zero_copy_only=False)
-                for index in missing.nonzero()[0]:
-                    self.bad.found(
-                        f"{part}:row {first + index}",
-                        "decision_id is empty, expected a non-empty string",
-                        "decision",
-                    )
-                timestamps = parse_timestamps(
-                    batch.column("timestamp"),
-                    Locations(f"{part}:row ", range(first, first + batch.num_rows)),
-                    self.bad,
-                    "decision",
-                )
+                no_id = pc.fill_null(pc.equal(ids, ""), True).to_numpy(zero_copy_only=False)
+                problems = dict.fromkeys(np.flatnonzero(no_id).tolist(), MISSING_ID)
+                if "metrics" in batch.schema.names:
+                    joined = batch.column("metrics").is_valid().to_numpy(zero_copy_only=False)
+                    for index in np.flatnonzero(joined).tolist():
+                        problems.setdefault(index, JOINED_ALREADY)
+                timestamps, late = parse_timestamps(batch.column("timestamp"), str(part))
+                for index, problem in {**late, **problems}.items():
+                    self.bad.found(f"{part}:row {first + index}", problem, "decision", index)
+                self.bad.flush()
                 first += batch.num_rows
-                good = pc.and_(pc.invert(pa.array(missing)), pc.is_valid(timestamps))
-                if not pc.all(good).as_py():
+                if problems or late:
+                    good = np.ones(batch.num_rows, dtype=bool)
+                    good[list({**late, **problems})] = False
+                    mask = pa.array(good)
                     batch, ids, timestamps = (
-                        batch.filter(good),
-                        ids.filter(good),
-                        timestamps.filter(good),
+                        batch.filter(mask),
+                        ids.filter(mask),
+                        timestamps.filter(mask),
                     )
                 yield DecisionChunk(ids, timestamps, batch=batch)
 
@@ -463,9 +518,12 @@ def _rewards_chunk(
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    timestamps = parse_timestamps(texts, located, bad, "reward")
+    timestamps, problems = parse_timestamps(texts, located.prefix.rsplit(":", 1)[0])
+    for index, problem in problems.items():
+        bad.found(located(index), problem, "reward", located.numbers[index])
+    bad.flush()
     rows = pa.table({"decision_id": ids, "timestamp": timestamps})
-    if timestamps.null_count:
+    if problems:
         good = pc.is_valid(timestamps).to_numpy(zero_copy_only=False)
         rows, metrics = rows.filter(pa.array(good)), _renumbered(metrics, good)
     return rows, metrics
@@ -521,11 +579,11 @@ def _jsonl_rewards(path: Path, bad: BadRows) -> Iterator[tuple[pa.Table, pa.Tabl
             try:
                 row = json.loads(line)
             except ValueError as exc:
-                bad.found(f"{path}:{number}", f"not JSON ({exc})", "reward")
+                bad.found(f"{path}:{number}", f"not JSON ({exc})", "reward", number)
                 continue
-            problem = bad_key(row) or bad_metrics(row.get("metrics"))
+            problem = reward_problem(row)
             if problem is not None:
-                bad.found(f"{path}:{number}", problem, "reward")
+                bad.found(f"{path}:{number}", problem, "reward", number)
                 continue
             for name, value in row["metrics"].items():
                 metric_rows.append(len(ids))
@@ -539,6 +597,7 @@ def _jsonl_rewards(path: Path, bad: BadRows) -> Iterator[tuple[pa.Table, pa.Tabl
                 ids, texts, numbers, metric_rows, names, values = [], [], [], [], [], []
     if ids:
         yield chunk()
+    bad.flush()
 
 
 def _parquet_rewards(path: Path, bad: BadRows) -> Iterator[tuple[pa.Table, pa.Table]]:
@@ -567,7 +626,7 @@ def _parquet_rewards(path: Path, bad: BadRows) -> Iterator[tuple[pa.Table, pa.Ta
             problems: dict[int, str] = {}
             no_id = pc.fill_null(pc.equal(ids, ""), True).to_numpy(zero_copy_only=False)
             for index in np.flatnonzero(no_id):
-                problems.setdefault(index, "decision_id is missing or empty")
+                problems.setdefault(index, MISSING_ID)
             for index in np.flatnonzero(batch.column("metrics").is_null().to_numpy(False)):
                 problems.setdefault(index, "metrics is missing")
             finite = pc.fill_null(pc.is_finite(values), False).to_numpy(zero_copy_only=False)
@@ -576,8 +635,8 @@ def _parquet_rewards(path: Path, bad: BadRows) -> Iterator[tuple[pa.Table, pa.Ta
                 problem = f"metric {name!r} is {value!r}, expected a finite number"
                 problems.setdefault(int(parents[entry]), problem)
             good = np.ones(batch.num_rows, dtype=bool)
-            for index in sorted(problems):
-                bad.found(located(index), problems[index], "reward")
+            for index, problem in problems.items():
+                bad.found(located(index), problem, "reward", int(numbers[index]))
                 good[index] = False
             metrics = _metric_table(parents, names, values)
             if problems:
@@ -753,6 +812,7 @@ class JoinedWriter:
         self._writer: Any = None
         self._handle: Any = None
         self._shaper: Any = None
+        self._schema: Any = None
         self.written = 0
         if self.parquet:
             path.mkdir()
@@ -790,26 +850,33 @@ class JoinedWriter:
     def _write_lines(self, lines: Iterator[bytes]) -> None:
         self._handle.write(b"".join(line + b"\n" for line in lines))
 
-    def _shape(self, rows: list[dict[str, Any]]) -> pa.Table:
-        """JSONL decision rows as the pre-timeline Arrow schema, their other fields after it."""
+    def _shape(self, rows: list[dict[str, Any]]) -> pa.Table | None:
+        """JSONL decision rows as ``joined_schema`` says (that of the first row written)."""
         import pyarrow as pa
 
-        from horizon_engine import RowShaper, detect_layout
+        from horizon_engine import RowShaper
 
         if not rows:
             return None
         if self._shaper is None:
-            self._shaper = RowShaper(detect_layout(rows[0], "pre_timeline", "auto"))
+            layout, self._schema = joined_schema(rows[0])
+            self._shaper = RowShaper(layout)
         shaped = self._shaper.shape((str(index), row) for index, row in enumerate(rows))
         if shaped.bad_rows:
             raise HorizonError(
                 f"a decision row cannot be written as Parquet: {shaped.bad_rows[0].reason}"
             )
+        extra = self._schema.names[len(shaped.table.schema) :]
+        unexpected = set(shaped.ignored_fields) - set(extra)
+        if unexpected:
+            raise HorizonError(
+                f"decision rows hold field(s) {sorted(unexpected)} that the first row did not; "
+                "JOINED as Parquet takes its columns from the first row (write JSONL instead)"
+            )
+        arrays = [pa.array([row.get(name) for row in rows]) for name in extra]
         table = shaped.table
-        known = set(table.column_names)
-        extra = [name for name in rows[0] if name not in known]
-        for name in extra:
-            table = table.append_column(name, pa.array([row.get(name) for row in rows]))
+        for name, array in zip(extra, arrays, strict=True):
+            table = table.append_column(name, array.cast(self._schema.field(name).type))
         return table
 
     def _write_table(self, table: pa.Table | None) -> None:
@@ -826,6 +893,32 @@ class JoinedWriter:
             self._writer.close()
         if self._handle is not None:
             self._handle.close()
+
+
+SCALAR_TYPES = {str: "string", bool: "bool", int: "int64", float: "float64"}
+"""The Arrow type of a decision row's own fields (decision_id, model_id, timestamp, ...)."""
+
+
+def joined_schema(first: dict[str, Any]) -> tuple[Any, pa.Schema]:
+    """The layout and Arrow schema of JOINED as Parquet from JSONL decision rows: the
+    pre-timeline row schema (with its Horizon metadata), then the row's other fields."""
+    import pyarrow as pa
+
+    from horizon_engine import detect_layout
+
+    layout = detect_layout(first, "pre_timeline", "auto")
+    known = {name for column in layout.columns for name in (column.name, *column.aliases)}
+    fields = list(layout.schema)
+    for name, value in first.items():
+        if name in known:
+            continue
+        if type(value) not in SCALAR_TYPES:
+            raise HorizonError(
+                f"decision field {name!r} is {value!r}: JOINED as Parquet keeps strings, numbers "
+                "and booleans besides the row schema's fields (write JSONL instead)"
+            )
+        fields.append(pa.field(name, SCALAR_TYPES[type(value)]))
+    return layout, pa.schema(fields, metadata=layout.metadata)
 
 
 def _with_metrics(table: pa.Table, metrics: pa.MapArray) -> pa.Table:

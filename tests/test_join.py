@@ -10,6 +10,8 @@ same output; a big generated log checks the counts at scale; and the joined rows
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -303,14 +305,16 @@ def test_parquet_rewards_name_their_bad_rows(logs, tmp_path):
         rewards,
     )
     printed = failing("join", decisions, rewards, "-o", tmp_path / "j.jsonl", "--window", "1d")
-    assert f"{rewards}:row 1: decision_id is missing or empty" in printed
+    assert (
+        f"{rewards}:row 1: decision_id is missing or empty, expected a non-empty string" in printed
+    )
     horizon(
         "join", decisions, rewards, "-o", tmp_path / "j.jsonl", "--window", "1d", "--skip-bad-rows"
     )
     report = json.loads((tmp_path / "j.jsonl.report.json").read_text())
     assert report["bad_reward_rows"] == 2 and report["rewarded"] == 1
     assert report["bad_rows"] == [
-        f"{rewards}:row 1: decision_id is missing or empty",
+        f"{rewards}:row 1: decision_id is missing or empty, expected a non-empty string",
         f"{rewards}:row 2: metric 'clicks' is nan, expected a finite number",
     ]
 
@@ -431,3 +435,92 @@ def test_joined_rows_are_the_next_runs_source(tmp_path, name):
     }
     assert {row["mdp_id"]: row["reward"] for row in timeline} == want
     assert (tmp_path / "run" / "checkpoints").exists()
+
+
+# --- the Spark engine -------------------------------------------------------------------------
+
+COUNTS = (
+    "decision_rows", "torn_lines", "torn_line_numbers", "duplicate_decisions", "duplicate_ids",
+    "decisions", "rewarded", "defaulted", "dropped", "written", "reward_rows",
+    "rewards_attached", "late_rewards", "early_rewards", "unknown_rewards", "unknown_ids",
+    "bad_decision_rows", "bad_reward_rows", "bad_rows",
+)  # fmt: skip
+
+
+def both_engines(tmp_path: Path, decisions: Path, rewards: Path, name: str, *options: str):
+    """JOINED's rows and report from each engine, for the same inputs and options."""
+    results = {}
+    for engine in ("local", "spark"):
+        output = tmp_path / engine / name
+        output.parent.mkdir(exist_ok=True)
+        horizon("join", decisions, rewards, "-o", output, "--engine", engine, *options)
+        report = json.loads(Path(f"{output}.report.json").read_text())
+        results[engine] = read_joined(output), {key: report[key] for key in COUNTS}
+    return results["local"], results["spark"]
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("name", ["joined.jsonl", "joined.parquet"])
+def test_spark_engine_writes_the_local_engines_rows_and_counts(spark, tmp_path, name):
+    """Every case of the hand-made log, plus bad rows skipped, joined by both engines."""
+    rewards = write_jsonl(
+        tmp_path / "rewards.jsonl",
+        [
+            *REWARDS,
+            {"timestamp": at(1), "metrics": {"clicks": 1}},
+            reward("quiet", 1, clicks=1) | {"timestamp": "noon"},
+            reward("quiet", 1) | {"metrics": {"clicks": "1"}},
+        ],
+    )
+    decisions = write_jsonl(
+        tmp_path / "decisions.jsonl",
+        [*DECISIONS, decision("joined") | {"metrics": {"clicks": 1.0}}],
+        TORN,
+    )
+    options = ("--window", "48h", "--default", "clicks=0", "--skip-bad-rows")
+    local, spark_result = both_engines(tmp_path, decisions, rewards, name, *options)
+    assert spark_result == local
+    assert local[1]["bad_reward_rows"] == 3 and local[1]["bad_decision_rows"] == 1
+    assert local[1]["torn_line_numbers"] == [8] and local[1]["rewarded"] == 2
+    local, spark_result = both_engines(
+        tmp_path, decisions, rewards, "dropped-" + name, *options[:2], "--drop-unrewarded",
+        "--skip-bad-rows",
+    )  # fmt: skip
+    assert spark_result == local and len(local[0]) == 2
+
+
+@pytest.mark.spark
+def test_spark_engine_reads_parquet_logs_and_rewards_as_the_local_one(spark, tmp_path):
+    parquet_log = write_parquet_log(tmp_path / "decisions.parquet", DECISIONS, parts=2)
+    rewards = tmp_path / "rewards.parquet"
+    pq.write_table(pa.Table.from_pylist(REWARDS), rewards)  # metrics as a struct
+    for name in ("joined.jsonl", "joined.parquet"):
+        local, spark_result = both_engines(tmp_path, parquet_log, rewards, name, "--window", "2d")
+        assert spark_result == local and local[1]["rewarded"] == 2
+
+
+@pytest.mark.spark
+def test_spark_engine_names_the_first_bad_row_and_writes_nothing(spark, tmp_path, logs):
+    decisions, _ = logs
+    rewards = tmp_path / "bad.jsonl"
+    rewards.write_text(
+        json.dumps(REWARDS[0]) + "\n" + json.dumps(reward("x", 1) | {"timestamp": "noon"}) + "\n"
+    )
+    output = tmp_path / "joined.jsonl"
+    printed = failing(
+        "join", decisions, rewards, "-o", output, "--window", "1d", "--engine", "spark"
+    )
+    assert f"{rewards}:2: timestamp 'noon' is not ISO 8601 with a zone" in printed
+    assert not output.exists()
+
+
+def test_the_join_command_imports_no_spark_unless_asked():
+    code = (
+        "import sys\n"
+        "from horizon_plugins_serving.join import join_command\n"
+        "print('pyspark' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "False"
