@@ -260,7 +260,7 @@ class DecisionService:
         """The checked rows of a request body."""
         try:
             payload = json.loads(body)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
             raise RequestError(400, f"body is not JSON ({exc})") from None
         rows = payload.get("rows") if isinstance(payload, dict) else None
         if not isinstance(rows, list):
@@ -449,7 +449,13 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     show_default=True,
     help="Address to listen on; the default keeps the server to this machine.",
 )
-@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8000,
+    show_default=True,
+    help="0 takes a free port; the URL is printed once listening.",
+)
 @click.option(
     "--log",
     "log_path",
@@ -468,9 +474,19 @@ def _listening_socket(host: str, port: int) -> socket.socket:
 @click.option("--temperature", type=float, default=1.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
-    "--max-body-bytes", type=click.IntRange(min=1), default=MAX_BODY_BYTES, show_default=True
+    "--max-body-bytes",
+    type=click.IntRange(min=1),
+    default=MAX_BODY_BYTES,
+    show_default=True,
+    help="Larger request bodies are refused (413) before they are read whole.",
 )
-@click.option("--max-batch", type=click.IntRange(min=1), default=MAX_BATCH, show_default=True)
+@click.option(
+    "--max-batch",
+    type=click.IntRange(min=1),
+    default=MAX_BATCH,
+    show_default=True,
+    help="Requests with more rows are refused (413).",
+)
 @click.option(
     "--target-send-rate",
     type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
@@ -491,7 +507,10 @@ def serve_command(
     target_send_rate: float | None,
     send_action: str | None,
 ) -> None:
-    """Serve MODEL's decisions over HTTP (POST /decisions, GET /health), logging each one."""
+    """Serve MODEL's decisions over HTTP (POST /decisions, GET /health), each one logged.
+
+    SIGINT or SIGTERM stops the server once the requests in flight are answered and every
+    answered decision is in the log."""
     from horizon_plugins_serving.decision_log import open_decision_log
     from horizon_plugins_serving.predictor import Exploration, Predictor, SendRateController
 
