@@ -131,10 +131,12 @@ PART_NAME = re.compile(r"part-(\d+)-[0-9a-f]{32}\.parquet")
 
 class ParquetDecisionLog:
     """Gathers decision rows and writes them as Parquet parts of a folder; see the module's
-    docstring. ``written`` counts the rows in parts, ``len(gathered)`` those still waiting."""
+    docstring. ``written`` counts the rows in parts, ``len(gathered)`` those still waiting.
+    The default part of 10,000 rows keeps the gathered rows (Python dicts, about a kilobyte
+    each) to some ten megabytes."""
 
     def __init__(
-        self, path: str | Path, rows_per_part: int = 100_000, seconds_per_part: float = 60.0
+        self, path: str | Path, rows_per_part: int = 10_000, seconds_per_part: float = 60.0
     ) -> None:
         self.path = Path(path)
         if self.path.exists() and not self.path.is_dir():

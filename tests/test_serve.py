@@ -5,6 +5,7 @@ Parquet decision log."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import signal
@@ -35,7 +36,12 @@ from horizon_plugins_serving.predictor import (
     SendRateController,
     send_probabilities,
 )
-from horizon_plugins_serving.server import SEND_RATE_WINDOW, BackgroundServer, build_app
+from horizon_plugins_serving.server import (
+    SEND_RATE_WINDOW,
+    BackgroundServer,
+    _listening_socket,
+    build_app,
+)
 
 
 @pytest.fixture(scope="module")
@@ -431,3 +437,28 @@ def test_a_parametric_model_scores_the_offered_candidates_and_logs_the_chosen_ma
     logged = read_decisions(log).rows
     assert [row["action"] for row in logged] == [d["action"] for d in decisions]
     assert logged[0]["possible_actions"] == [one, two, one]
+
+
+def test_the_commands_connections_send_without_waiting_for_acknowledgements():
+    """``horizon serve`` listens on a socket it makes itself; asyncio sets TCP_NODELAY on the
+    connections it accepts only when that socket's protocol is TCP (without, an answer's
+    second write waits ~40 ms for the client's delayed acknowledgement)."""
+
+    async def accepted_nodelay() -> int:
+        listening = _listening_socket("127.0.0.1", 0)
+        options: asyncio.Queue[int] = asyncio.Queue()
+
+        class Accept(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                connection = transport.get_extra_info("socket")
+                options.put_nowait(connection.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+                transport.close()
+
+        server = await asyncio.get_running_loop().create_server(Accept, sock=listening)
+        async with server:
+            _, writer = await asyncio.open_connection(*listening.getsockname()[:2])
+            option = await options.get()
+            writer.close()
+        return option
+
+    assert asyncio.run(accepted_nodelay()) != 0
