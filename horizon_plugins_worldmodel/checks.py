@@ -6,16 +6,22 @@ action, the model without the state, and (once the features the action moves are
 model without those features. Feature importance masks one input group at a time in the full
 model. Every effect is a mean difference of held-out losses with an interval over episodes
 (``statistics``), judged against the smallest effect that counts (``min_information`` nats
-per transition, ``min_reward_share`` of the reward's variance):
+per transition, ``min_share`` of the reward's variance or of the episode's end's entropy):
 
 1. do actions predict transitions? (without the action against with it);
 2. do state features predict the next state at all? (without the state);
 3. do the features the action moves predict the reward or the episode's end? (without them);
 4. which features explain nothing (no effect on transitions or the reward): suggested for removal.
+
+The features the action moves are those whose next value the model without the action predicts
+worse, and then every feature whose next value those predict (masking one in the full model
+worsens the other's prediction), and so on: in CartPole the action pushes the velocities, and
+the velocities move the position and the angle, whose limits end the episode.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +35,8 @@ from horizon_plugins_worldmodel.fitting import EpochCallback, ModelFitter, RowLo
 from horizon_plugins_worldmodel.statistics import EpisodeBootstrap, Interval, verdict
 
 NATS = "nats per transition"
-SHARE = "share of the reward's variance"
+REWARD_SHARE = "share of the reward's variance"
+ENDING_SHARE = "share of the information in the episode's end"
 
 
 @dataclass
@@ -127,13 +134,14 @@ class MdpAnalysis:
             on_epoch = None
             if progress is not None:
                 progress(1)
-        moved = self.action_moved_features()
+        influence = self.influence()
+        moved = self.moved_features(influence)
         if moved:
             columns = torch.cat([self.data.group(feature).columns for feature in moved])
             self._fit_variant("without_moved", self.hidden(columns))
         if progress is not None:
             progress(1)
-        return self.result(moved)
+        return self.result(influence, moved)
 
     def effect(self, name: str, part: str = "transition") -> Interval:
         """How much worse variant ``name`` predicts ``part`` than the full model."""
@@ -149,15 +157,32 @@ class MdpAnalysis:
         worse = self.held.losses[name].next_state - self.held.losses["full"].next_state
         return worse.index_select(1, columns).sum(dim=1)
 
-    def action_moved_features(self) -> list[str]:
-        """The state features whose next value the action predicts (beyond noise)."""
-        return [
-            group.name
-            for group in self.data.groups
-            if group.name != ACTION
-            and self.bootstrap.mean(self.next_state_effect("without_action", group.name)).low
-            > self.config.min_information
-        ]
+    def _moves(self, name: str, target: str) -> bool:
+        """Whether variant ``name`` predicts ``target``'s next value worse, beyond noise."""
+        worse = self.bootstrap.mean(self.next_state_effect(name, target))
+        return worse.low > self.config.min_information
+
+    def influence(self) -> dict[str, list[str]]:
+        """For the action and each state feature, the state features whose next value it
+        predicts: the action's from the model fitted without it, a feature's from masking it
+        in the full model (a feature's effect on its own next value left out)."""
+        targets = [group.name for group in self.data.groups if group.name != ACTION]
+        found = {ACTION: [t for t in targets if self._moves("without_action", t)]}
+        for source in targets:
+            found[source] = [t for t in targets if t != source and self._moves(f"mask:{source}", t)]
+        return found
+
+    @staticmethod
+    def moved_features(influence: dict[str, list[str]]) -> list[str]:
+        """The features the action moves, directly or through features it moves."""
+        moved: list[str] = []
+        frontier = list(influence[ACTION])
+        while frontier:
+            feature = frontier.pop(0)
+            if feature not in moved:
+                moved.append(feature)
+                frontier += influence.get(feature, [])
+        return moved
 
     def reward_variance(self) -> float:
         return float(self.data.reward.double().var()) if len(self.data) > 1 else 0.0
@@ -169,6 +194,22 @@ class MdpAnalysis:
         if variance <= 1e-12:
             return None
         return self.effect(name, "reward").scaled(1.0 / variance)
+
+    def ending_entropy(self) -> float:
+        """Nats per transition of whether an episode ends: what a model that knows only how
+        often episodes end loses, and all that any model can gain."""
+        rate = float(self.data.terminal.double().mean())
+        if rate <= 0.0 or rate >= 1.0:
+            return 0.0
+        return -(rate * math.log(rate) + (1 - rate) * math.log(1 - rate))
+
+    def ending_share(self, name: str) -> Interval | None:
+        """How much worse ``name`` predicts the episode's end, as a share of
+        ``ending_entropy``; None when no episode ends (or every row ends one)."""
+        entropy = self.ending_entropy()
+        if entropy <= 0.0:
+            return None
+        return self.effect(name, "termination").scaled(1.0 / entropy)
 
     def importance(self) -> list[dict[str, Any]]:
         """Each input group's importance (its held-out loss increase when masked), with the
@@ -191,7 +232,7 @@ class MdpAnalysis:
             )
         return sorted(rows, key=lambda row: -row["transition"].value)
 
-    def result(self, moved: list[str]) -> dict[str, Any]:
+    def result(self, influence: dict[str, list[str]], moved: list[str]) -> dict[str, Any]:
         config = self.config
         importance = self.importance()
         checks = [
@@ -224,10 +265,11 @@ class MdpAnalysis:
                 "num_bootstrap": config.num_bootstrap,
                 "confidence": config.confidence,
                 "reward_variance": self.reward_variance(),
+                "ending_entropy": self.ending_entropy(),
             },
             "thresholds": {
                 "min_information": config.min_information,
-                "min_reward_share": config.min_reward_share,
+                "min_share": config.min_share,
             },
             "held_out_loss": {
                 "transition_nll": self.bootstrap.mean(full.transition()),
@@ -235,6 +277,7 @@ class MdpAnalysis:
                 "reward_mse": self.bootstrap.mean(full.reward),
             },
             "checks": checks,
+            "influence": influence,
             "action_moved_features": moved,
             "feature_importance": importance,
         }
@@ -264,7 +307,7 @@ class MdpAnalysis:
         }
 
     def _reward_check(self, moved: list[str]) -> dict[str, Any]:
-        config = self.config
+        threshold = self.config.min_share
         base = {
             "name": "moved_features_predict_reward",
             "question": "Do the state features the actions move predict the reward?",
@@ -278,39 +321,31 @@ class MdpAnalysis:
                 "(see the first check).",
                 "numbers": {},
             }
-        reward = self.reward_share("without_moved")
-        ending = self.effect("without_moved", "termination")
-        answers = [verdict(ending, config.min_information)]
-        if reward is not None:
-            answers.append(verdict(reward, config.min_reward_share))
+        shares = {
+            "reward": (self.reward_share("without_moved"), REWARD_SHARE, "the reward"),
+            "ending": (self.ending_share("without_moved"), ENDING_SHARE, "the episode's end"),
+        }
+        answers = [verdict(share, threshold) for share, _, _ in shares.values() if share]
         answer = "yes" if "yes" in answers else "unclear" if "unclear" in answers else "no"
         names = ", ".join(moved)
-        reward_text = (
-            "the reward is constant"
-            if reward is None
-            else f"the reward's error grows by {_numbers(reward, SHARE)}"
-        )
-        ending_text = f"the episode's end by {_numbers(ending, NATS)}"
-        detail = f"without {names}, {reward_text}, and {ending_text}"
+        parts = [
+            f"{what} {'is constant' if share is None else 'loses ' + _numbers(share, unit)}"
+            for share, unit, what in shares.values()
+        ]
+        detail = f"without {names}, the prediction of " + " and of ".join(parts)
         if answer == "yes":
-            text = f"Yes: the features the actions move ({names}) predict the outcome: {detail}."
+            text = f"Yes: the features the actions move predict the outcome: {detail}."
         elif answer == "no":
             text = (
-                f"No: {detail}, under {config.min_reward_share} of the variance and "
-                f"{config.min_information} nats: the reward reduces to each action's immediate "
-                "return, a bandit, not RL."
+                f"No: {detail}, under the {threshold} that would count: the reward reduces to "
+                "each action's immediate return, a bandit, not RL."
             )
         else:
             text = f"Cannot tell: {detail}; more episodes would tell."
-        numbers: dict[str, Any] = {
-            "features": moved,
-            "termination": ending,
-            "termination_unit": NATS,
-            "termination_threshold": config.min_information,
-            "reward_threshold": config.min_reward_share,
-        }
-        if reward is not None:
-            numbers |= {"reward": reward, "reward_unit": SHARE}
+        numbers: dict[str, Any] = {"features": moved, "threshold": threshold}
+        for key, (share, unit, _) in shares.items():
+            if share is not None:
+                numbers |= {key: share, f"{key}_unit": unit}
         return {
             **base,
             "verdict": answer,
@@ -326,13 +361,13 @@ class MdpAnalysis:
             for row in importance
             if row["feature"] != ACTION
             and row["transition"].high < config.min_information
-            and (row["reward"] is None or row["reward"].high < config.min_reward_share)
+            and (row["reward"] is None or row["reward"].high < config.min_share)
         ]
         if useless:
             text = (
                 f"Suggested for removal: {', '.join(useless)}. Masked one at a time, each "
                 f"changes the held-out losses by less than {config.min_information} nats per "
-                f"transition and {config.min_reward_share} of the reward's variance (of two "
+                f"transition and {config.min_share} of the reward's variance (of two "
                 "copies of one signal, each alone looks unneeded: remove one at a time)."
             )
         else:

@@ -10,6 +10,7 @@ own units. The recurrent model learns from whole episodes, padded to the longest
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -105,7 +106,7 @@ class ModelFitter:
         )
         optimizer = ForeachAdam(model.network.parameters(), lr=self.config.learning_rate)
         generator = torch.Generator().manual_seed(seed)
-        for epoch in range(1, self.config.epochs + 1):
+        for epoch in range(1, self.epochs(len(self._units(rows)[0])) + 1):
             sums: dict[str, float] = {}
             batches = 0
             for index, weight in self._batches(rows, generator):
@@ -121,6 +122,12 @@ class ModelFitter:
                 on_epoch(epoch, {name: total / batches for name, total in sums.items()})
         model.network.eval()
         return model
+
+    def epochs(self, units: int) -> int:
+        """Passes over ``units`` rows (or episodes): ``epochs``, or enough for
+        ``min_updates``."""
+        batches = math.ceil(units / self.config.minibatch_size)
+        return max(self.config.epochs, math.ceil(self.config.min_updates / max(batches, 1)))
 
     def _batches(
         self, rows: torch.Tensor, generator: torch.Generator

@@ -28,7 +28,7 @@ from horizon_plugins_worldmodel.fitting import ModelFitter
 from horizon_plugins_worldmodel.report import importance_svg, report_text
 from horizon_plugins_worldmodel.statistics import plain
 
-FAST = {"epochs": 20, "layers": [32, 32], "num_bootstrap": 200}
+FAST = {"epochs": 20, "min_updates": 1, "layers": [32, 32], "num_bootstrap": 200}
 """Small models: the synthetic problems are simple, and the checks must take seconds."""
 
 
@@ -176,7 +176,7 @@ def test_the_mixture_density_fits_two_gaussians_to_their_entropy():
         step=torch.zeros(rows, dtype=torch.long),
         groups=input_groups(["0"], 2),
     )
-    fitter = ModelFitter(WorldModelConfig(epochs=30, layers=[32, 32]), data)
+    fitter = ModelFitter(WorldModelConfig(epochs=30, min_updates=1, layers=[32, 32]), data)
     model = fitter.fit(torch.arange(4000), torch.zeros(3, dtype=torch.bool), seed=0)
     nll = float(fitter.losses(model, torch.arange(4000, rows)).next_state.mean())
 
