@@ -10,10 +10,10 @@ A bad line is named (line number and what is wrong) and fails the command, or wi
 ``--skip-bad-rows`` is counted and skipped; the count and the first lines named are printed,
 never dropped silently.
 
-The output is written atomically: the decision log is appended to a temporary file beside it
-and renamed into place when every row is scored, so a crash leaves no half-written
-DECISIONS.jsonl (offline scoring is simply run again); ``horizon serve``'s log is the one
-appended line by line.
+The output is written atomically: the decision log (JSONL, or a folder of Parquet parts when
+its name ends ``.parquet``) is written to a temporary name beside it and renamed into place
+when every row is scored, so a crash leaves no half-written output (offline scoring is simply
+run again); ``horizon serve``'s log is the one appended as it goes.
 """
 
 from __future__ import annotations
@@ -93,7 +93,8 @@ def check_row(row: Any, actions: list[str], action_type: str) -> str | None:
     "--output",
     required=True,
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Decision log to write (JSONL, one pre-timeline row per decision).",
+    help="Decision log to write: JSONL, one pre-timeline row per line, or Parquet parts in a "
+    "folder when the name ends .parquet.",
 )
 @click.option(
     "--policy",
@@ -119,7 +120,11 @@ def score_command(
 ) -> None:
     """Score ROWS.jsonl's state_features with MODEL (an exported model.onnx) and write a
     decision log with each chosen action and its propensity under --policy."""
-    from horizon_plugins_serving.decision_log import DecisionLog, decision_rows
+    from horizon_plugins_serving.decision_log import (
+        DecisionLog,
+        ParquetDecisionLog,
+        decision_rows,
+    )
     from horizon_plugins_serving.predictor import Exploration, Predictor
 
     try:
@@ -129,7 +134,8 @@ def score_command(
         predictor = Predictor(model, exploration, seed=seed)
         bad: list[tuple[int, str]] = []
         scored = 0
-        with atomic_output(output) as temporary, DecisionLog(temporary) as log:
+        log_kind = ParquetDecisionLog if output.name.endswith(".parquet") else DecisionLog
+        with atomic_output(output) as temporary, log_kind(temporary) as log:
             batch: list[dict[str, Any]] = []
 
             def flush() -> None:

@@ -205,7 +205,8 @@ def test_decision_log_round_trips_and_a_torn_last_line_is_skipped_and_counted(tm
     assert first["action_probability"] in (0.25, 0.75)
 
 
-def test_horizon_score_writes_a_decision_log(tmp_path, model):
+@pytest.mark.parametrize("name", ["decisions.jsonl", "decisions.parquet"])
+def test_horizon_score_writes_a_decision_log(tmp_path, model, name):
     rows = states(30)
     lines = [
         json.dumps({"state_features": row, "mdp_id": f"m{i}", "sequence_number": i})
@@ -214,8 +215,9 @@ def test_horizon_score_writes_a_decision_log(tmp_path, model):
     lines[4] = json.dumps({"state_features": rows[4], "possible_actions": ["0"]})
     source = tmp_path / "rows.jsonl"
     source.write_text("\n".join(lines) + "\n")
-    output = tmp_path / "out" / "decisions.jsonl"
+    output = tmp_path / "out" / name
     printed = horizon("score", model, source, "-o", output, "--policy", "softmax", "--seed", "1")
+    assert output.is_dir() == name.endswith(".parquet")
     assert "scored 30 rows" in printed and "skipped 0 bad rows" in printed
     contents = read_decisions(output)
     assert len(contents.rows) == 30 and not contents.torn_lines
