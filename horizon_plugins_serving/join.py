@@ -108,6 +108,8 @@ class JoinReport:
     """Good whole rows in the decision log, repeated decision_ids included."""
     torn_lines: int = 0
     torn_line_numbers: list[int] = field(default_factory=list)
+    ignored_files: list[str] = field(default_factory=list)
+    """Files in a Parquet log's folder that are not parts (a temporary part a crash left)."""
     duplicate_decisions: int = 0
     """Rows whose decision_id an earlier row had: left out, the first row kept."""
     duplicate_ids: list[str] = field(default_factory=list)
@@ -151,6 +153,11 @@ class JoinReport:
             lines.append(
                 f"{self.torn_lines} torn decision-log lines skipped"
                 f"{_examples(list(map(str, self.torn_line_numbers)))}"
+            )
+        if self.ignored_files:
+            lines.append(
+                f"{len(self.ignored_files)} files in the decision log's folder are not parts "
+                f"and were not read{_examples(self.ignored_files[:SHOWN])}"
             )
         if self.bad_decision_rows or self.bad_reward_rows:
             lines.append(
@@ -348,6 +355,22 @@ def parquet_files(path: Path) -> list[Path]:
     return sorted(
         (part for part in path.rglob("*.parquet") if not part.name.startswith((".", "_"))),
         key=order,
+    )
+
+
+def ignored_files(path: Path) -> list[str]:
+    """The files of a Parquet folder that ``parquet_files`` does not read, but Spark's markers
+    and checksums: a temporary part that a crash left, or a stranger's file."""
+    if not path.is_dir():
+        return []
+    parts = set(parquet_files(path))
+    return sorted(
+        str(entry.relative_to(path))
+        for entry in path.rglob("*")
+        if entry.is_file()
+        and entry not in parts
+        and entry.name != "_SUCCESS"
+        and not entry.name.endswith(".crc")
     )
 
 
@@ -954,7 +977,7 @@ def join_local(
     """The local engine: Arrow tables for the keys and rewards, two passes over the log."""
     import pyarrow as pa
 
-    report = JoinReport("local", window_seconds, defaults)
+    report = JoinReport("local", window_seconds, defaults, ignored_files=ignored_files(decisions))
     bad = BadRows(skip_bad_rows, report)
     log = DecisionLogReader(decisions, bad)
     keys = []

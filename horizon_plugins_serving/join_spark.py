@@ -30,6 +30,7 @@ from horizon_plugins_serving.join import (
     BadRows,
     JoinReport,
     decision_problem,
+    ignored_files,
     is_parquet,
     joined_schema,
     line_problem,
@@ -359,7 +360,7 @@ def join_spark(
     from pyspark.sql import functions as F
 
     spark = spark_session()
-    report = JoinReport("spark", window_seconds, defaults)
+    report = JoinReport("spark", window_seconds, defaults, ignored_files=ignored_files(decisions))
     bad = BadRows(skip_bad_rows, report)
     if is_parquet(decisions):
         log = check_parquet_decisions(spark, decisions)

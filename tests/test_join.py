@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,11 @@ import pytest
 from click.testing import CliRunner
 
 from horizon_engine.cli import main
-from horizon_plugins_serving.decision_log import DecisionLog, decision_rows
+from horizon_plugins_serving.decision_log import (
+    ParquetDecisionLog,
+    decision_rows,
+    open_decision_log,
+)
 from horizon_plugins_serving.join import parse_window
 
 NOON = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -233,28 +236,18 @@ def test_a_decision_row_without_its_key_is_named(tmp_path):
     assert report["bad_decision_rows"] == 1 and report["decisions"] == 1
 
 
-def write_parquet_log(folder: Path, rows: list[dict[str, Any]], parts: int) -> Path:
-    """A decision log as ``horizon serve`` writes it with a ``.parquet`` name: a directory of
-    part files, maps as Arrow maps; plus a temporary file a crash left, which is not a part."""
-    folder.mkdir()
-    schema = pa.schema(
-        [
-            ("ds", pa.string()),
-            ("mdp_id", pa.string()),
-            ("sequence_number", pa.int64()),
-            ("state_features", pa.map_(pa.string(), pa.float64())),
-            ("possible_actions", pa.list_(pa.string())),
-            ("action", pa.string()),
-            ("action_probability", pa.float64()),
-            ("decision_id", pa.string()),
-            ("model_id", pa.string()),
-            ("timestamp", pa.string()),
-        ]
-    )
-    for part, chunk in enumerate(np.array_split(np.arange(len(rows)), parts)):
-        table = pa.Table.from_pylist([rows[i] for i in chunk], schema=schema)
-        pq.write_table(table, folder / f"part-{part:05d}-{uuid.uuid4().hex}.parquet")
-    pq.write_table(pa.Table.from_pylist([rows[0]], schema=schema), folder / ".part-9.tmp")
+LEFT_BY_A_CRASH = f".part-00000009-{'0' * 32}.parquet.tmp-999"
+"""The temporary name of a part a crash interrupted: not a part, so not read."""
+
+
+def write_parquet_log(folder: Path, rows: list[dict[str, Any]], rows_per_part: int) -> Path:
+    """A decision log as ``horizon serve --log NAME.parquet`` writes it (``ParquetDecisionLog``),
+    its parts numbered past 9 so that their order is numeric, plus a crash's temporary file."""
+    with ParquetDecisionLog(folder, rows_per_part=rows_per_part) as log:
+        log.sequence = 8
+        for row in rows:
+            log.append([row])
+    (folder / LEFT_BY_A_CRASH).write_bytes(b"PAR1")
     return folder
 
 
@@ -262,7 +255,7 @@ def test_parquet_in_and_out_give_the_jsonl_rows(logs, tmp_path):
     decisions, rewards = logs
     horizon("join", decisions, rewards, "-o", tmp_path / "want.jsonl", "--window", "48h")
     want = read_joined(tmp_path / "want.jsonl")
-    parquet_log = write_parquet_log(tmp_path / "decisions.parquet", DECISIONS, parts=3)
+    parquet_log = write_parquet_log(tmp_path / "decisions.parquet", DECISIONS, rows_per_part=2)
     parquet_rewards = tmp_path / "rewards.parquet"
     metrics = pa.map_(pa.string(), pa.float64())
     pq.write_table(
@@ -285,6 +278,12 @@ def test_parquet_in_and_out_give_the_jsonl_rows(logs, tmp_path):
             assert read_joined(output) == want, output
             report = json.loads(Path(f"{output}.report.json").read_text())
             assert report["rewarded"] == 2 and report["unknown_ids"] == ["stranger"]
+            assert report["ignored_files"] == (
+                [LEFT_BY_A_CRASH] if inputs[0] == parquet_log else []
+            )
+    assert sorted(path.name[:13] for path in parquet_log.glob("part-*")) == [
+        "part-00000008", "part-00000009", "part-00000010"
+    ]  # fmt: skip
     assert (tmp_path / "parquet-parquet-joined.parquet").is_dir()
 
 
@@ -399,17 +398,24 @@ threads = 1
 """
 
 
-@pytest.mark.parametrize("name", ["joined.jsonl", "joined.parquet"])
-def test_joined_rows_are_the_next_runs_source(tmp_path, name):
-    """A real decision log (``decision_rows`` and ``DecisionLog``, as ``horizon score``), its
-    rewards joined, then ``horizon run`` through the timeline and a dqn epoch: each timeline
-    row's reward is its decision's clicks - 2 * cost."""
+@pytest.mark.parametrize(
+    ("log_name", "name"),
+    [
+        ("decisions.jsonl", "joined.jsonl"),
+        ("decisions.jsonl", "joined.parquet"),
+        ("decisions.parquet", "joined.parquet"),
+    ],
+)
+def test_joined_rows_are_the_next_runs_source(tmp_path, log_name, name):
+    """A real decision log (``decision_rows`` and the log ``horizon score`` and ``horizon
+    serve`` write), its rewards joined, then ``horizon run`` through the timeline and a dqn
+    epoch: each timeline row's reward is its decision's clicks - 2 * cost."""
     rng = np.random.default_rng(0)
     count = 64
     states = [{"0": float(x), "1": float(y)} for x, y in rng.normal(size=(count, 2))]
     actions = [str(a) for a in rng.integers(0, 2, count)]
     rows = decision_rows(states, actions, [0.5] * count, "m" * 16, all_actions=["0", "1"], now=NOON)
-    with DecisionLog(tmp_path / "decisions.jsonl") as log:
+    with open_decision_log(tmp_path / log_name) as log:
         log.append(rows)
     clicks = rng.integers(0, 4, count)
     rewards = [
@@ -420,7 +426,7 @@ def test_joined_rows_are_the_next_runs_source(tmp_path, name):
     write_jsonl(tmp_path / "rewards.jsonl", rewards)
     joined = tmp_path / name
     horizon(
-        "join", tmp_path / "decisions.jsonl", tmp_path / "rewards.jsonl", "-o", joined,
+        "join", tmp_path / log_name, tmp_path / "rewards.jsonl", "-o", joined,
         "--window", "48h", "--default", "clicks=0", "--default", "cost=0",
     )  # fmt: skip
     config = tmp_path / "pipeline.toml"
@@ -440,8 +446,8 @@ def test_joined_rows_are_the_next_runs_source(tmp_path, name):
 # --- the Spark engine -------------------------------------------------------------------------
 
 COUNTS = (
-    "decision_rows", "torn_lines", "torn_line_numbers", "duplicate_decisions", "duplicate_ids",
-    "decisions", "rewarded", "defaulted", "dropped", "written", "reward_rows",
+    "decision_rows", "torn_lines", "torn_line_numbers", "ignored_files", "duplicate_decisions",
+    "duplicate_ids", "decisions", "rewarded", "defaulted", "dropped", "written", "reward_rows",
     "rewards_attached", "late_rewards", "early_rewards", "unknown_rewards", "unknown_ids",
     "bad_decision_rows", "bad_reward_rows", "bad_rows",
 )  # fmt: skip
@@ -491,7 +497,7 @@ def test_spark_engine_writes_the_local_engines_rows_and_counts(spark, tmp_path, 
 
 @pytest.mark.spark
 def test_spark_engine_reads_parquet_logs_and_rewards_as_the_local_one(spark, tmp_path):
-    parquet_log = write_parquet_log(tmp_path / "decisions.parquet", DECISIONS, parts=2)
+    parquet_log = write_parquet_log(tmp_path / "decisions.parquet", DECISIONS, rows_per_part=4)
     rewards = tmp_path / "rewards.parquet"
     pq.write_table(pa.Table.from_pylist(REWARDS), rewards)  # metrics as a struct
     for name in ("joined.jsonl", "joined.parquet"):
