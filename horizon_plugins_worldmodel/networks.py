@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from horizon_engine import HorizonError
+
 MIN_STD = 0.05
 """The narrowest Gaussian of a mixture, in normalized units (a twentieth of a feature's
 spread): deterministic dynamics would otherwise drive the likelihood to infinity, and a
@@ -85,6 +87,24 @@ class WorldModelNetwork(nn.Module):
             logits,
             self.reward(hidden).squeeze(-1),
             self.termination(hidden).squeeze(-1),
+        )
+
+
+class NotAPolicy(nn.Module):
+    """What ``WorldModelTrainer.policy`` returns: the world model's network (its parameters
+    are counted as a policy's are), which refuses to be called as a policy: a model of the
+    environment scores no action, so exporting it or evaluating it as a policy is a mistake
+    to name, not a shape error to meet later."""
+
+    def __init__(self, network: WorldModelNetwork) -> None:
+        super().__init__()
+        self.network = network
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        raise HorizonError(
+            "[trainer] kind = 'world_model' learns a model of the environment, not a policy: "
+            "it cannot be exported, evaluated or played; check the data with it "
+            "([analysis], horizon check-mdp), and train a policy with another trainer"
         )
 
 

@@ -4,8 +4,8 @@ from the logged transitions.
 As ``[trainer] kind = "world_model"`` the core's driver trains it like any trainer (epochs of
 shuffled rows, checkpoints, ``Training/<loss>`` and ``Evaluation/<loss>`` in TensorBoard); as
 ``[analysis]`` (``horizon check-mdp``) its ``analyze`` fits the models the MDP checks compare.
-A world model chooses no action: ``policy`` is the model itself, which neither export nor the
-estimators can use.
+A world model chooses no action: its ``policy`` refuses, with the reason, to be exported,
+evaluated or played.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from horizon_plugins_worldmodel.config import WorldModelConfig
 if TYPE_CHECKING:
     import torch
 
-    from horizon_plugins_worldmodel.networks import WorldModelNetwork
+    from horizon_plugins_worldmodel.networks import NotAPolicy
 
 EVAL_CHUNK_ROWS = 65_536
 """Rows evaluated at once."""
@@ -120,10 +120,13 @@ class WorldModelTrainer(TrainerBase):
             ) from None
         self.optimizer.load_state_dict(state["optimizer"])
 
-    def policy(self) -> WorldModelNetwork:
-        """A frozen copy of the model: (normalized state, action) -> its predictions. It scores
-        no action, so a world model is not exported or evaluated as a policy."""
-        return copy.deepcopy(self.network).eval().requires_grad_(False)
+    def policy(self) -> NotAPolicy:
+        """A frozen copy of the model that refuses, with the reason, to act as a policy: a
+        world model scores no action, so it is not exported or evaluated as one."""
+        from horizon_plugins_worldmodel.networks import NotAPolicy
+
+        network = copy.deepcopy(self.network).eval().requires_grad_(False)
+        return NotAPolicy(network)
 
     def analyze(
         self, run: RunContext, problem: TrainingProblem, splits: list[TimelineTensors]

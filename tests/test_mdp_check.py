@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from horizon_engine import ConfigError
+from horizon_engine import ConfigError, HorizonError
 from horizon_engine.cli import main
 from horizon_engine.pipeline import Engine
 
@@ -42,7 +42,7 @@ def verdicts(run_dir: Path) -> dict[str, str]:
     return {check["name"]: check["verdict"] for check in result["checks"]}
 
 
-def test_the_world_model_trains_as_a_trainer_with_its_losses_per_epoch(tmp_path):
+def test_the_world_model_trains_as_a_trainer_and_refuses_to_be_exported(tmp_path):
     config = {
         "pipeline": {"output_dir": str(tmp_path), "seed": 0},
         "source": {"kind": "gym", "env": "CartPole-v1", "episodes": 30, "ds": "2019-01-01"},
@@ -58,6 +58,8 @@ def test_the_world_model_trains_as_a_trainer_with_its_losses_per_epoch(tmp_path)
         assert f"Training/{name}" in last and f"Evaluation/{name}" in last
     assert last["Training/next_state_nll"] < first["Training/next_state_nll"]
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    with pytest.raises(HorizonError, match="not a policy: it cannot be exported"):
+        Engine(show_progress=False).run({**config, "export": {"kind": "onnx"}}, stages=["export"])
 
 
 def test_an_analysis_kind_that_cannot_analyse_is_refused_before_running(tmp_path):
