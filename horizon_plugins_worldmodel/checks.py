@@ -240,7 +240,7 @@ class MdpAnalysis:
                 "actions_predict_transitions",
                 "Do actions predict transitions?",
                 self.effect("without_action"),
-                "the action",
+                "knowing the action",
                 "what comes next does not depend on the action, so no decision changes the "
                 "future: treat the problem as a contextual bandit",
             ),
@@ -248,7 +248,7 @@ class MdpAnalysis:
                 "state_predicts_next_state",
                 "Do state features predict the next state?",
                 self.effect("without_state"),
-                "the state features",
+                "knowing the state features",
                 "the next state does not follow from the state: there is no sequential "
                 "structure; treat the problem as a contextual bandit",
             ),
@@ -289,13 +289,16 @@ class MdpAnalysis:
         answer = verdict(gain, threshold)
         numbers = _numbers(gain, NATS)
         if answer == "yes":
-            text = f"Yes: {what} improve(s) the prediction of what comes next by {numbers}."
+            text = (
+                f"Yes: {what} improves the held-out prediction of what comes next by {numbers}, "
+                f"above the {threshold} that counts."
+            )
         elif answer == "no":
-            text = f"No: {what} add(s) {numbers}, under {threshold} nats: {consequence}."
+            text = f"No: {what} adds {numbers}, under the {threshold} that counts: {consequence}."
         else:
             text = (
-                f"Cannot tell: {what} add(s) {numbers}, an interval around the {threshold} "
-                "nats that would count; more episodes would tell."
+                f"Cannot tell: {what} adds {numbers}, an interval around the {threshold} that "
+                "counts; more episodes would tell."
             )
         return {
             "name": name,
@@ -334,7 +337,10 @@ class MdpAnalysis:
         ]
         detail = f"without {names}, the prediction of " + " and of ".join(parts)
         if answer == "yes":
-            text = f"Yes: the features the actions move predict the outcome: {detail}."
+            text = (
+                f"Yes: the features the actions move predict the outcome: {detail}, above the "
+                f"{threshold} that counts."
+            )
         elif answer == "no":
             text = (
                 f"No: {detail}, under the {threshold} that would count: the reward reduces to "

@@ -24,7 +24,7 @@ class WorldModelConfig(TrainerConfig):
     epochs: int = Field(default=40, ge=1)
     """Passes over the rows a model is fitted on."""
     min_updates: int = Field(default=1000, ge=1)
-    """[analysis]: more passes than ``epochs`` when these make fewer updates: a few thousand
+    """[analysis]: more passes than epochs when these make fewer updates: a few thousand
     rows need them to learn rare events such as an episode's end (Horizon's 3,470 CartPole
     rows: 40 passes, 360 updates, learned nothing of when the pole falls; 100 passes did)."""
     num_gaussians: int = Field(default=5, ge=1)

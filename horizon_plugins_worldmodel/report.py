@@ -28,6 +28,8 @@ def report_text(result: dict[str, Any]) -> str:
         f"MDP check on {data['rows']} rows in {data['episodes']} episodes "
         f"({data['folds']} folds of episodes, {data['confidence']:.0%} intervals over "
         f"{data['num_bootstrap']} resamples of episodes)",
+        f"Held-out negative log-likelihood of a transition: "
+        f"{_interval(result['held_out_loss']['transition_nll'])} nats",
         "",
     ]
     for number, check in enumerate(result["checks"], start=1):
