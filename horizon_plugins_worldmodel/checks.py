@@ -331,11 +331,16 @@ class MdpAnalysis:
         answers = [verdict(share, threshold) for share, _, _ in shares.values() if share]
         answer = "yes" if "yes" in answers else "unclear" if "unclear" in answers else "no"
         names = ", ".join(moved)
+        reward, ending = shares["reward"][0], shares["ending"][0]
         parts = [
-            f"{what} {'is constant' if share is None else 'loses ' + _numbers(share, unit)}"
-            for share, unit, what in shares.values()
+            "the reward is constant"
+            if reward is None
+            else f"the reward's prediction loses {_numbers(reward, REWARD_SHARE)}",
+            "no row ends an episode"
+            if ending is None
+            else f"the prediction of the episode's end loses {_numbers(ending, ENDING_SHARE)}",
         ]
-        detail = f"without {names}, the prediction of " + " and of ".join(parts)
+        detail = f"without {names}, " + " and ".join(parts)
         if answer == "yes":
             text = (
                 f"Yes: the features the actions move predict the outcome: {detail}, above the "
