@@ -46,6 +46,7 @@ class HeldOut:
     losses: dict[str, RowLosses] = field(default_factory=dict)
 
     def put(self, name: str, rows: torch.Tensor, found: RowLosses, total: int) -> None:
+        """Keep ``found``, the losses of variant ``name`` on ``rows`` (of ``total``)."""
         if name not in self.losses:
             width = found.next_state.shape[1]
             device = found.reward.device
@@ -121,7 +122,10 @@ class MdpAnalysis:
         on_epoch: EpochCallback | None = None,
         progress: Callable[[int], None] | None = None,
     ) -> dict[str, Any]:
-        """Fit every variant, make the checks; the result as ``mdp_check.json`` holds it."""
+        """Fit every variant and make the checks; returns the result ``mdp_check.json`` holds.
+        ``on_epoch`` hears the first fold's full model's training losses, ``progress`` one
+        step per variant fitted. The variants of a fold start from the same weights (its
+        seed), so that they differ by what they are shown alone."""
         nothing = self.hidden(torch.tensor([], dtype=torch.long))
         masks = {group.name: self.hidden(group.columns) for group in self.data.groups}
         steps = [
@@ -324,14 +328,11 @@ class MdpAnalysis:
                 "(see the first check).",
                 "numbers": {},
             }
-        shares = {
-            "reward": (self.reward_share("without_moved"), REWARD_SHARE, "the reward"),
-            "ending": (self.ending_share("without_moved"), ENDING_SHARE, "the episode's end"),
-        }
-        answers = [verdict(share, threshold) for share, _, _ in shares.values() if share]
+        reward = self.reward_share("without_moved")
+        ending = self.ending_share("without_moved")
+        answers = [verdict(share, threshold) for share in (reward, ending) if share is not None]
         answer = "yes" if "yes" in answers else "unclear" if "unclear" in answers else "no"
         names = ", ".join(moved)
-        reward, ending = shares["reward"][0], shares["ending"][0]
         parts = [
             "the reward is constant"
             if reward is None
@@ -354,9 +355,10 @@ class MdpAnalysis:
         else:
             text = f"Cannot tell: {detail}; more episodes would tell."
         numbers: dict[str, Any] = {"features": moved, "threshold": threshold}
-        for key, (share, unit, _) in shares.items():
-            if share is not None:
-                numbers |= {key: share, f"{key}_unit": unit}
+        if reward is not None:
+            numbers |= {"reward": reward, "reward_unit": REWARD_SHARE}
+        if ending is not None:
+            numbers |= {"ending": ending, "ending_unit": ENDING_SHARE}
         return {
             **base,
             "verdict": answer,

@@ -74,6 +74,7 @@ class ModelFitter:
         self.inputs = data.inputs()
 
     def new_network(self, seed: int) -> WorldModelNetwork:
+        """A fresh network, its weights drawn from ``seed`` alone."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             network = WorldModelNetwork(
@@ -106,10 +107,11 @@ class ModelFitter:
         )
         optimizer = ForeachAdam(model.network.parameters(), lr=self.config.learning_rate)
         generator = torch.Generator().manual_seed(seed)
-        for epoch in range(1, self.epochs(len(self._units(rows)[0])) + 1):
+        units, weights = self._units(rows)
+        for epoch in range(1, self.epochs(len(units)) + 1):
             sums: dict[str, float] = {}
             batches = 0
-            for index, weight in self._batches(rows, generator):
+            for index, weight in self._batches(units, weights, generator):
                 parts = self._loss_parts(model, index, weight)
                 loss = parts["next_state_nll"] + parts["termination_nll"] + parts["reward_mse"]
                 optimizer.zero_grad()
@@ -130,11 +132,10 @@ class ModelFitter:
         return max(self.config.epochs, math.ceil(self.config.min_updates / max(batches, 1)))
 
     def _batches(
-        self, rows: torch.Tensor, generator: torch.Generator
+        self, units: torch.Tensor, weights: torch.Tensor, generator: torch.Generator
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Shuffled minibatches: row indices ``[B]`` (MLP) or episodes' row indices ``[B, T]``
-        (GRU), with 1/0 weights for real and padding rows."""
-        units, weights = self._units(rows)
+        """One epoch of shuffled minibatches of ``_units``: row indices ``[B]`` (MLP) or
+        episodes' row indices ``[B, T]`` (GRU), with their 1/0 weights."""
         order = torch.randperm(len(units), generator=generator).to(units.device)
         size = self.config.minibatch_size
         for start in range(0, len(units), size):
