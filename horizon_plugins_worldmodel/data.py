@@ -64,6 +64,7 @@ class Transitions:
         return torch.cat([self.state, self.action], dim=1)
 
     def group(self, name: str) -> InputGroup:
+        """The input group of feature ``name`` (or of the action, ``ACTION``)."""
         return next(group for group in self.groups if group.name == name)
 
 
@@ -85,6 +86,7 @@ def transitions(problem: TrainingProblem, splits: list[TimelineTensors]) -> Tran
 
 
 def _split_transitions(problem: TrainingProblem, split: TimelineTensors) -> dict[str, torch.Tensor]:
+    """One split's tensors as ``Transitions`` fields, its episodes numbered within it."""
     found = transition_tensors(problem, split.tensors())
     return {**found, "episode": split.episode_id, "step": split.step}
 

@@ -61,7 +61,6 @@ class WorldModelNetwork(nn.Module):
         super().__init__()
         self.state_width = state_width
         self.num_gaussians = num_gaussians
-        self.recurrent = recurrent
         widths = [state_width + action_width, *layers]
         body: list[nn.Module] = []
         hidden = layers if not recurrent else layers[:1]

@@ -21,6 +21,7 @@ import xml.etree.ElementTree as ElementTree
 import pytest
 import torch
 
+from horizon_engine import HorizonError
 from horizon_plugins_worldmodel.checks import MdpAnalysis
 from horizon_plugins_worldmodel.config import WorldModelConfig
 from horizon_plugins_worldmodel.data import Transitions, input_groups
@@ -198,3 +199,8 @@ def test_the_report_shows_every_check_and_a_bar_per_feature(mdp_result):
     root = ElementTree.fromstring(svg)
     bars = [node for node in root.iter("{http://www.w3.org/2000/svg}rect")][1:]
     assert len(bars) == 2 * len(result["feature_importance"])
+
+
+def test_fewer_episodes_than_folds_is_an_error_naming_the_option():
+    with pytest.raises(HorizonError, match=r"\[analysis\] folds = 3, but the timeline holds 2"):
+        MdpAnalysis(WorldModelConfig(**FAST), synthetic("mdp", episodes=2), seed=0)
