@@ -129,4 +129,7 @@ def test_horizons_logged_cartpole_gets_the_same_verdicts(tmp_path):
     manifest = Engine(show_progress=False).run(config)
 
     assert verdicts(tmp_path) == EVERY_CHECK_PASSES
-    assert manifest["stages"]["analysis"]["details"] == EVERY_CHECK_PASSES
+    analysis = manifest["stages"]["analysis"]
+    assert analysis["details"] == EVERY_CHECK_PASSES
+    events = [path for path in analysis["outputs"] if path.startswith("tensorboard/")]
+    assert events, "the first fold's losses go to TensorBoard as WorldModel/<loss>"
