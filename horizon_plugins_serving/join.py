@@ -12,9 +12,12 @@ is left out; both are counted.
 
 Nothing is held as a Python object per row: the local engine keeps the join's keys, the rewards
 and the sums as Arrow arrays and streams the decision log twice, chunk by chunk (once for the
-keys, once to write), so memory grows with the number of decisions by a few dozen bytes each.
+keys, once to write). A chunk of JSON lines is read by Arrow's JSON reader, and line by line
+only where it holds a torn or bad line, to name it; a written line is the logged text with its
+metrics added. Memory grows with the decisions: about 50 bytes each for the keys, and the
+join's hash tables peak at a few hundred (about 650 MB for 1M decisions and 500k rewards).
 ``--engine spark`` runs the same join on a SparkSession (``join_spark``) and writes the same
-rows.
+rows, for logs larger than that.
 
 Every count lands in ``JOINED.report.json`` and in the printed summary: torn last lines of the
 log (a crash mid-write) and rewards outside the window or for an unknown decision are counted,
@@ -324,6 +327,61 @@ def parse_timestamps(texts: pa.Array, where: str) -> tuple[pa.Array, dict[int, s
 # --- reading the decision log -----------------------------------------------------------------
 
 
+def line_blocks(path: Path, count: int) -> Iterator[tuple[list[bytes], list[int]]]:
+    """A text file's non-blank lines, ``count`` at a time, with their numbers (from 1)."""
+    lines: list[bytes] = []
+    numbers: list[int] = []
+    with open(path, "rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            if line.strip():
+                lines.append(line)
+                numbers.append(number)
+                if len(lines) == count:
+                    yield lines, numbers
+                    lines, numbers = [], []
+    if lines:
+        yield lines, numbers
+
+
+KEY_FIELDS = [("decision_id", "string"), ("timestamp", "string")]
+
+
+def read_json_block(lines: list[bytes], look_at: bytes, infer: bool = False) -> pa.Table | None:
+    """Whole JSON lines read at once by Arrow's JSON reader (no Python object per row), or None
+    where that cannot hold every row as it is: a torn line, a line that is not an object, a
+    decision_id or timestamp missing, empty or not a string, or ``look_at`` in the text (what
+    Arrow's reader would not tell apart). The caller then reads the block line by line, to
+    count and name what is wrong. ``infer``: read the other fields too, their types inferred;
+    else only the two keys."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.json as pj
+
+    block = b"".join(lines)
+    if not lines[-1].endswith(b"\n") or look_at in block:
+        return None
+    options = pj.ParseOptions(
+        explicit_schema=pa.schema(KEY_FIELDS),
+        unexpected_field_behavior="infer" if infer else "ignore",
+    )
+    try:
+        table = pj.read_json(
+            io.BytesIO(block),
+            read_options=pj.ReadOptions(use_threads=False, block_size=len(block) + 1),
+            parse_options=options,
+        )
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+    ids = table.column("decision_id")
+    if table.num_rows != len(lines) or ids.null_count or table.column("timestamp").null_count:
+        return None
+    if pc.any(pc.equal(ids, "")).as_py():
+        return None
+    return table.combine_chunks()
+
+
 @dataclass
 class DecisionChunk:
     """A chunk of good decision rows, as read: their keys, and what writing them needs."""
@@ -332,8 +390,6 @@ class DecisionChunk:
     timestamps: pa.Array
     lines: list[bytes] | None = None
     """JSONL: each row's line as it was logged."""
-    rows: list[dict[str, Any]] | None = None
-    """JSONL: each row parsed (dropped once the chunk is written)."""
     batch: pa.RecordBatch | None = None
     """Parquet: the rows as read."""
 
@@ -399,55 +455,56 @@ class DecisionLogReader:
             yield from self._jsonl_chunks()
 
     def _jsonl_chunks(self) -> Iterator[DecisionChunk]:
-        lines: list[bytes] = []
-        rows: list[dict[str, Any]] = []
-        numbers: list[int] = []
-        with open(self.path, "rb") as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    row = None
-                if not isinstance(row, dict) or not line.endswith(b"\n"):
-                    self.torn += 1
-                    if len(self.torn_lines) < SHOWN:
-                        self.torn_lines.append(number)
-                    continue
-                problem = decision_problem(row)
-                if problem is not None:
-                    self.bad.found(f"{self.path}:{number}", problem, "decision", number)
-                    continue
-                lines.append(line)
-                rows.append(row)
-                numbers.append(number)
-                if len(rows) == self.chunk_rows:
-                    yield self._jsonl_chunk(lines, rows, numbers)
-                    lines, rows, numbers = [], [], []
-        if rows:
-            yield self._jsonl_chunk(lines, rows, numbers)
-        self.bad.flush()
-
-    def _jsonl_chunk(
-        self, lines: list[bytes], rows: list[dict[str, Any]], numbers: list[int]
-    ) -> DecisionChunk:
-        import pyarrow as pa
         import pyarrow.compute as pc
 
-        ids = pa.array([row["decision_id"] for row in rows], pa.string())
-        texts = pa.array([row["timestamp"] for row in rows], pa.string())
-        timestamps, problems = parse_timestamps(texts, str(self.path))
-        for index, problem in problems.items():
-            self.bad.found(f"{self.path}:{numbers[index]}", problem, "decision", numbers[index])
-        if problems:  # bad rows the caller chose to skip
-            good = pc.is_valid(timestamps).to_numpy(zero_copy_only=False)
-            keep = [index for index, ok in enumerate(good) if ok]
-            lines = [lines[index] for index in keep]
-            rows = [rows[index] for index in keep]
-            ids, timestamps = ids.filter(pa.array(good)), timestamps.filter(pa.array(good))
-        self.bad.flush()
-        return DecisionChunk(ids, timestamps, lines=lines, rows=rows)
+        for lines, numbers in line_blocks(self.path, self.chunk_rows):
+            read = read_json_block(lines, look_at=b'"metrics"')
+            if read is not None:
+                ids, texts = read.column("decision_id"), read.column("timestamp")
+            else:
+                lines, numbers, ids, texts = self._checked_lines(lines, numbers)
+            timestamps, problems = parse_timestamps(texts, str(self.path))
+            for index, problem in problems.items():
+                where = f"{self.path}:{numbers[index]}"
+                self.bad.found(where, problem, "decision", numbers[index])
+            self.bad.flush()
+            if problems:  # bad rows the caller chose to skip
+                good = pc.is_valid(timestamps)
+                lines = [line for line, ok in zip(lines, good, strict=True) if ok]
+                ids, timestamps = ids.filter(good), timestamps.filter(good)
+            if lines:
+                yield DecisionChunk(ids, timestamps, lines=lines)
+
+    def _checked_lines(
+        self, lines: list[bytes], numbers: list[int]
+    ) -> tuple[list[bytes], list[int], pa.Array, pa.Array]:
+        """A block that Arrow's reader could not take whole, line by line: torn lines counted,
+        bad rows reported; the good lines, their numbers, decision_ids and timestamp texts."""
+        import pyarrow as pa
+
+        kept: list[bytes] = []
+        kept_numbers: list[int] = []
+        ids: list[str] = []
+        texts: list[str] = []
+        for number, line in zip(numbers, lines, strict=True):
+            try:
+                row = json.loads(line)
+            except ValueError:
+                row = None
+            if not isinstance(row, dict) or not line.endswith(b"\n"):
+                self.torn += 1
+                if len(self.torn_lines) < SHOWN:
+                    self.torn_lines.append(number)
+                continue
+            problem = decision_problem(row)
+            if problem is not None:
+                self.bad.found(f"{self.path}:{number}", problem, "decision", number)
+                continue
+            kept.append(line)
+            kept_numbers.append(number)
+            ids.append(row["decision_id"])
+            texts.append(row["timestamp"])
+        return kept, kept_numbers, pa.array(ids, pa.string()), pa.array(texts, pa.string())
 
     def _parquet_chunks(self) -> Iterator[DecisionChunk]:
         import numpy as np
@@ -577,50 +634,85 @@ def _metric_table(rows: Any, names: Any, values: Any) -> pa.Table:
 
 
 def _jsonl_rewards(path: Path, bad: BadRows) -> Iterator[tuple[pa.Table, pa.Table]]:
+    for lines, numbers in line_blocks(path, CHUNK_ROWS):
+        block = _read_reward_block(lines, numbers) or _checked_reward_lines(
+            path, lines, numbers, bad
+        )
+        located = Locations(f"{path}:", block.numbers)
+        yield _rewards_chunk(block.ids, block.texts, block.metrics, located, bad)
+    bad.flush()
+
+
+@dataclass
+class RewardBlock:
+    """A block of good reward rows: keys, timestamp texts, and their metric rows."""
+
+    ids: pa.Array
+    texts: pa.Array
+    metrics: pa.Table
+    numbers: list[int]
+
+
+def _read_reward_block(lines: list[bytes], numbers: list[int]) -> RewardBlock | None:
+    """Reward lines read whole by Arrow, when every row's metrics are finite numbers (a JSON
+    null, which Arrow's struct would take for a missing metric, sends the block line by line)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    table = read_json_block(lines, look_at=b"null", infer=True)
+    if table is None or "metrics" not in table.column_names:
+        return None
+    column = table.column("metrics").combine_chunks()
+    if not pa.types.is_struct(column.type) or column.null_count:
+        return None
+    if not all(_numeric(field.type) for field in column.type):
+        return None
+    parents, names, values = _metric_entries(column, "")
+    if len(values) and not pc.all(pc.is_finite(values)).as_py():
+        return None
+    return RewardBlock(
+        table.column("decision_id"),
+        table.column("timestamp"),
+        _metric_table(parents, names, values),
+        numbers,
+    )
+
+
+def _checked_reward_lines(
+    path: Path, lines: list[bytes], numbers: list[int], bad: BadRows
+) -> RewardBlock:
+    """Reward lines one by one: each bad one reported, the good ones kept."""
     import pyarrow as pa
 
     ids: list[str] = []
     texts: list[str] = []
-    numbers: list[int] = []
+    kept: list[int] = []
     metric_rows: list[int] = []
     names: list[str] = []
     values: list[float] = []
-
-    def chunk() -> tuple[pa.Table, pa.Table]:
-        return _rewards_chunk(
-            pa.array(ids, pa.string()),
-            pa.array(texts, pa.string()),
-            _metric_table(metric_rows, names, values),
-            Locations(f"{path}:", list(numbers)),
-            bad,
-        )
-
-    with open(path, "rb") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as exc:
-                bad.found(f"{path}:{number}", f"not JSON ({exc})", "reward", number)
-                continue
-            problem = reward_problem(row)
-            if problem is not None:
-                bad.found(f"{path}:{number}", problem, "reward", number)
-                continue
-            for name, value in row["metrics"].items():
-                metric_rows.append(len(ids))
-                names.append(name)
-                values.append(float(value))
-            ids.append(row["decision_id"])
-            texts.append(row["timestamp"])
-            numbers.append(number)
-            if len(ids) == CHUNK_ROWS:
-                yield chunk()
-                ids, texts, numbers, metric_rows, names, values = [], [], [], [], [], []
-    if ids:
-        yield chunk()
-    bad.flush()
+    for number, line in zip(numbers, lines, strict=True):
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            bad.found(f"{path}:{number}", f"not JSON ({exc})", "reward", number)
+            continue
+        problem = reward_problem(row)
+        if problem is not None:
+            bad.found(f"{path}:{number}", problem, "reward", number)
+            continue
+        for name, value in row["metrics"].items():
+            metric_rows.append(len(ids))
+            names.append(name)
+            values.append(float(value))
+        ids.append(row["decision_id"])
+        texts.append(row["timestamp"])
+        kept.append(number)
+    return RewardBlock(
+        pa.array(ids, pa.string()),
+        pa.array(texts, pa.string()),
+        _metric_table(metric_rows, names, values),
+        kept,
+    )
 
 
 def _parquet_rewards(path: Path, bad: BadRows) -> Iterator[tuple[pa.Table, pa.Table]]:
@@ -857,17 +949,19 @@ class JoinedWriter:
                     _json_line(row, m) for row, m in zip(rows, metrics.to_pylist(), strict=True)
                 )
             return
-        selected = keep.nonzero()[0]
+        lines = [chunk.lines[index] for index in keep.nonzero()[0]]
         if self.parquet:
             rows = [
-                chunk.rows[index] | {"metrics": dict(m)}
-                for index, m in zip(selected, metrics.to_pylist(), strict=True)
+                json.loads(line) | {"metrics": dict(m)}
+                for line, m in zip(lines, metrics.to_pylist(), strict=True)
             ]
             self._write_table(self._shape(rows))
         else:
+            # The logged line, its closing brace replaced by the metrics: the row's own text
+            # is written as it was, and no row is parsed again.
             self._write_lines(
-                _with_metrics_line(chunk.lines[index], chunk.rows[index], m)
-                for index, m in zip(selected, metrics.to_pylist(), strict=True)
+                line.rstrip()[:-1] + b',"metrics":' + text + b"}"
+                for line, text in zip(lines, metrics_json(metrics), strict=True)
             )
 
     def _write_lines(self, lines: Iterator[bytes]) -> None:
@@ -957,13 +1051,20 @@ def _json_line(row: dict[str, Any], metrics: list[tuple[str, float]]) -> bytes:
     return json.dumps(fields | {"metrics": dict(metrics)}, separators=(",", ":")).encode()
 
 
-def _with_metrics_line(line: bytes, row: dict[str, Any], metrics: list[tuple[str, float]]) -> bytes:
-    """A logged line with ``metrics`` added, the logged text otherwise unchanged."""
-    text = json.dumps(dict(metrics), separators=(",", ":")).encode()
-    body = line.rstrip()
-    if "metrics" in row or not body.endswith(b"}"):
-        return json.dumps(row | {"metrics": dict(metrics)}, separators=(",", ":")).encode()
-    return body[:-1] + b',"metrics":' + text + b"}"
+def metrics_json(metrics: pa.MapArray) -> list[bytes]:
+    """Each metrics map as a JSON object, built by Arrow (one string per row, no dict)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    offsets = metrics.offsets.to_numpy(zero_copy_only=False)
+    start, count = offsets[0], offsets[-1] - offsets[0]
+    encoded = metrics.keys.slice(start, count).dictionary_encode()
+    quoted = pa.array([json.dumps(name) for name in encoded.dictionary.to_pylist()], pa.string())
+    values = metrics.items.slice(start, count).cast(pa.string())
+    pairs = pc.binary_join_element_wise(quoted.take(encoded.indices), values, ":")
+    lists = pa.ListArray.from_arrays(pa.array(offsets - offsets[0], pa.int32()), pairs)
+    objects = pc.binary_join_element_wise("{", pc.binary_join(lists, ","), "}", "")
+    return objects.cast(pa.binary()).to_pylist()
 
 
 def join_local(

@@ -168,6 +168,29 @@ def test_every_case_is_counted_and_the_rewards_summed(logs, tmp_path):
         assert {key: value for key, value in row.items() if key != "metrics"} == logged
 
 
+def test_arrows_block_reader_and_the_line_by_line_reader_join_alike(tmp_path):
+    """A block of whole lines is read by Arrow's JSON reader; a torn line (or a JSON null in a
+    rewards block) sends its block line by line. Both give the same rows."""
+    fast = tmp_path / "fast"
+    slow = tmp_path / "slow"
+    for folder, tail, note in [(fast, "", "read"), (slow, TORN, None)]:
+        folder.mkdir()
+        write_jsonl(folder / "decisions.jsonl", DECISIONS, tail)
+        write_jsonl(folder / "rewards.jsonl", [row | {"note": note} for row in REWARDS])
+        horizon(
+            "join", folder / "decisions.jsonl", folder / "rewards.jsonl",
+            "-o", folder / "joined.jsonl", "--window", "48h",
+        )  # fmt: skip
+    assert read_joined(fast / "joined.jsonl") == read_joined(slow / "joined.jsonl")
+    reports = [
+        json.loads((folder / "joined.jsonl.report.json").read_text()) for folder in (fast, slow)
+    ]
+    assert reports[0]["torn_lines"] == 0 and reports[1]["torn_lines"] == 1
+    del reports[0]["torn_lines"], reports[1]["torn_lines"]
+    del reports[0]["torn_line_numbers"], reports[1]["torn_line_numbers"]
+    assert reports[0] == reports[1]
+
+
 def test_unrewarded_decisions_get_reward_zero_or_are_dropped(logs, tmp_path):
     decisions, rewards = logs
     horizon("join", decisions, rewards, "-o", tmp_path / "zero.jsonl", "--window", "48h")
