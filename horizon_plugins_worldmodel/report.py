@@ -36,7 +36,14 @@ def report_text(result: dict[str, Any]) -> str:
         mark = VERDICT_MARKS.get(check["verdict"], "?")
         lines.append(f"{number}. [{mark}] {check['question']} {check['verdict']}")
         lines.append(f"   {check['finding']}")
+    moves = [
+        f"{source} -> {', '.join(targets)}"
+        for source, targets in result["influence"].items()
+        if targets
+    ]
     lines += [
+        "",
+        "What predicts which next feature (beyond noise): " + ("; ".join(moves) or "nothing"),
         "",
         "Feature importance: held-out loss increase when the feature is replaced by its mean",
     ]
