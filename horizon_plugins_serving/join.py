@@ -14,8 +14,8 @@ Nothing is held as a Python object per row: the local engine keeps the join's ke
 and the sums as Arrow arrays and streams the decision log twice, chunk by chunk (once for the
 keys, once to write). A chunk of JSON lines is read by Arrow's JSON reader, and line by line
 only where it holds a torn or bad line, to name it; a written line is the logged text with its
-metrics added. Memory grows with the decisions: about 50 bytes each for the keys, and the
-join's hash tables peak at a few hundred (about 650 MB for 1M decisions and 500k rewards).
+metrics added. Memory grows with the decisions: about 50 bytes each for the keys, and one hash
+table of their ids (a join of 1M decisions and 500k rewards peaks at about 560 MB).
 ``--engine spark`` runs the same join on a SparkSession (``join_spark``) and writes the same
 rows, for logs larger than that.
 
@@ -821,67 +821,86 @@ def plan_join(
     keys: pa.Table, rewards: Rewards, window_seconds: float, report: JoinReport
 ) -> JoinPlan:
     """Keep each decision_id's first row, classify every reward row against it, and sum the
-    rewards within the window per decision and metric. ``keys``: decision_id, timestamp and
-    position (0, 1, 2, ... in log order)."""
+    rewards within the window per decision and metric. ``keys``: decision_id and timestamp,
+    in log order (a row's position is its index).
+
+    One hash table of the decision_ids answers both questions, "which row came first" and
+    "which row is this reward's" (``index_in`` finds the first match), and the sums are a
+    sort by (position, metric): no hash join or group-by tables of every decision.
+    """
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
     count = keys.num_rows
-    groups = keys.group_by("decision_id", use_threads=False).aggregate(
-        [("position", "min"), ("position", "count")]
-    )
+    ids = keys.column("decision_id").combine_chunks()
+    lookup = pc.SetLookupOptions(value_set=ids)
+    distinct = pc.unique(ids)
     first = np.zeros(count, dtype=bool)
-    first[groups.column("position_min").to_numpy()] = True
-    repeated = groups.filter(pc.greater(groups.column("position_count"), 1))
-    repeated = repeated.sort_by("position_min")
-    report.decision_rows += count
-    report.duplicate_decisions = count - groups.num_rows
-    report.duplicate_ids = repeated.column("decision_id").slice(0, SHOWN).to_pylist()
-    report.decisions = groups.num_rows
+    first[pc.index_in(distinct, options=lookup).to_numpy(zero_copy_only=False)] = True
+    report.decision_rows = count
+    report.decisions = len(distinct)
+    report.duplicate_decisions = count - len(distinct)
+    repeats = pc.unique(ids.filter(pa.array(~first)))  # in the order their repeats come
+    by_first = np.sort(pc.index_in(repeats, options=lookup).to_numpy(zero_copy_only=False))
+    report.duplicate_ids = ids.take(pa.array(by_first[:SHOWN])).to_pylist()
 
-    firsts = keys.filter(pa.array(first)).rename_columns(
-        ["decision_id", "decision_timestamp", "position"]
-    )
-    matched = rewards.rows.join(firsts, "decision_id", join_type="left outer", use_threads=False)
-    matched = matched.sort_by("reward_row")
-    known = pc.is_valid(matched.column("position"))
-    delay = pc.subtract(
-        matched.column("timestamp").cast(pa.int64()),
-        matched.column("decision_timestamp").cast(pa.int64()),
-    )
+    reward_ids = rewards.rows.column("decision_id")
+    position = pc.index_in(reward_ids, options=lookup)
+    known = pc.is_valid(position)
+    decided = keys.column("timestamp").combine_chunks().take(position)
+    delay = pc.subtract(rewards.rows.column("timestamp").cast(pa.int64()), decided.cast(pa.int64()))
+    delay = delay.fill_null(0).to_numpy(zero_copy_only=False)  # 0 for an unknown decision
+    known_rows = known.to_numpy(zero_copy_only=False)
     window = round(window_seconds * 1_000_000)
-    early = pc.fill_null(pc.less(delay, 0), False)
-    late = pc.fill_null(pc.greater(delay, window), False)
-    inside = pc.and_(known, pc.invert(pc.or_(early, late)))
-    report.reward_rows = matched.num_rows
-    report.unknown_rewards = matched.num_rows - pc.sum(known).as_py() if matched.num_rows else 0
-    report.early_rewards = pc.sum(early).as_py() or 0
-    report.late_rewards = pc.sum(late).as_py() or 0
-    unknown = matched.filter(pc.invert(known)).column("decision_id")
+    early = known_rows & (delay < 0)
+    late = known_rows & (delay > window)
+    inside = known_rows & ~early & ~late
+    report.reward_rows = len(known_rows)
+    report.unknown_rewards = int((~known_rows).sum())
+    report.early_rewards, report.late_rewards = int(early.sum()), int(late.sum())
+    report.rewards_attached = int(inside.sum())
+    unknown = reward_ids.filter(pc.invert(known))
     report.unknown_ids = pc.unique(unknown).slice(0, SHOWN).to_pylist()
 
-    attached = matched.filter(inside).select(["reward_row", "position"])
-    report.rewards_attached = attached.num_rows
+    positions = position.fill_null(-1).to_numpy(zero_copy_only=False)
     rewarded = np.zeros(count, dtype=bool)
-    rewarded[attached.column("position").to_numpy()] = True
-    sums = (
-        rewards.metrics.join(attached, "reward_row", join_type="inner", use_threads=False)
-        .group_by(["position", "metric"], use_threads=False)
-        .aggregate([("value", "sum")])
-        .sort_by([("position", "ascending"), ("metric", "ascending")])
-    )
+    rewarded[positions[inside]] = True
     report.rewarded = int(rewarded.sum())
     unrewarded = report.decisions - report.rewarded
     if report.default_metrics is None:
         report.dropped = unrewarded
     else:
         report.defaulted = unrewarded
-    return JoinPlan(
-        first,
-        rewarded,
-        sums.column("position").to_numpy(),
-        pa.table({"metric": sums.column("metric"), "value": sums.column("value_sum")}),
+    sums_at, names, sums = _sums(rewards.metrics, positions, inside)
+    return JoinPlan(first, rewarded, sums_at, pa.table({"metric": names, "value": sums}))
+
+
+def _sums(
+    metrics: pa.Table, positions: np.ndarray, inside: np.ndarray
+) -> tuple[np.ndarray, pa.Array, pa.Array]:
+    """The sum of each metric per decision over the reward rows ``inside`` the window, sorted
+    by (decision position, metric name): positions, names and sums."""
+    import numpy as np
+    import pyarrow as pa
+
+    parents = metrics.column("reward_row").to_numpy()
+    kept = inside[parents] if len(parents) else np.zeros(0, dtype=bool)
+    encoded = metrics.column("metric").combine_chunks().filter(pa.array(kept)).dictionary_encode()
+    names = encoded.dictionary.to_numpy(zero_copy_only=False)
+    rank = np.argsort(np.argsort(names)) if len(names) else np.zeros(0, np.int64)
+    codes = rank[encoded.indices.to_numpy(zero_copy_only=False)].astype(np.int64)
+    key = positions[parents[kept]] * max(len(names), 1) + codes
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    starts = np.flatnonzero(np.diff(key, prepend=-1)) if len(key) else np.zeros(0, np.int64)
+    values = metrics.column("value").to_numpy()[kept][order]
+    sums = np.add.reduceat(values, starts) if len(starts) else np.zeros(0)
+    by_rank = np.sort(names) if len(names) else names
+    return (
+        key[starts] // max(len(names), 1),
+        pa.array(by_rank[key[starts] % max(len(names), 1)], pa.string()),
+        pa.array(sums, pa.float64()),
     )
 
 
@@ -1081,27 +1100,13 @@ def join_local(
     report = JoinReport("local", window_seconds, defaults, ignored_files=ignored_files(decisions))
     bad = BadRows(skip_bad_rows, report)
     log = DecisionLogReader(decisions, bad)
-    keys = []
-    start = 0
-    for chunk in log.chunks():
-        positions = pa.array(range(start, start + len(chunk.decision_ids)), pa.int64())
-        keys.append(
-            pa.table(
-                {
-                    "decision_id": chunk.decision_ids,
-                    "timestamp": chunk.timestamps,
-                    "position": positions,
-                }
-            )
-        )
-        start += len(chunk.decision_ids)
+    keys = [
+        pa.table({"decision_id": chunk.decision_ids, "timestamp": chunk.timestamps})
+        for chunk in log.chunks()
+    ]
     report.torn_lines, report.torn_line_numbers = log.torn, list(log.torn_lines)
     key_schema = pa.schema(
-        [
-            ("decision_id", pa.string()),
-            ("timestamp", pa.timestamp("us", tz="UTC")),
-            ("position", pa.int64()),
-        ]
+        [("decision_id", pa.string()), ("timestamp", pa.timestamp("us", tz="UTC"))]
     )
     keys_table = pa.concat_tables(keys) if keys else key_schema.empty_table()
     plan = plan_join(keys_table, read_rewards(rewards_path, bad), window_seconds, report)
