@@ -10,15 +10,16 @@ decision's timestamp plus the delay.
 Delays: a click is reported after an exponential delay with a mean of 16 hours, so a share
 ``exp(-48 / 16)`` (5.0%) of clicks arrive after the join's 48-hour window and count for
 nothing; a cost is charged in two rows within the first day. A decision that led to no click
-and no cost reports nothing at all, and the join gives it the default reward of 0, which is
-also its true reward. The products' true values are defined as what the join credits: a
-click counts with the probability that it arrives inside the window (``CLICK_CREDIT``).
+and no cost reports nothing at all, and the join gives it the default metrics (no click, no
+cost), which are also its true ones. The reward is ``click - cost`` (the pipeline templates'
+``[timeline] reward``), and the products' true values are defined as what the join credits:
+a click counts with the probability that it arrives inside the window (``CLICK_CREDIT``).
 
 - ``NotificationBandit``: a contextual bandit (which channel to notify a user on, or none).
 - ``EngagementMdp``: a short episodic MDP (nudging a user builds engagement but also
-  fatigue, and a fatigued user leaves), small enough for exact dynamic programming.
+  fatigue, and a fatigued user leaves), small enough (20 states) to solve exactly.
 
-Each product's ``true_value(probabilities)`` takes a policy as a function from a batch of
+Each product's ``true_value(policy)`` takes a policy as a function from a batch of
 observations to action probabilities, so the served model's exact value is computed with
 the very exploration it served with.
 """
@@ -40,9 +41,6 @@ CLICK_DELAY_HOURS = 16.0
 
 CLICK_CREDIT = 1.0 - math.exp(-WINDOW_HOURS / CLICK_DELAY_HOURS)
 """The probability that a click is reported inside the window (0.950)."""
-
-REWARD_WEIGHTS = {"click": 1.0, "cost": -1.0}
-"""reward = click - cost, the weights the pipeline templates' ``[timeline] reward`` give."""
 
 Observation = dict[str, float]
 Policy = Callable[[list[Observation]], np.ndarray]
@@ -82,7 +80,8 @@ class NotificationBandit:
     email users who visited recently, sms lapsed desktop users but costs the most, and
     ``none`` costs nothing and gets the few clicks a user makes unprompted. The true value
     of a policy is exact: the population's mean of ``sum_a pi(a|x) (credit * p(x, a) -
-    cost_a)``.
+    cost_a)``. Uniformly random play is worth 0.158, push for everyone 0.348, the best
+    policy 0.467, and 0.436 served epsilon-greedy with epsilon 0.1.
     """
 
     ACTIONS = ("none", "push", "email", "sms")
@@ -160,10 +159,11 @@ class EngagementMdp:
     After each day the user leaves (the episode ends) with probability ``LEAVE`` (0.15), and
     with ``TIRED_LEAVE`` (0.5) instead when fatigue has reached 3. Episodes start at
     engagement 0 to 2 (uniformly) and no fatigue. Nudging every day wears a user out, waiting
-    every day earns nothing: the best policy nudges a rested user and lets a tired one rest.
-    The true value of a policy (the expected discounted return the join credits, with
+    every day earns nothing: the best policy mostly nudges a rested user and lets a tired one
+    rest. The true value of a policy (the expected discounted return the join credits, with
     discount ``GAMMA`` per day, as the trainer and CPE discount) is exact: one linear solve
-    over the 20 states.
+    over the 20 states. Uniformly random play is worth 0.468, nudging every day 0.649, the
+    best policy 0.803, and 0.758 served epsilon-greedy with epsilon 0.1.
     """
 
     ACTIONS = ("wait", "nudge", "offer")
@@ -171,11 +171,13 @@ class EngagementMdp:
     GAMMA = 0.9
     MAX_ENGAGEMENT = 4
     MAX_FATIGUE = 3
-    START_ENGAGEMENT = 3
+    START_LEVELS = 3
+    """A user starts at one of the engagement levels 0 to ``START_LEVELS - 1``."""
     OFFER_COST = 0.1
     LEAVE = 0.15
     TIRED_LEAVE = 0.5
     NUDGE_CLICK = (0.15, 0.15)
+    """Intercept and slope in engagement of a nudge's click probability."""
     OFFER_CLICK = (0.35, 0.1)
     FATIGUE_PENALTY = 0.1
     WAIT_DECAY = 0.2
@@ -220,7 +222,7 @@ class EngagementMdp:
 
     def reset(self, count: int) -> list[Observation]:
         """``count`` new users: engagement 0 to 2, no fatigue."""
-        engagement = self.rng.integers(0, self.START_ENGAGEMENT, count)
+        engagement = self.rng.integers(0, self.START_LEVELS, count)
         self.states = np.column_stack([engagement, np.zeros(count, int)])
         return [self.observation(*state) for state in self.states]
 
@@ -258,5 +260,5 @@ class EngagementMdp:
                     stay = 1.0 - self.leave_probability(f)
                     transitions[row, index[(e, f)]] += weight * stay
         values = np.linalg.solve(np.eye(len(self.grid)) - self.GAMMA * transitions, rewards)
-        starts = [index[(e, 0)] for e in range(self.START_ENGAGEMENT)]
+        starts = [index[(e, 0)] for e in range(self.START_LEVELS)]
         return float(values[starts].mean())

@@ -22,9 +22,10 @@ Layout under ``--out/PRODUCT``: ``round-N/decisions.jsonl`` (the decision log),
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
+import shutil
+import subprocess
+import sys
 import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +37,6 @@ from products import EngagementMdp, NotificationBandit, Policy
 from traffic import Decide, DecisionClient, play_bandit, play_mdp, random_service
 
 from horizon_engine import Engine, HorizonError, atomic_output
-from horizon_engine.cli import main as horizon_cli
 from horizon_plugins_serving.decision_log import DecisionLog, open_decision_log
 from horizon_plugins_serving.predictor import Exploration, Predictor
 from horizon_plugins_serving.server import BackgroundServer, build_app
@@ -116,14 +116,24 @@ def serve(model: Path, log: Path, seed: int, traffic: Callable[[Decide], Any]) -
         return traffic(client.decide)
 
 
+def horizon_command() -> str:
+    """The ``horizon`` command of this Python's environment (or the first on PATH)."""
+    beside = Path(sys.executable).with_name("horizon")
+    found = str(beside) if beside.is_file() else shutil.which("horizon")
+    if found is None:
+        raise HorizonError("no `horizon` command beside this Python or on PATH (install it)")
+    return found
+
+
 def join_rewards(decisions: Path, rewards: Path, joined: Path) -> dict[str, Any]:
     """``horizon join DECISIONS REWARDS -o JOINED --window 48h``, a decision that no reward
     reached in time getting no click and no cost; the counts of its report."""
-    arguments = [str(decisions), str(rewards), "-o", str(joined), "--window", "48h"]
-    arguments += ["--default", "click=0", "--default", "cost=0"]
+    command = [horizon_command(), "join", str(decisions), str(rewards), "-o", str(joined)]
+    command += ["--window", "48h", "--default", "click=0", "--default", "cost=0"]
     joined.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.redirect_stdout(io.StringIO()):  # its summary: the table says the same
-        horizon_cli.main(["join", *arguments], standalone_mode=False)
+    finished = subprocess.run(command, capture_output=True, text=True, check=False)
+    if finished.returncode != 0:
+        raise HorizonError(f"{' '.join(command)} failed: {finished.stderr.strip()}")
     return json.loads(joined.with_name(joined.name + ".report.json").read_text("utf-8"))
 
 
