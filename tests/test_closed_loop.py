@@ -64,9 +64,9 @@ def test_the_served_policy_improves_every_round_and_cpe_sees_it(product, tmp_pat
     intervals covered, 28 of the MDP's). The model-based estimate, less noisy, moves with the
     truth: it rises from the first trained round to the last (the truth rises by 0.07 to
     0.23 there). The truth's rises from one round to the next (0.003 to 0.18) are within
-    its noise: every round's estimate rose on all ten seeds for the bandit's dm, on six for the MDP's
-    fqe, so that is not asserted; nor is fqe's interval, which holds its Q model fixed in
-    the resamples and covered 11 of 30.
+    its noise: every round's estimate rose on all ten seeds for the bandit's dm, on six for
+    the MDP's fqe, so that is not asserted; nor is fqe's interval, which holds its Q model
+    fixed in the resamples and covered 11 of 30.
     """
     results = run_loop.run_loop(product, 4, tmp_path, seed=0)
     table = capsys.readouterr().out
