@@ -573,11 +573,11 @@ class Engine:
             if section not in runnable and section in SECTIONS
         ]
         analysis = spec.sections.get("analysis")
-        if analysis is not None and not callable(getattr(analysis.component.cls, "analyze", None)):
+        if analysis is not None and not analysis.component.cls.analyzes_data():
             problems.append(
                 f"{spec.where('analysis', 'kind')}: [analysis] kind = "
-                f"{analysis.component.name!r} is a trainer that does not analyse data (it has no "
-                "analyze method); kind = 'world_model' does"
+                f"{analysis.component.name!r} is a trainer that does not analyse data (it does "
+                "not implement analyze); kind = 'world_model' does"
             )
         if not spec.sections and not problems:
             problems.append(

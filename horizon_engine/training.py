@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     import torch
 
     from horizon_engine.dataset import TimelineTensors
+    from horizon_engine.run_context import RunContext, StageReport
     from horizon_engine.schema import ActionType
 
 CHECKPOINTS = "checkpoints"
@@ -164,6 +165,21 @@ class TrainerBase(Trainer):
         Nothing by default; a trainer whose options must agree with the data says so here, so
         the core never reads another component's option by name."""
         return {}
+
+    def analyze(
+        self, run: RunContext, problem: TrainingProblem, splits: list[TimelineTensors]
+    ) -> StageReport:
+        """The ``analysis`` stage's work, for a trainer that models the data rather than (or
+        besides) a policy, such as ``world_model``'s MDP check: called once set up, with the
+        timeline's train and eval splits (with the state preprocessor's output); it writes its
+        files under ``analysis/`` and returns the stage's report. Optional: a trainer that
+        does not override it is refused in ``[analysis]`` when the pipeline is validated."""
+        raise HorizonError(f"[analysis] kind = {self.name!r} does not analyse data")
+
+    @classmethod
+    def analyzes_data(cls) -> bool:
+        """Whether the trainer overrides ``analyze`` (can be an ``[analysis]`` kind)."""
+        return cls.analyze is not TrainerBase.analyze
 
     def evaluation_models(self) -> dict[str, Any]:
         """Models trained beside the policy that estimators may use (a reward model, the
