@@ -21,12 +21,16 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from horizon_engine import HorizonError, atomic_output
+
+if TYPE_CHECKING:
+    from horizon_plugins_serving.predictor import Exploration
 
 BATCH = 1024
 """Rows scored per session call."""
@@ -85,6 +89,45 @@ def check_row(row: Any, actions: list[str], action_type: str) -> str | None:
     return None
 
 
+def exploration_options(command: Callable[..., None]) -> Callable[..., None]:
+    """``--policy``, ``--epsilon``, ``--temperature`` and ``--seed``: how ``horizon score`` and
+    ``horizon serve`` explore (``exploration`` turns them into an ``Exploration``)."""
+    options = [
+        click.option(
+            "--policy",
+            type=click.Choice(["greedy", "epsilon_greedy", "softmax"]),
+            default="greedy",
+            show_default=True,
+            help="How the action is drawn from the model's scores.",
+        ),
+        click.option(
+            "--epsilon",
+            type=float,
+            default=0.1,
+            show_default=True,
+            help="epsilon_greedy's chance of a uniform draw over the possible actions.",
+        ),
+        click.option(
+            "--temperature",
+            type=float,
+            default=1.0,
+            show_default=True,
+            help="softmax's temperature: exp(score / temperature).",
+        ),
+        click.option("--seed", type=int, default=0, show_default=True, help="Seeds the draws."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def exploration(policy: str, epsilon: float, temperature: float) -> Exploration:
+    """The ``Exploration`` the options name (``--epsilon`` counts for epsilon_greedy only)."""
+    from horizon_plugins_serving.predictor import Exploration
+
+    return Exploration(policy, epsilon if policy == "epsilon_greedy" else 0.0, temperature)
+
+
 @click.command("score")
 @click.argument("model", type=click.Path(dir_okay=False, exists=True, path_type=Path))
 @click.argument("rows", type=click.Path(dir_okay=False, exists=True, path_type=Path))
@@ -96,15 +139,7 @@ def check_row(row: Any, actions: list[str], action_type: str) -> str | None:
     help="Decision log to write: JSONL, one pre-timeline row per line, or Parquet parts in a "
     "folder when the name ends .parquet.",
 )
-@click.option(
-    "--policy",
-    type=click.Choice(["greedy", "epsilon_greedy", "softmax"]),
-    default="greedy",
-    show_default=True,
-)
-@click.option("--epsilon", type=float, default=0.1, show_default=True)
-@click.option("--temperature", type=float, default=1.0, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@exploration_options
 @click.option(
     "--skip-bad-rows", is_flag=True, help="Count and skip bad input rows instead of failing."
 )
@@ -125,13 +160,10 @@ def score_command(
         ParquetDecisionLog,
         decision_rows,
     )
-    from horizon_plugins_serving.predictor import Exploration, Predictor
+    from horizon_plugins_serving.predictor import Predictor
 
     try:
-        exploration = Exploration(
-            policy, epsilon if policy == "epsilon_greedy" else 0.0, temperature
-        )
-        predictor = Predictor(model, exploration, seed=seed)
+        predictor = Predictor(model, exploration(policy, epsilon, temperature), seed=seed)
         bad: list[tuple[int, str]] = []
         scored = 0
         log_kind = ParquetDecisionLog if output.name.endswith(".parquet") else DecisionLog

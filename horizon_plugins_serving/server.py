@@ -82,7 +82,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from horizon_engine import HorizonError
-from horizon_plugins_serving.commands import check_row
+from horizon_plugins_serving.commands import check_row, exploration, exploration_options
 from horizon_plugins_serving.decision_log import decision_rows
 
 if TYPE_CHECKING:
@@ -464,15 +464,7 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     show_default=True,
     help="Decision log: JSONL, or a folder of Parquet parts when the name ends .parquet.",
 )
-@click.option(
-    "--policy",
-    type=click.Choice(["greedy", "epsilon_greedy", "softmax"]),
-    default="greedy",
-    show_default=True,
-)
-@click.option("--epsilon", type=float, default=0.1, show_default=True)
-@click.option("--temperature", type=float, default=1.0, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@exploration_options
 @click.option(
     "--max-body-bytes",
     type=click.IntRange(min=1),
@@ -512,13 +504,10 @@ def serve_command(
     SIGINT or SIGTERM stops the server once the requests in flight are answered and every
     answered decision is in the log."""
     from horizon_plugins_serving.decision_log import open_decision_log
-    from horizon_plugins_serving.predictor import Exploration, Predictor, SendRateController
+    from horizon_plugins_serving.predictor import Predictor, SendRateController
 
     try:
-        exploration = Exploration(
-            policy, epsilon if policy == "epsilon_greedy" else 0.0, temperature
-        )
-        predictor = Predictor(model, exploration, seed=seed)
+        predictor = Predictor(model, exploration(policy, epsilon, temperature), seed=seed)
         send_rate = None
         if target_send_rate is not None:
             send_rate = SendRateController(target_send_rate)

@@ -21,7 +21,14 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from starlette.testclient import TestClient
-from test_serving import PIPELINE, bare_outputs, continuous_model, horizon, states
+from test_serving import (
+    PIPELINE,
+    bare_outputs,
+    continuous_model,
+    horizon,
+    parametric_model,
+    states,
+)
 
 from horizon_plugins_serving.decision_log import (
     DecisionLog,
@@ -399,25 +406,7 @@ def test_a_failed_log_stops_the_decisions_with_503_and_says_why(model):
 
 
 def test_a_parametric_model_scores_the_offered_candidates_and_logs_the_chosen_map(tmp_path):
-    from horizon_engine.pipeline import Engine
-
-    run = tmp_path / "run"
-    config = {
-        "pipeline": {"output_dir": str(run), "seed": 0},
-        "source": {
-            "kind": "gym",
-            "env": "CartPole-v1",
-            "policy": "random",
-            "episodes": 20,
-            "parametric_actions": True,
-        },
-        "timeline": {"reward": {"reward": 1.0}},
-        "normalization": {"quantiles": False},
-        "trainer": {"kind": "parametric_dqn", "epochs": 1, "threads": 1},
-        "export": {"kind": "onnx"},
-    }
-    Engine(show_progress=False).run(config)
-    predictor = Predictor(run / "model.onnx")
+    predictor = Predictor(parametric_model(tmp_path / "run"))
     one, two = {"4": 1.0, "5": 0.0}, {"4": 0.0, "5": 1.0}
     offered = [[one, two, one], [two]]
     rows = [

@@ -272,10 +272,11 @@ def test_scoring_imports_neither_torch_nor_spark(model):
     assert result.stdout.strip() == "[]"
 
 
-def test_parametric_model_scores_each_rows_candidates_and_never_chooses_padding(tmp_path):
+def parametric_model(run: Path) -> Path:
+    """A parametric_dqn trained for an epoch on random CartPole whose actions are one-hot
+    action features ("4", "5"), exported to ``run/model.onnx``."""
     from horizon_engine.pipeline import Engine
 
-    run = tmp_path / "run"
     config = {
         "pipeline": {"output_dir": str(run), "seed": 0},
         "source": {
@@ -291,7 +292,12 @@ def test_parametric_model_scores_each_rows_candidates_and_never_chooses_padding(
         "export": {"kind": "onnx"},
     }
     Engine(show_progress=False).run(config)
-    predictor = Predictor(run / "model.onnx", Exploration("softmax", temperature=10.0), seed=0)
+    return run / "model.onnx"
+
+
+def test_parametric_model_scores_each_rows_candidates_and_never_chooses_padding(tmp_path):
+    model = parametric_model(tmp_path / "run")
+    predictor = Predictor(model, Exploration("softmax", temperature=10.0), seed=0)
     assert predictor.parametric and predictor.action_feature_ids == ["4", "5"]
     rows = states(60)
     one, two = {"4": 1.0, "5": 0.0}, {"4": 0.0, "5": 1.0}
@@ -303,9 +309,7 @@ def test_parametric_model_scores_each_rows_candidates_and_never_chooses_padding(
 
     features, presence = predictor.state_arrays(rows)
     values, candidate_presence, mask = predictor.candidate_arrays(candidates)
-    session = onnxruntime.InferenceSession(
-        str(run / "model.onnx"), providers=["CPUExecutionProvider"]
-    )
+    session = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     scores, _, action = session.run(
         None,
         {
@@ -328,7 +332,7 @@ def test_parametric_model_scores_each_rows_candidates_and_never_chooses_padding(
     ]
     source.write_text("\n".join(map(json.dumps, [*lines, {"state_features": rows[0]}])) + "\n")
     output = tmp_path / "decisions.jsonl"
-    printed = horizon("score", run / "model.onnx", source, "-o", output, "--skip-bad-rows")
+    printed = horizon("score", model, source, "-o", output, "--skip-bad-rows")
     assert "line 61: a parametric model needs possible_actions" in printed
     logged = read_decisions(output).rows
     assert [row["action"] for row in logged] == [
