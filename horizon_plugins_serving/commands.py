@@ -171,22 +171,10 @@ def score_command(
             batch: list[dict[str, Any]] = []
 
             def flush() -> None:
-                states = [row["state_features"] for row in batch]
-                possible = [row.get("possible_actions") for row in batch]
-                if predictor.parametric:
-                    result = predictor.predict(states, candidates=possible)
-                    actions = [row[i] for row, i in zip(possible, result.actions, strict=True)]
-                elif predictor.continuous:
-                    result = predictor.predict(states)
-                    ids = predictor.action_feature_ids
-                    actions = [dict(zip(ids, map(float, a), strict=True)) for a in result.actions]
-                    possible = None
-                else:
-                    result = predictor.predict(states, possible)
-                    actions = result.actions
+                result, actions, possible = predictor.decide(batch)
                 log.append(
                     decision_rows(
-                        states,
+                        [row["state_features"] for row in batch],
                         actions,
                         result.propensities,
                         predictor.model_id,

@@ -311,6 +311,30 @@ class Predictor:
         actions = indexes if self.parametric else [self.actions[i] for i in indexes]
         return Predictions(actions, propensities, scores, probabilities)
 
+    def decide(
+        self, rows: Sequence[Mapping[str, Any]]
+    ) -> tuple[Predictions, list[Any], list[Any] | None]:
+        """Decisions for input rows (``state_features`` and, optionally, ``possible_actions``:
+        action names, or for a parametric model the candidates' feature maps) as the decision
+        log records them: the ``Predictions``, each chosen action in its logged form (the
+        action's name, the chosen candidate's map, or a continuous actor's map of action
+        feature ids to values), and each row's possible actions (None for a continuous
+        actor, which has none)."""
+        states = [row["state_features"] for row in rows]
+        possible = [row.get("possible_actions") for row in rows]
+        if self.parametric:
+            result = self.predict(states, candidates=possible)
+            chosen = [offered[i] for offered, i in zip(possible, result.actions, strict=True)]
+            return result, chosen, possible
+        if self.continuous:
+            result = self.predict(states)
+            ids = self.action_feature_ids
+            actions = [dict(zip(ids, map(float, a), strict=True)) for a in result.actions]
+            return result, actions, None
+        restricted = any(offered is not None for offered in possible)
+        result = self.predict(states, possible if restricted else None)
+        return result, result.actions, possible
+
     def sample(self, probabilities: np.ndarray) -> np.ndarray:
         """One action index per row drawn from its probabilities (no draw for one-hot rows)."""
         best = probabilities.argmax(axis=1)

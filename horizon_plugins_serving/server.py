@@ -288,23 +288,12 @@ class DecisionService:
         """The decision rows to log and the answers, in row order."""
         predictor = self.predictor
         states = [row["state_features"] for row in rows]
-        possible = [row.get("possible_actions") for row in rows]
         if self.send_drop:
             result = predictor.send_or_drop(states, self.send_rate, *self.send_drop, update=False)
             self._update_send_rate([action == self.send_drop[0] for action in result.actions])
-            actions = result.actions
-        elif predictor.parametric:
-            result = predictor.predict(states, candidates=possible)
-            actions = [row[i] for row, i in zip(possible, result.actions, strict=True)]
-        elif predictor.continuous:
-            result = predictor.predict(states)
-            ids = predictor.action_feature_ids
-            actions = [dict(zip(ids, map(float, a), strict=True)) for a in result.actions]
-            possible = None
+            actions, possible = result.actions, [row.get("possible_actions") for row in rows]
         else:
-            restricted = any(offered is not None for offered in possible)
-            result = predictor.predict(states, possible if restricted else None)
-            actions = result.actions
+            result, actions, possible = predictor.decide(rows)
         records = decision_rows(
             states,
             actions,
