@@ -6,10 +6,9 @@ one exception. The join runs on the executors as SQL expressions, without Python
 executor needs nothing but Spark; what reaches the driver is counts, the few ids and lines the
 report names, and the bad rows it shows, whose reasons the local engine's own checks word.
 
-The rows and counts are the local engine's (``tests/test_join.py`` holds the two to that), with
-two differences at the margins of JSON: Spark's reader takes a ``NaN`` in a decision line for a
-torn line, where Python's reads it; and a decision_id given as a number fails both engines, but
-Spark finds it by a pattern on the line's text.
+The rows and counts are the local engine's (``tests/test_join.py`` holds the two to that). A
+decision_id given as a number fails both engines; Spark's JSON reader would take it as its
+text, so Spark finds it by a pattern on the line (``STRING_ID``).
 """
 
 from __future__ import annotations
@@ -67,7 +66,10 @@ def spark_session() -> SparkSession:
     builder = SparkSession.builder.appName("horizon-join")
     if not SparkConf().contains("spark.master"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        builder = builder.master("local[*]")
+        # Spark's 200 shuffle partitions are meant for a cluster: on one machine each costs a
+        # task per stage (a 200k-decision join wrote in 35 s with them, 9 s with 8).
+        partitions = str(2 * (os.cpu_count() or 4))
+        builder = builder.master("local[*]").config("spark.sql.shuffle.partitions", partitions)
     session = builder.config("spark.ui.showConsoleProgress", "false").getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
@@ -150,7 +152,10 @@ def column_or_null(frame: DataFrame, name: str) -> Column:
 
 
 class Checked:
-    """Rows classified by SQL as good, torn or bad; the bad ones shown through ``bad``."""
+    """Rows classified by SQL as good, torn or bad; the bad ones shown through ``bad``.
+
+    The classified rows are cached once computed: every count and the join read them, not the
+    files again, until ``unpersist``."""
 
     def __init__(
         self,
@@ -159,7 +164,7 @@ class Checked:
         where: Callable[[Row], str],
         reason: Callable[[Row], str],
     ) -> None:
-        self.frame, self.kind, self.where, self.reason = frame, kind, where, reason
+        self.frame, self.kind, self.where, self.reason = frame.persist(), kind, where, reason
 
     def good(self, bad: BadRows) -> DataFrame:
         """The good rows, once the bad ones are reported (the first one fails the join unless
@@ -180,6 +185,9 @@ class Checked:
                 bad.report.bad_reward_rows = total
         return self.frame.filter(F.col("status") == "good").drop("status")
 
+    def unpersist(self) -> None:
+        self.frame.unpersist()
+
 
 def check_jsonl_decisions(spark: SparkSession, path: Path, report: JoinReport) -> Checked:
     """Decision lines: torn ones counted in the report, the others checked by their keys."""
@@ -187,9 +195,11 @@ def check_jsonl_decisions(spark: SparkSession, path: Path, report: JoinReport) -
 
     lines, torn_last = numbered_lines(spark, path)
     parsed = F.from_json(
-        "text", "decision_id string, timestamp string, metrics string", {"mode": "PERMISSIVE"}
+        "text",
+        "decision_id string, timestamp string, metrics string, torn string",
+        {"columnNameOfCorruptRecord": "torn"},
     )
-    whole = F.get_json_object("text", "$").isNotNull() & F.ltrim("text").startswith("{")
+    whole = F.col("row.torn").isNull() & F.ltrim("text").startswith("{")
     if torn_last is not None:
         whole = whole & (F.col("line") != torn_last)
     frame = lines.select(
@@ -209,16 +219,16 @@ def check_jsonl_decisions(spark: SparkSession, path: Path, report: JoinReport) -
         | F.col("has_metrics")
     )
     status = F.when(~F.col("whole"), "torn").when(bad, "bad").otherwise("good")
-    frame = frame.withColumn("status", status).drop("whole", "has_metrics")
-    torn = frame.filter(F.col("status") == "torn").select("position").orderBy("position")
-    report.torn_lines = torn.count()
-    report.torn_line_numbers = [row.position for row in torn.limit(SHOWN).collect()]
-    return Checked(
-        frame,
+    checked = Checked(
+        frame.withColumn("status", status).drop("whole", "has_metrics"),
         "decision",
         lambda row: f"{path}:{row.position}",
         lambda row: line_problem(row.text, decision_problem) or "rejected by Spark's reader",
     )
+    torn = checked.frame.filter(F.col("status") == "torn").select("position")
+    report.torn_lines = torn.count()
+    report.torn_line_numbers = [row.position for row in torn.orderBy("position").take(SHOWN)]
+    return checked
 
 
 def check_parquet_decisions(spark: SparkSession, path: Path) -> Checked:
@@ -260,7 +270,9 @@ def check_rewards(spark: SparkSession, path: Path) -> Checked:
     """Reward rows as (position, decision_id, micros, metrics map), classified good or bad."""
     from pyspark.sql import functions as F
 
-    checked = (check_parquet_rewards if is_parquet(path) else check_jsonl_rewards)(spark, path)
+    frame, where, reason = (check_parquet_rewards if is_parquet(path) else check_jsonl_rewards)(
+        spark, path
+    )
     finite = F.forall(
         F.map_values("metrics"), lambda value: ~F.isnan(value) & (F.abs(value) != float("inf"))
     )
@@ -272,11 +284,14 @@ def check_rewards(spark: SparkSession, path: Path) -> Checked:
         & finite
     )
     status = F.when(F.coalesce(good, F.lit(False)), "good").otherwise("bad")
-    checked.frame = checked.frame.withColumn("status", status)
-    return checked
+    return Checked(frame.withColumn("status", status), "reward", where, reason)
 
 
-def check_jsonl_rewards(spark: SparkSession, path: Path) -> Checked:
+Located = tuple["DataFrame", Callable[["Row"], str], Callable[["Row"], str]]
+"""Parsed rows, and how to name a row and word what is wrong with it."""
+
+
+def check_jsonl_rewards(spark: SparkSession, path: Path) -> Located:
     from pyspark.sql import functions as F
 
     lines, _ = numbered_lines(spark, path)
@@ -288,21 +303,16 @@ def check_jsonl_rewards(spark: SparkSession, path: Path) -> Checked:
         F.col("row.decision_id").alias("decision_id"),
         micros(F.col("row.timestamp")).alias("micros"),
         F.col("row.metrics").alias("metrics"),
-        (
-            F.get_json_object("text", "$").isNotNull()
-            & F.col("row.bad").isNull()
-            & F.col("text").rlike(STRING_ID)
-        ).alias("whole"),
+        (F.col("row.bad").isNull() & F.col("text").rlike(STRING_ID)).alias("whole"),
     )
-    return Checked(
+    return (
         frame,
-        "reward",
         lambda row: f"{path}:{row.position}",
         lambda row: line_problem(row.text, reward_problem) or "rejected by Spark's reader",
     )
 
 
-def check_parquet_rewards(spark: SparkSession, path: Path) -> Checked:
+def check_parquet_rewards(spark: SparkSession, path: Path) -> Located:
     from pyspark.sql import functions as F
 
     frame, files = parquet_rows(spark, path)
@@ -333,7 +343,7 @@ def check_parquet_rewards(spark: SparkSession, path: Path) -> Checked:
                 return f"metric {name!r} is {value!r}, expected a finite number"
         return timestamp_problem(row.timestamp_text) or "rejected by Spark's reader"
 
-    return Checked(frame, "reward", lambda row: parquet_location(files, row.position), reason)
+    return frame, lambda row: parquet_location(files, row.position), reason
 
 
 def timestamp_micros(frame: DataFrame) -> Column:
@@ -357,7 +367,6 @@ def join_spark(
     skip_bad_rows: bool,
 ) -> JoinReport:
     """The Spark engine: the local engine's join and counts, written as the local one writes."""
-    from pyspark.sql import functions as F
 
     spark = spark_session()
     report = JoinReport("spark", window_seconds, defaults, ignored_files=ignored_files(decisions))
@@ -366,11 +375,32 @@ def join_spark(
         log = check_parquet_decisions(spark, decisions)
     else:
         log = check_jsonl_decisions(spark, decisions, report)
-    rows = log.good(bad).cache()
-    rewards = check_rewards(spark, rewards_path).good(bad)
+    rewards = check_rewards(spark, rewards_path)
+    try:
+        _join(spark, log.good(bad), rewards.good(bad), report, output, decisions)
+    finally:
+        log.unpersist()
+        rewards.unpersist()
+    return report
 
-    groups = rows.groupBy("decision_id").agg(
-        F.min(F.struct("position", "micros")).alias("first"), F.count("*").alias("rows")
+
+def _join(
+    spark: SparkSession,
+    rows: DataFrame,
+    rewards: DataFrame,
+    report: JoinReport,
+    output: Path,
+    decisions: Path,
+) -> None:
+    """Count, sum and write, as ``plan_join`` and ``join_local`` do; fills ``report``."""
+    from pyspark.sql import functions as F
+
+    defaults = report.default_metrics
+
+    groups = (
+        rows.groupBy("decision_id")
+        .agg(F.min(F.struct("position", "micros")).alias("first"), F.count("*").alias("rows"))
+        .persist()
     )
     totals = groups.agg(F.sum("rows").alias("rows"), F.count("*").alias("decisions")).first()
     report.decision_rows = totals.rows or 0
@@ -387,7 +417,7 @@ def join_spark(
     matched = rewards.join(firsts, "decision_id", "left").withColumn(
         "delay", F.col("micros") - F.col("decision_micros")
     )
-    window = round(window_seconds * 1_000_000)
+    window = round(report.window_seconds * 1_000_000)
     known = F.col("first_position").isNotNull()
     early, late = F.col("delay") < 0, F.col("delay") > window
     inside = known & ~early & ~late
@@ -452,9 +482,8 @@ def join_spark(
     if defaults is None:
         joined = joined.filter(F.col("is_rewarded"))
     write_joined(spark, joined, decisions, output)
-    rows.unpersist()
+    groups.unpersist()
     matched.unpersist()
-    return report
 
 
 def write_joined(spark: SparkSession, joined: DataFrame, decisions: Path, output: Path) -> None:
