@@ -51,9 +51,6 @@ CHUNK_ROWS = 50_000
 SHOWN = 5
 """How many example ids, lines or rows the report names for each kind of count."""
 
-TIMESTAMP = "timestamp[us, tz=UTC]"
-"""Every timestamp is compared as microseconds since the epoch, in UTC."""
-
 _WINDOW = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd])\s*$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
