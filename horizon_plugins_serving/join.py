@@ -1152,7 +1152,13 @@ def join_local(
 @click.option(
     "--drop-unrewarded", is_flag=True, help="Leave out decisions no reward reached (counted)."
 )
-@click.option("--engine", type=click.Choice(["local", "spark"]), default="local", show_default=True)
+@click.option(
+    "--engine",
+    type=click.Choice(["local", "spark"]),
+    default="local",
+    show_default=True,
+    help="spark: the same join on the running SparkSession (spark-submit's), or a local one.",
+)
 @click.option(
     "--skip-bad-rows", is_flag=True, help="Count and skip bad input rows instead of failing."
 )
