@@ -204,6 +204,12 @@ def _columns(row_format: RowFormat, action_type: ActionType) -> list[Column]:
     return columns
 
 
+DECISION_LOG_FIELDS = frozenset({"decision_id", "model_id", "timestamp"})
+"""What a serving decision log adds to a pre-timeline row (``horizon score``, ``serve`` and
+``join`` write them): expected in logged rows, read past without a warning, not part of the
+timeline."""
+
+
 @dataclass(frozen=True)
 class RowLayout:
     """Which row format and action type a table holds; it decides the Arrow schema."""
@@ -214,6 +220,15 @@ class RowLayout:
     @property
     def columns(self) -> list[Column]:
         return _columns(self.row_format, self.action_type)
+
+    @property
+    def known_fields(self) -> set[str]:
+        """Every field name the layout reads (its columns and their aliases) or knowingly
+        reads past (a pre-timeline row's ``DECISION_LOG_FIELDS``); others are reported."""
+        known = {name for col in self.columns for name in (col.name, *col.aliases)}
+        if self.row_format is RowFormat.PRE_TIMELINE:
+            known |= DECISION_LOG_FIELDS
+        return known
 
     @property
     def schema(self) -> pa.Schema:
@@ -282,7 +297,7 @@ class RowShaper:
     def __init__(self, layout: RowLayout) -> None:
         self.layout = layout
         self._columns = layout.columns
-        self._known = {name for col in self._columns for name in (col.name, *col.aliases)}
+        self._known = layout.known_fields
 
     def shape(self, rows: Iterable[tuple[str, Any]]) -> ShapedRows:
         """Shape ``(location, row)`` pairs. A row that is not a JSON object is rejected too."""

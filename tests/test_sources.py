@@ -220,6 +220,33 @@ def test_parquet_round_trip(tmp_path, rows):
     assert manifest["stages"]["source"]["warnings"] == []
 
 
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_a_decision_logs_own_fields_are_read_past_without_a_warning(tmp_path, kind):
+    """horizon serve, score and join write decision_id, model_id and timestamp into every
+    row; a run on such rows warns only about fields nobody told it of."""
+    logged = [
+        decision(
+            str(i),
+            0,
+            decision_id=f"d{i}",
+            model_id="5e1d1d5d89b55743",
+            timestamp="2026-12-01T14:29:05+00:00",
+            user_segment="a",
+        )
+        for i in range(3)
+    ]
+    path = write_jsonl(tmp_path / "rows.jsonl", logged)
+    if kind == "parquet":
+        path = tmp_path / "rows.parquet"
+        pq.write_table(pa.Table.from_pylist(logged), path)
+    manifest = run_source(tmp_path / "run", kind, path)
+    assert manifest["stages"]["source"]["warnings"] == [
+        "ignored field 'user_segment' (not part of pre_timeline rows with discrete actions) "
+        "in 3 rows"
+    ]
+    assert len(read_rows(tmp_path / "run")) == 3
+
+
 def test_users_own_parquet_without_horizon_metadata(tmp_path):
     """Plain types, Horizon's `propensity` name, an extra column: layout detected, rows kept."""
     path = tmp_path / "logged.parquet"

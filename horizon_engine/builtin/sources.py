@@ -242,7 +242,8 @@ def _conformer(
             )
         sources[column.name] = found
     used = {name for name in sources.values() if name}
-    ignored_names = [name for name in schema.names if name not in used]
+    known = layout.known_fields
+    ignored_names = [name for name in schema.names if name not in used and name not in known]
 
     def conform(batch: pa.RecordBatch) -> tuple[pa.Table, dict[str, int]]:
         arrays = []
