@@ -130,6 +130,18 @@ def test_jsonl_folders_globs_and_lists(tmp_path):
     assert keys(read_rows(tmp_path / "list")) == [("1", 0), ("0", 0)]
 
 
+def test_a_folder_leaves_out_names_starting_with_a_dot_or_underscore(tmp_path):
+    """As Spark, Hive and Arrow datasets do: a join's report, a temporary file, a job's
+    _temporary folder are not rows."""
+    data = tmp_path / "joined"
+    write_jsonl(data / "round-0.jsonl", ROWS)
+    (data / "_round-0.jsonl.report.json").write_text('{"decisions": 3}\n')
+    write_jsonl(data / ".round-1.jsonl.tmp-1", ROWS[:1])
+    write_jsonl(data / "_temporary" / "0" / "part-0.jsonl", ROWS[:1])
+    run_source(tmp_path / "run", "jsonl", data)
+    assert keys(read_rows(tmp_path / "run")) == keys(ROWS)
+
+
 def test_jsonl_path_that_matches_nothing(tmp_path):
     with pytest.raises(HorizonError, match=r"\[source\] path '.*nowhere/\*\.jsonl': no file or"):
         run_source(tmp_path / "run", "jsonl", tmp_path / "nowhere" / "*.jsonl")

@@ -37,7 +37,9 @@ JSONL_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl.bz2", ".js
 def expand_paths(patterns: str | list[str], suffixes: tuple[str, ...]) -> list[Path]:
     """Files matching the configured paths or glob patterns, in a stable order, each once.
 
-    A folder stands for the files under it whose names end in one of ``suffixes``. A path that
+    A folder stands for the files under it whose names end in one of ``suffixes``, leaving out
+    what lies under a name starting with ``.`` or ``_``, as Spark, Hive and Arrow's datasets
+    do: temporary files, ``_SUCCESS`` markers, a join's ``_*.report.json``. A path that
     exists is taken as it is, even where its name holds glob characters such as ``[``.
     """
     patterns = [patterns] if isinstance(patterns, str) else patterns
@@ -51,7 +53,9 @@ def expand_paths(patterns: str | list[str], suffixes: tuple[str, ...]) -> list[P
                 found += sorted(
                     path
                     for path in match.rglob("*")
-                    if path.name.endswith(suffixes) and path.is_file()
+                    if path.name.endswith(suffixes)
+                    and not _hidden(path.relative_to(match))
+                    and path.is_file()
                 )
             else:
                 found.append(match)
@@ -61,6 +65,11 @@ def expand_paths(patterns: str | list[str], suffixes: tuple[str, ...]) -> list[P
             raise HorizonError(f"[source] path {pattern!r}: {what}")
         files.update(dict.fromkeys(found))
     return list(files)
+
+
+def _hidden(relative: Path) -> bool:
+    """Whether a path inside a folder is one its readers leave out (``expand_paths``)."""
+    return any(part.startswith((".", "_")) for part in relative.parts)
 
 
 def path_problems(patterns: str | list[str], suffixes: tuple[str, ...]) -> list[str]:
