@@ -22,21 +22,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from horizon_engine import HorizonError, atomic_output
-from horizon_plugins_serving.join import (
+from horizon_plugins_serving.join_readers import ignored_files, is_parquet, parquet_files
+from horizon_plugins_serving.join_report import SHOWN, BadRows, JoinReport
+from horizon_plugins_serving.join_rows import (
     JOINED_ALREADY,
     MISSING_ID,
-    SHOWN,
-    BadRows,
-    JoinReport,
     decision_problem,
-    ignored_files,
-    is_parquet,
-    joined_schema,
     line_problem,
-    parquet_files,
     reward_problem,
     timestamp_problem,
 )
+from horizon_plugins_serving.join_writer import joined_schema
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, Row, SparkSession

@@ -1,0 +1,519 @@
+"""``horizon join``'s local engine's reading: the decision log streamed in chunks of good
+rows, and a rewards file read whole into Arrow tables.
+
+A block of JSON lines is read by Arrow's JSON reader, and line by line only where it holds a
+torn or bad line, to name it (``join_rows`` words what is wrong). ``parquet_files``,
+``ignored_files`` and ``is_parquet`` also tell the Spark engine (``join_spark``) what to read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from horizon_engine import HorizonError
+from horizon_plugins_serving.join_report import SHOWN, BadRows
+from horizon_plugins_serving.join_rows import (
+    JOINED_ALREADY,
+    MISSING_ID,
+    decision_problem,
+    parse_timestamps,
+    reward_problem,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+
+CHUNK_ROWS = 50_000
+"""Decision-log rows parsed, joined and written at a time."""
+
+
+# --- reading the decision log -----------------------------------------------------------------
+
+
+def line_blocks(path: Path, count: int) -> Iterator[tuple[list[bytes], list[int]]]:
+    """A text file's non-blank lines, ``count`` at a time, with their numbers (from 1)."""
+    lines: list[bytes] = []
+    numbers: list[int] = []
+    with open(path, "rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            if line.strip():
+                lines.append(line)
+                numbers.append(number)
+                if len(lines) == count:
+                    yield lines, numbers
+                    lines, numbers = [], []
+    if lines:
+        yield lines, numbers
+
+
+KEY_FIELDS = [("decision_id", "string"), ("timestamp", "string")]
+
+
+def read_json_block(lines: list[bytes], look_at: bytes, infer: bool = False) -> pa.Table | None:
+    """Whole JSON lines read at once by Arrow's JSON reader (no Python object per row), or None
+    where that cannot hold every row as it is: a torn line, a line that is not an object, a
+    decision_id or timestamp missing, empty or not a string, or ``look_at`` in the text (what
+    Arrow's reader would not tell apart). The caller then reads the block line by line, to
+    count and name what is wrong. ``infer``: read the other fields too, their types inferred;
+    else only the two keys."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.json as pj
+
+    block = b"".join(lines)
+    if not lines[-1].endswith(b"\n") or look_at in block:
+        return None
+    options = pj.ParseOptions(
+        explicit_schema=pa.schema(KEY_FIELDS),
+        unexpected_field_behavior="infer" if infer else "ignore",
+    )
+    try:
+        table = pj.read_json(
+            io.BytesIO(block),
+            read_options=pj.ReadOptions(use_threads=False, block_size=len(block) + 1),
+            parse_options=options,
+        )
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+    ids = table.column("decision_id")
+    if table.num_rows != len(lines) or ids.null_count or table.column("timestamp").null_count:
+        return None
+    if pc.any(pc.equal(ids, "")).as_py():
+        return None
+    return table.combine_chunks()
+
+
+@dataclass
+class DecisionChunk:
+    """A chunk of good decision rows, as read: their keys, and what writing them needs."""
+
+    decision_ids: pa.Array
+    timestamps: pa.Array
+    lines: list[bytes] | None = None
+    """JSONL: each row's line as it was logged."""
+    batch: pa.RecordBatch | None = None
+    """Parquet: the rows as read."""
+
+
+def parquet_files(path: Path) -> list[Path]:
+    """A Parquet file, or a directory's part files in the order they were written.
+
+    A part's name carries its sequence number (``part-<sequence>-<uuid>.parquet``); names that
+    start with a dot are files still being written (or left by a crash) and are passed over.
+    """
+    if not path.is_dir():
+        return [path]
+
+    def order(part: Path) -> tuple[int, str]:
+        pieces = part.name.split("-")
+        sequence = pieces[1] if len(pieces) > 1 else ""
+        return (int(sequence) if sequence.isdigit() else -1, part.name)
+
+    return sorted(
+        (part for part in path.rglob("*.parquet") if not part.name.startswith((".", "_"))),
+        key=order,
+    )
+
+
+def ignored_files(path: Path) -> list[str]:
+    """The files of a Parquet folder that ``parquet_files`` does not read, but Spark's markers
+    and checksums: a temporary part that a crash left, or a stranger's file."""
+    if not path.is_dir():
+        return []
+    parts = set(parquet_files(path))
+    return sorted(
+        str(entry.relative_to(path))
+        for entry in path.rglob("*")
+        if entry.is_file()
+        and entry not in parts
+        and entry.name != "_SUCCESS"
+        and not entry.name.endswith(".crc")
+    )
+
+
+def is_parquet(path: Path) -> bool:
+    return path.name.endswith(".parquet")
+
+
+class DecisionLogReader:
+    """Streams a decision log's good rows in chunks, the same rows in the same order each pass.
+
+    A JSONL line that is not a whole JSON object ending with a newline is torn (what a crash
+    mid-write leaves, as ``read_decisions`` counts it): counted, never fatal. A whole row
+    without a decision_id or a readable timestamp is a bad row.
+    """
+
+    def __init__(self, path: Path, bad: BadRows, chunk_rows: int = CHUNK_ROWS) -> None:
+        self.path, self.bad, self.chunk_rows = path, bad, chunk_rows
+        self.torn_lines: list[int] = []
+        self.torn = 0
+
+    def chunks(self) -> Iterator[DecisionChunk]:
+        self.torn_lines, self.torn = [], 0
+        if is_parquet(self.path):
+            yield from self._parquet_chunks()
+        else:
+            yield from self._jsonl_chunks()
+
+    def _jsonl_chunks(self) -> Iterator[DecisionChunk]:
+        import pyarrow.compute as pc
+
+        for lines, numbers in line_blocks(self.path, self.chunk_rows):
+            read = read_json_block(lines, look_at=b'"metrics"')
+            if read is not None:
+                ids, texts = read.column("decision_id"), read.column("timestamp")
+            else:
+                lines, numbers, ids, texts = self._checked_lines(lines, numbers)
+            timestamps, problems = parse_timestamps(texts, str(self.path))
+            for index, problem in problems.items():
+                where = f"{self.path}:{numbers[index]}"
+                self.bad.found(where, problem, "decision", numbers[index])
+            self.bad.flush()
+            if problems:  # bad rows the caller chose to skip
+                good = pc.is_valid(timestamps)
+                lines = [line for line, ok in zip(lines, good, strict=True) if ok]
+                ids, timestamps = ids.filter(good), timestamps.filter(good)
+            if lines:
+                yield DecisionChunk(ids, timestamps, lines=lines)
+
+    def _checked_lines(
+        self, lines: list[bytes], numbers: list[int]
+    ) -> tuple[list[bytes], list[int], pa.Array, pa.Array]:
+        """A block that Arrow's reader could not take whole, line by line: torn lines counted,
+        bad rows reported; the good lines, their numbers, decision_ids and timestamp texts."""
+        import pyarrow as pa
+
+        kept: list[bytes] = []
+        kept_numbers: list[int] = []
+        ids: list[str] = []
+        texts: list[str] = []
+        for number, line in zip(numbers, lines, strict=True):
+            try:
+                row = json.loads(line)
+            except ValueError:
+                row = None
+            if not isinstance(row, dict) or not line.endswith(b"\n"):
+                self.torn += 1
+                if len(self.torn_lines) < SHOWN:
+                    self.torn_lines.append(number)
+                continue
+            problem = decision_problem(row)
+            if problem is not None:
+                self.bad.found(f"{self.path}:{number}", problem, "decision", number)
+                continue
+            kept.append(line)
+            kept_numbers.append(number)
+            ids.append(row["decision_id"])
+            texts.append(row["timestamp"])
+        return kept, kept_numbers, pa.array(ids, pa.string()), pa.array(texts, pa.string())
+
+    def _parquet_chunks(self) -> Iterator[DecisionChunk]:
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        for part in parquet_files(self.path):
+            try:
+                parquet = pq.ParquetFile(part)
+            except (OSError, pa.ArrowException) as exc:
+                raise HorizonError(f"{part}: not a readable Parquet file ({exc})") from None
+            for name in ("decision_id", "timestamp"):
+                if name not in parquet.schema_arrow.names:
+                    raise HorizonError(f"{part}: no {name} column in the decision log")
+            first = 0
+            for batch in parquet.iter_batches(batch_size=self.chunk_rows):
+                ids = batch.column("decision_id").cast(pa.string())
+                no_id = pc.fill_null(pc.equal(ids, ""), True).to_numpy(zero_copy_only=False)
+                problems = dict.fromkeys(np.flatnonzero(no_id).tolist(), MISSING_ID)
+                if "metrics" in batch.schema.names:
+                    joined = batch.column("metrics").is_valid().to_numpy(zero_copy_only=False)
+                    for index in np.flatnonzero(joined).tolist():
+                        problems.setdefault(index, JOINED_ALREADY)
+                timestamps, late = parse_timestamps(batch.column("timestamp"), str(part))
+                for index, problem in {**late, **problems}.items():
+                    self.bad.found(f"{part}:row {first + index}", problem, "decision", index)
+                self.bad.flush()
+                first += batch.num_rows
+                if problems or late:
+                    good = np.ones(batch.num_rows, dtype=bool)
+                    good[list({**late, **problems})] = False
+                    mask = pa.array(good)
+                    batch, ids, timestamps = (
+                        batch.filter(mask),
+                        ids.filter(mask),
+                        timestamps.filter(mask),
+                    )
+                yield DecisionChunk(ids, timestamps, batch=batch)
+
+
+# --- reading rewards ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Locations:
+    """Names the rows of a chunk: ``file:line`` for JSONL, ``file:row N`` for Parquet."""
+
+    prefix: str
+    numbers: Sequence[int]
+
+    def __call__(self, index: int) -> str:
+        return f"{self.prefix}{self.numbers[index]}"
+
+
+@dataclass
+class Rewards:
+    """Good reward rows as Arrow tables: one row each, and one row per (reward row, metric)."""
+
+    rows: pa.Table
+    """reward_row (int64, in file order), decision_id, timestamp."""
+    metrics: pa.Table
+    """reward_row, metric, value (float64)."""
+
+
+def read_rewards(path: Path, bad: BadRows) -> Rewards:
+    """Every good row of a rewards file (JSONL or Parquet), checked and numbered in order."""
+    import pyarrow as pa
+
+    rows: list[pa.Table] = []
+    metrics: list[pa.Table] = []
+    reader = _parquet_rewards if is_parquet(path) else _jsonl_rewards
+    first = 0
+    for chunk_rows, chunk_metrics in reader(path, bad):
+        count = chunk_rows.num_rows
+        numbers = pa.array(range(first, first + count), pa.int64())
+        rows.append(chunk_rows.append_column("reward_row", numbers))
+        local = chunk_metrics.column("reward_row").to_numpy() + first
+        metrics.append(chunk_metrics.set_column(0, "reward_row", pa.array(local, pa.int64())))
+        first += count
+    row_schema = pa.schema(
+        [("decision_id", pa.string()), ("timestamp", pa.timestamp("us", tz="UTC"))]
+    ).append(pa.field("reward_row", pa.int64()))
+    metric_schema = pa.schema(
+        [("reward_row", pa.int64()), ("metric", pa.string()), ("value", pa.float64())]
+    )
+    return Rewards(
+        pa.concat_tables(rows) if rows else row_schema.empty_table(),
+        pa.concat_tables(metrics) if metrics else metric_schema.empty_table(),
+    )
+
+
+def _rewards_chunk(
+    ids: pa.Array,
+    texts: pa.Array,
+    metrics: pa.Table,
+    located: Locations,
+    bad: BadRows,
+) -> tuple[pa.Table, pa.Table]:
+    """Reward rows and their metric rows (``reward_row`` numbered within the chunk), less the
+    rows whose timestamp is bad."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    timestamps, problems = parse_timestamps(texts, located.prefix.rsplit(":", 1)[0])
+    for index, problem in problems.items():
+        bad.found(located(index), problem, "reward", located.numbers[index])
+    bad.flush()
+    rows = pa.table({"decision_id": ids, "timestamp": timestamps})
+    if problems:
+        good = pc.is_valid(timestamps).to_numpy(zero_copy_only=False)
+        rows, metrics = rows.filter(pa.array(good)), _renumbered(metrics, good)
+    return rows, metrics
+
+
+def _renumbered(metrics: pa.Table, good: np.ndarray) -> pa.Table:
+    """The metric rows of the reward rows ``good`` keeps, numbered as those rows are then."""
+    import numpy as np
+    import pyarrow as pa
+
+    parents = metrics.column("reward_row").to_numpy()
+    metrics = metrics.filter(pa.array(good[parents]))
+    renumber = np.cumsum(good) - 1
+    parents = renumber[metrics.column("reward_row").to_numpy()]
+    return metrics.set_column(0, "reward_row", pa.array(parents, pa.int64()))
+
+
+def _metric_table(rows: Any, names: Any, values: Any) -> pa.Table:
+    import pyarrow as pa
+
+    return pa.table(
+        {
+            "reward_row": pa.array(rows, pa.int64()),
+            "metric": pa.array(names, pa.string()),
+            "value": pa.array(values, pa.float64()),
+        }
+    )
+
+
+def _jsonl_rewards(path: Path, bad: BadRows) -> Iterator[tuple[pa.Table, pa.Table]]:
+    for lines, numbers in line_blocks(path, CHUNK_ROWS):
+        block = _read_reward_block(lines, numbers) or _checked_reward_lines(
+            path, lines, numbers, bad
+        )
+        located = Locations(f"{path}:", block.numbers)
+        yield _rewards_chunk(block.ids, block.texts, block.metrics, located, bad)
+    bad.flush()
+
+
+@dataclass
+class RewardBlock:
+    """A block of good reward rows: keys, timestamp texts, and their metric rows."""
+
+    ids: pa.Array
+    texts: pa.Array
+    metrics: pa.Table
+    numbers: list[int]
+
+
+def _read_reward_block(lines: list[bytes], numbers: list[int]) -> RewardBlock | None:
+    """Reward lines read whole by Arrow, when every row's metrics are finite numbers (a JSON
+    null, which Arrow's struct would take for a missing metric, sends the block line by line)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    table = read_json_block(lines, look_at=b"null", infer=True)
+    if table is None or "metrics" not in table.column_names:
+        return None
+    column = table.column("metrics").combine_chunks()
+    if not pa.types.is_struct(column.type) or column.null_count:
+        return None
+    if not all(_numeric(field.type) for field in column.type):
+        return None
+    parents, names, values = _metric_entries(column, "")
+    if len(values) and not pc.all(pc.is_finite(values)).as_py():
+        return None
+    return RewardBlock(
+        table.column("decision_id"),
+        table.column("timestamp"),
+        _metric_table(parents, names, values),
+        numbers,
+    )
+
+
+def _checked_reward_lines(
+    path: Path, lines: list[bytes], numbers: list[int], bad: BadRows
+) -> RewardBlock:
+    """Reward lines one by one: each bad one reported, the good ones kept."""
+    import pyarrow as pa
+
+    ids: list[str] = []
+    texts: list[str] = []
+    kept: list[int] = []
+    metric_rows: list[int] = []
+    names: list[str] = []
+    values: list[float] = []
+    for number, line in zip(numbers, lines, strict=True):
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            bad.found(f"{path}:{number}", f"not JSON ({exc})", "reward", number)
+            continue
+        problem = reward_problem(row)
+        if problem is not None:
+            bad.found(f"{path}:{number}", problem, "reward", number)
+            continue
+        for name, value in row["metrics"].items():
+            metric_rows.append(len(ids))
+            names.append(name)
+            values.append(float(value))
+        ids.append(row["decision_id"])
+        texts.append(row["timestamp"])
+        kept.append(number)
+    return RewardBlock(
+        pa.array(ids, pa.string()),
+        pa.array(texts, pa.string()),
+        _metric_table(metric_rows, names, values),
+        kept,
+    )
+
+
+def _parquet_rewards(path: Path, bad: BadRows) -> Iterator[tuple[pa.Table, pa.Table]]:
+    """A Parquet rewards file's rows, checked on whole batches: a bad row is looked at alone
+    only once a batch is known to hold one."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    for part in parquet_files(path):
+        try:
+            parquet = pq.ParquetFile(part)
+        except (OSError, pa.ArrowException) as exc:
+            raise HorizonError(f"{part}: not a readable Parquet file ({exc})") from None
+        missing = {"decision_id", "timestamp", "metrics"} - set(parquet.schema_arrow.names)
+        if missing:
+            raise HorizonError(f"{part}: no {', '.join(sorted(missing))} column in the rewards")
+        first = 0
+        for batch in parquet.iter_batches(batch_size=CHUNK_ROWS):
+            numbers = np.arange(first, first + batch.num_rows)
+            first += batch.num_rows
+            located = Locations(f"{part}:row ", numbers)
+            ids = batch.column("decision_id").cast(pa.string())
+            parents, names, values = _metric_entries(batch.column("metrics"), str(part))
+            problems: dict[int, str] = {}
+            no_id = pc.fill_null(pc.equal(ids, ""), True).to_numpy(zero_copy_only=False)
+            for index in np.flatnonzero(no_id):
+                problems.setdefault(index, MISSING_ID)
+            for index in np.flatnonzero(batch.column("metrics").is_null().to_numpy(False)):
+                problems.setdefault(index, "metrics is missing")
+            finite = pc.fill_null(pc.is_finite(values), False).to_numpy(zero_copy_only=False)
+            for entry in np.flatnonzero(~finite):
+                name, value = names[entry].as_py(), values[entry].as_py()
+                problem = f"metric {name!r} is {value!r}, expected a finite number"
+                problems.setdefault(int(parents[entry]), problem)
+            good = np.ones(batch.num_rows, dtype=bool)
+            for index, problem in problems.items():
+                bad.found(located(index), problem, "reward", int(numbers[index]))
+                good[index] = False
+            metrics = _metric_table(parents, names, values)
+            if problems:
+                metrics = _renumbered(metrics, good)
+                ids, batch = ids.filter(pa.array(good)), batch.filter(pa.array(good))
+                located = Locations(f"{part}:row ", numbers[good])
+            yield _rewards_chunk(ids, batch.column("timestamp"), metrics, located, bad)
+
+
+def _metric_entries(column: pa.Array, where: str) -> tuple[np.ndarray, pa.Array, pa.Array]:
+    """For a metrics column (a map, or a struct with one field per metric): each entry's row,
+    name and value (as float64; a null value stays null, to be reported)."""
+    import numpy as np
+    import pyarrow as pa
+
+    if pa.types.is_map(column.type) and _numeric(column.type.item_type):
+        offsets = column.offsets.to_numpy(zero_copy_only=False)
+        start, end = offsets[0], offsets[-1]
+        parents = np.repeat(np.arange(len(column)), np.diff(offsets))
+        names = column.keys.slice(start, end - start).cast(pa.string())
+        values = column.items.slice(start, end - start).cast(pa.float64())
+        return parents, names, values
+    if pa.types.is_struct(column.type) and all(
+        _numeric(column.type.field(i).type) for i in range(column.type.num_fields)
+    ):
+        parents, names, values = [], [], []
+        for index, child in enumerate(column.flatten()):
+            present = np.flatnonzero(child.is_valid().to_numpy(zero_copy_only=False))
+            parents.append(present)
+            names.append(np.full(len(present), column.type.field(index).name, object))
+            values.append(child.cast(pa.float64()).take(pa.array(present)))
+        order = np.argsort(np.concatenate(parents) if parents else np.zeros(0), kind="stable")
+        return (
+            np.concatenate(parents)[order] if parents else np.zeros(0, np.int64),
+            pa.array(np.concatenate(names)[order] if names else [], pa.string()),
+            pa.concat_arrays(values).take(pa.array(order)) if values else pa.array([], "f8"),
+        )
+    raise HorizonError(
+        f"{where}: metrics column has type {column.type}, expected a map of metric names to numbers"
+    )
+
+
+def _numeric(data_type: pa.DataType) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_integer(data_type) or pa.types.is_floating(data_type)

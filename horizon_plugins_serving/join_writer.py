@@ -1,0 +1,168 @@
+"""``horizon join``'s writing of JOINED: each decision row as it was logged, plus ``metrics``.
+
+As JSONL a row is its logged line with the metrics added; as Parquet, the pre-timeline row
+schema that the first row gives (``joined_schema``, which the Spark engine uses too).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from horizon_engine import HorizonError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+
+    from horizon_plugins_serving.join_readers import DecisionChunk
+
+
+class JoinedWriter:
+    """Writes joined rows: JSONL lines, or Parquet part files in a directory."""
+
+    def __init__(self, path: Path, parquet: bool) -> None:
+        self.path, self.parquet = path, parquet
+        self._writer: Any = None
+        self._handle: Any = None
+        self._shaper: Any = None
+        self._schema: Any = None
+        self.written = 0
+        if self.parquet:
+            path.mkdir()
+        else:
+            self._handle = open(path, "wb")  # noqa: SIM115 (closed by close())
+
+    def write(self, chunk: DecisionChunk, metrics: pa.MapArray, keep: np.ndarray) -> None:
+        import pyarrow as pa
+
+        metrics = metrics.filter(pa.array(keep))
+        self.written += len(metrics)
+        if chunk.batch is not None:
+            batch = chunk.batch.filter(pa.array(keep))
+            if self.parquet:
+                self._write_table(_with_metrics(pa.Table.from_batches([batch]), metrics))
+            else:
+                rows = batch.to_pylist(maps_as_pydicts="lossy")
+                self._write_lines(
+                    _json_line(row, m) for row, m in zip(rows, metrics.to_pylist(), strict=True)
+                )
+            return
+        lines = [chunk.lines[index] for index in keep.nonzero()[0]]
+        if self.parquet:
+            rows = [
+                json.loads(line) | {"metrics": dict(m)}
+                for line, m in zip(lines, metrics.to_pylist(), strict=True)
+            ]
+            self._write_table(self._shape(rows))
+        else:
+            # The logged line, its closing brace replaced by the metrics: the row's own text
+            # is written as it was, and no row is parsed again.
+            self._write_lines(
+                line.rstrip()[:-1] + b',"metrics":' + text + b"}"
+                for line, text in zip(lines, metrics_json(metrics), strict=True)
+            )
+
+    def _write_lines(self, lines: Iterator[bytes]) -> None:
+        self._handle.write(b"".join(line + b"\n" for line in lines))
+
+    def _shape(self, rows: list[dict[str, Any]]) -> pa.Table | None:
+        """JSONL decision rows as ``joined_schema`` says (that of the first row written)."""
+        import pyarrow as pa
+
+        from horizon_engine import RowShaper
+
+        if not rows:
+            return None
+        if self._shaper is None:
+            layout, self._schema = joined_schema(rows[0])
+            self._shaper = RowShaper(layout)
+        shaped = self._shaper.shape((str(index), row) for index, row in enumerate(rows))
+        if shaped.bad_rows:
+            raise HorizonError(
+                f"a decision row cannot be written as Parquet: {shaped.bad_rows[0].reason}"
+            )
+        extra = self._schema.names[len(shaped.table.schema) :]
+        unexpected = set(shaped.ignored_fields) - set(extra)
+        if unexpected:
+            raise HorizonError(
+                f"decision rows hold field(s) {sorted(unexpected)} that the first row did not; "
+                "JOINED as Parquet takes its columns from the first row (write JSONL instead)"
+            )
+        arrays = [pa.array([row.get(name) for row in rows]) for name in extra]
+        table = shaped.table
+        for name, array in zip(extra, arrays, strict=True):
+            table = table.append_column(name, array.cast(self._schema.field(name).type))
+        return table
+
+    def _write_table(self, table: pa.Table | None) -> None:
+        import pyarrow.parquet as pq
+
+        if table is None or table.num_rows == 0:
+            return
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self.path / "part-00000.parquet", table.schema)
+        self._writer.write_table(table.cast(self._writer.schema))
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        if self._handle is not None:
+            self._handle.close()
+
+
+SCALAR_TYPES = {str: "string", bool: "bool", int: "int64", float: "float64"}
+"""The Arrow type of a decision row's own fields (decision_id, model_id, timestamp, ...)."""
+
+
+def joined_schema(first: dict[str, Any]) -> tuple[Any, pa.Schema]:
+    """The layout and Arrow schema of JOINED as Parquet from JSONL decision rows: the
+    pre-timeline row schema (with its Horizon metadata), then the row's other fields."""
+    import pyarrow as pa
+
+    from horizon_engine import detect_layout
+
+    layout = detect_layout(first, "pre_timeline", "auto")
+    known = {name for column in layout.columns for name in (column.name, *column.aliases)}
+    fields = list(layout.schema)
+    for name, value in first.items():
+        if name in known:
+            continue
+        if type(value) not in SCALAR_TYPES:
+            raise HorizonError(
+                f"decision field {name!r} is {value!r}: JOINED as Parquet keeps strings, numbers "
+                "and booleans besides the row schema's fields (write JSONL instead)"
+            )
+        fields.append(pa.field(name, SCALAR_TYPES[type(value)]))
+    return layout, pa.schema(fields, metadata=layout.metadata)
+
+
+def _with_metrics(table: pa.Table, metrics: pa.MapArray) -> pa.Table:
+    if "metrics" in table.column_names:
+        return table.set_column(table.column_names.index("metrics"), "metrics", metrics)
+    return table.append_column("metrics", metrics)
+
+
+def _json_line(row: dict[str, Any], metrics: list[tuple[str, float]]) -> bytes:
+    """A Parquet row as a JSON line with ``metrics``; null fields, which a column holds for
+    rows without that field, are left out as a logged JSONL row leaves them out."""
+    fields = {name: value for name, value in row.items() if value is not None}
+    return json.dumps(fields | {"metrics": dict(metrics)}, separators=(",", ":")).encode()
+
+
+def metrics_json(metrics: pa.MapArray) -> list[bytes]:
+    """Each metrics map as a JSON object, built by Arrow (one string per row, no dict)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    offsets = metrics.offsets.to_numpy(zero_copy_only=False)
+    start, count = offsets[0], offsets[-1] - offsets[0]
+    encoded = metrics.keys.slice(start, count).dictionary_encode()
+    quoted = pa.array([json.dumps(name) for name in encoded.dictionary.to_pylist()], pa.string())
+    values = metrics.items.slice(start, count).cast(pa.string())
+    pairs = pc.binary_join_element_wise(quoted.take(encoded.indices), values, ":")
+    lists = pa.ListArray.from_arrays(pa.array(offsets - offsets[0], pa.int32()), pairs)
+    objects = pc.binary_join_element_wise("{", pc.binary_join(lists, ","), "}", "")
+    return objects.cast(pa.binary()).to_pylist()
