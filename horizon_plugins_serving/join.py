@@ -19,7 +19,7 @@ table of their ids (a join of 1M decisions and 500k rewards peaks at about 560 M
 ``--engine spark`` runs the same join on a SparkSession (``join_spark``) and writes the same
 rows, for logs larger than that.
 
-Every count lands in ``JOINED.report.json`` and in the printed summary: torn last lines of the
+Every count lands in ``_JOINED.report.json`` and in the printed summary: torn last lines of the
 log (a crash mid-write) and rewards outside the window or for an unknown decision are counted,
 not fatal; a repeated decision_id keeps its first row only. A reward row without a decision_id,
 with a timestamp that is not ISO 8601 with a zone, or with a metric that is not a finite number

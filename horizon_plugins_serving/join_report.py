@@ -1,6 +1,6 @@
 """What ``horizon join`` counts, and how it treats a bad input row.
 
-``JoinReport`` is printed as the join's summary and written as ``JOINED.report.json``;
+``JoinReport`` is printed as the join's summary and written as ``_JOINED.report.json``;
 ``BadRows`` fails the join at the first bad row, or with ``--skip-bad-rows`` counts and skips
 each. The local engine (``join``) and the Spark engine (``join_spark``) fill the same report.
 """
@@ -19,7 +19,7 @@ SHOWN = 5
 
 @dataclass
 class JoinReport:
-    """What the join did, counted: printed as a summary and written as JOINED.report.json."""
+    """What the join did, counted: printed as a summary and written as _JOINED.report.json."""
 
     engine: str
     window_seconds: float
@@ -93,8 +93,10 @@ def _examples(items: Sequence[str]) -> str:
 
 
 def report_path(output: Path) -> Path:
-    """Where the report of a join writing ``output`` goes: ``JOINED.report.json``."""
-    return output.with_name(output.name + ".report.json")
+    """Where the report of a join writing ``output`` goes: ``_JOINED.report.json`` beside it,
+    its name starting with ``_`` so that a folder of joined files read as a ``[source]`` (or
+    by Spark or Arrow) leaves it out."""
+    return output.with_name(f"_{output.name}.report.json")
 
 
 class BadRows:

@@ -29,6 +29,7 @@ from horizon_plugins_serving.decision_log import (
     open_decision_log,
 )
 from horizon_plugins_serving.join import parse_window
+from horizon_plugins_serving.join_report import report_path
 
 NOON = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -144,7 +145,7 @@ def test_every_case_is_counted_and_the_rewards_summed(logs, tmp_path):
         "join", decisions, rewards, "-o", output, "--window", "48h",
         "--default", "clicks=0", "--default", "cost=0",
     )  # fmt: skip
-    report = json.loads((tmp_path / "joined.jsonl.report.json").read_text())
+    report = json.loads((tmp_path / "_joined.jsonl.report.json").read_text())
     assert report["decision_rows"] == 6 and report["torn_lines"] == 1
     assert report["torn_line_numbers"] == [7]
     assert report["duplicate_decisions"] == 1 and report["duplicate_ids"] == ["rewarded"]
@@ -183,7 +184,7 @@ def test_arrows_block_reader_and_the_line_by_line_reader_join_alike(tmp_path):
         )  # fmt: skip
     assert read_joined(fast / "joined.jsonl") == read_joined(slow / "joined.jsonl")
     reports = [
-        json.loads((folder / "joined.jsonl.report.json").read_text()) for folder in (fast, slow)
+        json.loads((folder / "_joined.jsonl.report.json").read_text()) for folder in (fast, slow)
     ]
     assert reports[0]["torn_lines"] == 0 and reports[1]["torn_lines"] == 1
     del reports[0]["torn_lines"], reports[1]["torn_lines"]
@@ -202,7 +203,7 @@ def test_unrewarded_decisions_get_reward_zero_or_are_dropped(logs, tmp_path):
     )
     assert "dropped 3 without a reward" in printed
     assert [row["decision_id"] for row in read_joined(output)] == ["rewarded", "edge"]
-    report = json.loads((tmp_path / "dropped.jsonl.report.json").read_text())
+    report = json.loads((tmp_path / "_dropped.jsonl.report.json").read_text())
     assert (report["rewarded"], report["defaulted"], report["dropped"]) == (2, 0, 3)
     assert report["written"] == 2 and report["default_metrics"] is None
 
@@ -210,7 +211,7 @@ def test_unrewarded_decisions_get_reward_zero_or_are_dropped(logs, tmp_path):
 def test_a_shorter_window_makes_the_edge_reward_late(logs, tmp_path):
     decisions, rewards = logs
     horizon("join", decisions, rewards, "-o", tmp_path / "j.jsonl", "--window", "2879m")
-    report = json.loads((tmp_path / "j.jsonl.report.json").read_text())
+    report = json.loads((tmp_path / "_j.jsonl.report.json").read_text())
     assert report["late_rewards"] == 2 and report["rewarded"] == 1
 
 
@@ -240,7 +241,7 @@ def test_a_bad_reward_row_is_named_or_counted_and_skipped(logs, tmp_path, line, 
     printed = horizon(
         "join", decisions, rewards, "-o", output, "--window", "48h", "--skip-bad-rows"
     )
-    report = json.loads((tmp_path / "joined.jsonl.report.json").read_text())
+    report = json.loads((tmp_path / "_joined.jsonl.report.json").read_text())
     assert report["bad_reward_rows"] == 1 and report["reward_rows"] == 2
     assert report["bad_rows"][0].startswith(f"{rewards}:2: ") and reason in printed
     assert read_joined(output)[0]["metrics"] == {"clicks": 3.0, "cost": 0.25}
@@ -255,7 +256,7 @@ def test_a_decision_row_without_its_key_is_named(tmp_path):
     horizon(
         "join", decisions, rewards, "-o", tmp_path / "j.jsonl", "--window", "1d", "--skip-bad-rows"
     )
-    report = json.loads((tmp_path / "j.jsonl.report.json").read_text())
+    report = json.loads((tmp_path / "_j.jsonl.report.json").read_text())
     assert report["bad_decision_rows"] == 1 and report["decisions"] == 1
 
 
@@ -299,7 +300,7 @@ def test_parquet_in_and_out_give_the_jsonl_rows(logs, tmp_path):
             output = tmp_path / f"{inputs[0].suffix[1:]}-{inputs[1].suffix[1:]}-{name}"
             horizon("join", *inputs, "-o", output, "--window", "48h")
             assert read_joined(output) == want, output
-            report = json.loads(Path(f"{output}.report.json").read_text())
+            report = json.loads(report_path(output).read_text())
             assert report["rewarded"] == 2 and report["unknown_ids"] == ["stranger"]
             assert report["ignored_files"] == (
                 [LEFT_BY_A_CRASH] if inputs[0] == parquet_log else []
@@ -333,7 +334,7 @@ def test_parquet_rewards_name_their_bad_rows(logs, tmp_path):
     horizon(
         "join", decisions, rewards, "-o", tmp_path / "j.jsonl", "--window", "1d", "--skip-bad-rows"
     )
-    report = json.loads((tmp_path / "j.jsonl.report.json").read_text())
+    report = json.loads((tmp_path / "_j.jsonl.report.json").read_text())
     assert report["bad_reward_rows"] == 2 and report["rewarded"] == 1
     assert report["bad_rows"] == [
         f"{rewards}:row 1: decision_id is missing or empty, expected a non-empty string",
@@ -378,7 +379,7 @@ def test_two_hundred_thousand_decisions_join_correctly(tmp_path):
     decisions, rewards, want = big_logs(tmp_path, 200_000)
     output = tmp_path / "joined.parquet"
     horizon("join", decisions, rewards, "-o", output, "--window", "48h")
-    report = json.loads((tmp_path / "joined.parquet.report.json").read_text())
+    report = json.loads((tmp_path / "_joined.parquet.report.json").read_text())
     for key, value in want.items():
         if key != "clicks":
             assert report[key] == value, key
@@ -483,7 +484,7 @@ def both_engines(tmp_path: Path, decisions: Path, rewards: Path, name: str, *opt
         output = tmp_path / engine / name
         output.parent.mkdir(exist_ok=True)
         horizon("join", decisions, rewards, "-o", output, "--engine", engine, *options)
-        report = json.loads(Path(f"{output}.report.json").read_text())
+        report = json.loads(report_path(output).read_text())
         results[engine] = read_joined(output), {key: report[key] for key in COUNTS}
     return results["local"], results["spark"]
 

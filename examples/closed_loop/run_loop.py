@@ -16,7 +16,7 @@ served policy's exact true value and CPE's estimate of that same policy (the run
 
 Layout under ``--out/PRODUCT``: ``round-N/decisions.jsonl`` (the decision log),
 ``round-N/rewards.jsonl`` (the late metric rows), ``round-N/run/`` (the round's pipeline run,
-``model.onnx`` in it) and ``joined/round-N.jsonl`` (with its ``.report.json``).
+``model.onnx`` in it) and ``joined/round-N.jsonl`` (with its ``_round-N.jsonl.report.json``).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from traffic import Decide, DecisionClient, play_bandit, play_mdp, random_servic
 
 from horizon_engine import Engine, HorizonError, atomic_output
 from horizon_plugins_serving.decision_log import DecisionLog, open_decision_log
+from horizon_plugins_serving.join_report import report_path
 from horizon_plugins_serving.predictor import Exploration, Predictor
 from horizon_plugins_serving.server import BackgroundServer, build_app
 
@@ -134,7 +135,7 @@ def join_rewards(decisions: Path, rewards: Path, joined: Path) -> dict[str, Any]
     finished = subprocess.run(command, capture_output=True, text=True, check=False)
     if finished.returncode != 0:
         raise HorizonError(f"{' '.join(command)} failed: {finished.stderr.strip()}")
-    return json.loads(joined.with_name(joined.name + ".report.json").read_text("utf-8"))
+    return json.loads(report_path(joined).read_text("utf-8"))
 
 
 def pipeline_config(spec: ProductSpec, out: Path, round_number: int, seed: int) -> dict[str, Any]:
