@@ -1,4 +1,6 @@
-"""``horizon score MODEL ROWS.jsonl -o DECISIONS.jsonl``: offline scoring into a decision log.
+"""``horizon score MODEL ROWS.jsonl -o DECISIONS.jsonl``, offline scoring into a decision log,
+and the ``horizon serve`` command's options (its server is ``server.serve``, imported when it
+runs).
 
 Each input line is a JSON object with a ``state_features`` map (feature id -> number) and,
 optionally, ``possible_actions`` (a list of the model's action names), ``mdp_id`` and
@@ -34,6 +36,10 @@ if TYPE_CHECKING:
 
 BATCH = 1024
 """Rows scored per session call."""
+MAX_BODY_BYTES = 1 << 20
+"""``horizon serve``'s default cap on a request's body (1 MiB)."""
+MAX_BATCH = 1024
+"""``horizon serve``'s default cap on a request's rows."""
 
 
 def _bad_map(features: Any, what: str) -> str | None:
@@ -220,4 +226,87 @@ def score_command(
     click.echo(
         f"scored {scored} rows with {model} (model_id {predictor.model_id}, policy {policy}), "
         f"skipped {len(bad)} bad rows; wrote {output}"
+    )
+
+
+@click.command("serve")
+@click.argument("model", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on; the default keeps the server to this machine.",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8000,
+    show_default=True,
+    help="0 takes a free port; the URL is printed once listening.",
+)
+@click.option(
+    "--log",
+    "log_path",
+    type=click.Path(path_type=Path),
+    default=Path("decisions.jsonl"),
+    show_default=True,
+    help="Decision log: JSONL, or a folder of Parquet parts when the name ends .parquet.",
+)
+@exploration_options
+@click.option(
+    "--max-body-bytes",
+    type=click.IntRange(min=1),
+    default=MAX_BODY_BYTES,
+    show_default=True,
+    help="Larger request bodies are refused (413) before they are read whole.",
+)
+@click.option(
+    "--max-batch",
+    type=click.IntRange(min=1),
+    default=MAX_BATCH,
+    show_default=True,
+    help="Requests with more rows are refused (413).",
+)
+@click.option(
+    "--target-send-rate",
+    type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
+    help="Send/drop decisions holding this send rate (a two-action model; --send-action).",
+)
+@click.option("--send-action", help="The model's action that means send (with --target-send-rate).")
+def serve_command(
+    model: Path,
+    host: str,
+    port: int,
+    log_path: Path,
+    policy: str,
+    epsilon: float,
+    temperature: float,
+    seed: int,
+    max_body_bytes: int,
+    max_batch: int,
+    target_send_rate: float | None,
+    send_action: str | None,
+) -> None:
+    """Serve MODEL's decisions over HTTP (POST /decisions, GET /health), each one logged.
+
+    SIGINT or SIGTERM stops the server once the requests in flight are answered and every
+    answered decision is in the log."""
+    from horizon_plugins_serving.server import serve
+
+    try:
+        chosen = exploration(policy, epsilon, temperature)
+    except HorizonError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    serve(
+        model,
+        chosen,
+        host=host,
+        port=port,
+        log_path=log_path,
+        seed=seed,
+        max_body_bytes=max_body_bytes,
+        max_batch=max_batch,
+        target_send_rate=target_send_rate,
+        send_action=send_action,
     )

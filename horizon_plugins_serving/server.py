@@ -82,17 +82,15 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from horizon_engine import HorizonError
-from horizon_plugins_serving.commands import check_row, exploration, exploration_options
+from horizon_plugins_serving.commands import MAX_BATCH, MAX_BODY_BYTES, check_row
 from horizon_plugins_serving.decision_log import decision_rows
 
 if TYPE_CHECKING:
     import uvicorn
 
     from horizon_plugins_serving.decision_log import DecisionLog, ParquetDecisionLog
-    from horizon_plugins_serving.predictor import Predictor, SendRateController
+    from horizon_plugins_serving.predictor import Exploration, Predictor, SendRateController
 
-MAX_BODY_BYTES = 1 << 20
-MAX_BATCH = 1024
 QUEUED_ANSWERS = 1024
 """Answered requests whose rows may wait for the writer before new requests wait instead."""
 IDLE_FLUSH_SECONDS = 1.0
@@ -430,73 +428,27 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     return listening
 
 
-@click.command("serve")
-@click.argument("model", type=click.Path(dir_okay=False, exists=True, path_type=Path))
-@click.option(
-    "--host",
-    default="127.0.0.1",
-    show_default=True,
-    help="Address to listen on; the default keeps the server to this machine.",
-)
-@click.option(
-    "--port",
-    type=click.IntRange(0, 65535),
-    default=8000,
-    show_default=True,
-    help="0 takes a free port; the URL is printed once listening.",
-)
-@click.option(
-    "--log",
-    "log_path",
-    type=click.Path(path_type=Path),
-    default=Path("decisions.jsonl"),
-    show_default=True,
-    help="Decision log: JSONL, or a folder of Parquet parts when the name ends .parquet.",
-)
-@exploration_options
-@click.option(
-    "--max-body-bytes",
-    type=click.IntRange(min=1),
-    default=MAX_BODY_BYTES,
-    show_default=True,
-    help="Larger request bodies are refused (413) before they are read whole.",
-)
-@click.option(
-    "--max-batch",
-    type=click.IntRange(min=1),
-    default=MAX_BATCH,
-    show_default=True,
-    help="Requests with more rows are refused (413).",
-)
-@click.option(
-    "--target-send-rate",
-    type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
-    help="Send/drop decisions holding this send rate (a two-action model; --send-action).",
-)
-@click.option("--send-action", help="The model's action that means send (with --target-send-rate).")
-def serve_command(
+def serve(
     model: Path,
+    exploration: Exploration,
+    *,
     host: str,
     port: int,
     log_path: Path,
-    policy: str,
-    epsilon: float,
-    temperature: float,
     seed: int,
     max_body_bytes: int,
     max_batch: int,
     target_send_rate: float | None,
     send_action: str | None,
 ) -> None:
-    """Serve MODEL's decisions over HTTP (POST /decisions, GET /health), each one logged.
-
-    SIGINT or SIGTERM stops the server once the requests in flight are answered and every
-    answered decision is in the log."""
+    """``horizon serve``: serve MODEL on ``host:port`` until SIGINT or SIGTERM, then exit
+    once the requests in flight are answered and every answered decision is in the log
+    (with status 1, saying why, when the model, the socket or the log fails)."""
     from horizon_plugins_serving.decision_log import open_decision_log
     from horizon_plugins_serving.predictor import Predictor, SendRateController
 
     try:
-        predictor = Predictor(model, exploration(policy, epsilon, temperature), seed=seed)
+        predictor = Predictor(model, exploration, seed=seed)
         send_rate = None
         if target_send_rate is not None:
             send_rate = SendRateController(target_send_rate)
