@@ -29,6 +29,7 @@ BENCHMARKS = (
     "cpe.py",
     "cpe_overhead.py",
     "serving.py",
+    "join.py",
 )
 """In the order they run; each accepts ``--quick``."""
 
