@@ -69,9 +69,9 @@ def pendulum(tmp_path: Path, seed: int, bar: float, *extra: str):
 @pytest.mark.parametrize("seed", SEEDS)
 def test_online_sac_on_pendulum_reaches_minus_250_within_20000_steps(tmp_path, seed):
     """examples/pendulum_sac_online.toml: SAC ([256, 256], batch 256, automatic entropy
-    tuning, bc_weight unset: 0 online), 1,000 uniform random steps in [-2, 2], then an update every step;
-    a 10-episode evaluation of the deterministic actor every 2,000 steps stops the run at
-    the issue's bar, a mean return of -250, within its 20,000 steps (100 episodes).
+    tuning, bc_weight unset: 0 online), 1,000 uniform random steps in [-2, 2], then an update
+    every step; a 10-episode evaluation of the deterministic actor every 2,000 steps stops the
+    run at the issue's bar, a mean return of -250, within its 20,000 steps (100 episodes).
 
     Measured here, seed 0 without the bar (the full 20,000 steps, 276 s on one thread): the
     evaluations every 2,000 steps were -1478.3, -179.3, -145.0, -145.8, -140.3, -156.6, -182.3,
