@@ -255,7 +255,7 @@ def join_local(
     log = DecisionLogReader(decisions, bad)
     keys = [
         pa.table({"decision_id": chunk.decision_ids, "timestamp": chunk.timestamps})
-        for chunk in log.chunks()
+        for chunk in log.chunks(keys_only=True)
     ]
     report.torn_lines, report.torn_line_numbers = log.torn, list(log.torn_lines)
     key_schema = pa.schema(

@@ -142,6 +142,10 @@ def is_parquet(path: Path) -> bool:
     return path.name.endswith(".parquet")
 
 
+KEY_COLUMNS = ("decision_id", "timestamp", "metrics")
+"""The columns of a Parquet log that the key pass reads: the keys and what the checks look at."""
+
+
 class DecisionLogReader:
     """Streams a decision log's good rows in chunks, the same rows in the same order each pass.
 
@@ -155,10 +159,12 @@ class DecisionLogReader:
         self.torn_lines: list[int] = []
         self.torn = 0
 
-    def chunks(self) -> Iterator[DecisionChunk]:
+    def chunks(self, keys_only: bool = False) -> Iterator[DecisionChunk]:
+        """The good rows, chunk by chunk; with ``keys_only`` a Parquet log's chunks hold only
+        the columns the checks and the keys need (a JSONL line is read whole either way)."""
         self.torn_lines, self.torn = [], 0
         if is_parquet(self.path):
-            yield from self._parquet_chunks()
+            yield from self._parquet_chunks(keys_only)
         else:
             yield from self._jsonl_chunks()
 
@@ -214,7 +220,7 @@ class DecisionLogReader:
             texts.append(row["timestamp"])
         return kept, kept_numbers, pa.array(ids, pa.string()), pa.array(texts, pa.string())
 
-    def _parquet_chunks(self) -> Iterator[DecisionChunk]:
+    def _parquet_chunks(self, keys_only: bool) -> Iterator[DecisionChunk]:
         import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
@@ -225,11 +231,15 @@ class DecisionLogReader:
                 parquet = pq.ParquetFile(part)
             except (OSError, pa.ArrowException) as exc:
                 raise HorizonError(f"{part}: not a readable Parquet file ({exc})") from None
+            names = parquet.schema_arrow.names
             for name in ("decision_id", "timestamp"):
-                if name not in parquet.schema_arrow.names:
+                if name not in names:
                     raise HorizonError(f"{part}: no {name} column in the decision log")
+            columns = None
+            if keys_only:
+                columns = [name for name in KEY_COLUMNS if name in names]
             first = 0
-            for batch in parquet.iter_batches(batch_size=self.chunk_rows):
+            for batch in parquet.iter_batches(batch_size=self.chunk_rows, columns=columns):
                 ids = batch.column("decision_id").cast(pa.string())
                 no_id = pc.fill_null(pc.equal(ids, ""), True).to_numpy(zero_copy_only=False)
                 problems = dict.fromkeys(np.flatnonzero(no_id).tolist(), MISSING_ID)
