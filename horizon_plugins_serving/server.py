@@ -489,4 +489,4 @@ def serve(
             err=True,
         )
         sys.exit(1)
-    click.echo(f"stopped on {stopped_by}: {writer.logged} decisions logged to {log_path}")
+    click.echo(f"stopped on {stopped_by}; decisions logged to {log_path}: {writer.logged}")
