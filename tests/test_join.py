@@ -375,8 +375,9 @@ def big_logs(tmp_path: Path, count: int) -> tuple[Path, Path, dict[str, int]]:
     )
 
 
-def test_two_hundred_thousand_decisions_join_correctly(tmp_path):
-    decisions, rewards, want = big_logs(tmp_path, 200_000)
+def test_a_log_of_several_chunks_joins_correctly(tmp_path):
+    """120,000 decisions: two whole chunks of CHUNK_ROWS (50,000) and a part of one."""
+    decisions, rewards, want = big_logs(tmp_path, 120_000)
     output = tmp_path / "joined.parquet"
     horizon("join", decisions, rewards, "-o", output, "--window", "48h")
     report = json.loads((tmp_path / "_joined.parquet.report.json").read_text())
@@ -386,7 +387,7 @@ def test_two_hundred_thousand_decisions_join_correctly(tmp_path):
     table = pq.read_table(output, columns=["decision_id", "metrics"])
     assert table.num_rows == want["decisions"]
     ids = table.column("decision_id").to_pylist()
-    assert ids[:3] == ["d0", "d1", "d2"] and ids[-1] == "d199999"
+    assert ids[:3] == ["d0", "d1", "d2"] and ids[-1] == "d119999"
     entries = pa.concat_arrays([chunk.items for chunk in table.column("metrics").chunks])
     keys = pa.concat_arrays([chunk.keys for chunk in table.column("metrics").chunks])
     clicks = np.asarray(entries)[np.asarray(keys) == "clicks"]
