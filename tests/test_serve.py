@@ -22,10 +22,9 @@ import pyarrow.parquet as pq
 import pytest
 from starlette.testclient import TestClient
 from test_serving import (
-    PIPELINE,
     bare_outputs,
+    cartpole_model,
     continuous_model,
-    horizon,
     parametric_model,
     states,
 )
@@ -54,11 +53,7 @@ from horizon_plugins_serving.server import (
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The small CartPole DQN of test_serving, exported to ONNX."""
-    tmp_path = tmp_path_factory.mktemp("serve")
-    config = tmp_path / "pipeline.toml"
-    config.write_text(PIPELINE.format(output=tmp_path / "run"))
-    horizon("run", config)
-    return tmp_path / "run" / "model.onnx"
+    return cartpole_model(tmp_path_factory.mktemp("serve"))
 
 
 def request_rows(count: int, seed: int = 0) -> list[dict[str, Any]]:

@@ -57,14 +57,17 @@ def horizon(*arguments: object) -> str:
     return result.output
 
 
+def cartpole_model(folder: Path) -> Path:
+    """A small DQN on 60 random CartPole episodes (``PIPELINE``), exported to ONNX."""
+    config = folder / "pipeline.toml"
+    config.write_text(PIPELINE.format(output=folder / "run"))
+    horizon("run", config)
+    return folder / "run" / "model.onnx"
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small DQN on 60 random CartPole episodes, exported to ONNX."""
-    tmp_path = tmp_path_factory.mktemp("serving")
-    config = tmp_path / "pipeline.toml"
-    config.write_text(PIPELINE.format(output=tmp_path / "run"))
-    horizon("run", config)
-    return tmp_path / "run" / "model.onnx"
+    return cartpole_model(tmp_path_factory.mktemp("serving"))
 
 
 def states(count: int, seed: int = 0) -> list[dict[str, float]]:
