@@ -198,3 +198,29 @@ def trainer_host(plugin_site: PluginSite) -> Any:
         {f"{module}.py": MEAN_REWARD_PLUGIN},
     )
     return PluginHost(env={"HORIZON_LOAD_PLUGINS": "mean_reward"})
+
+
+# --- Hypothesis: a small profile for every `make test`, a long one behind HYPOTHESIS_PROFILE ---
+
+
+def _register_hypothesis_profiles() -> None:
+    """``ci`` (the default) keeps `make test` short; ``long`` is the bar the property tests are
+    held to before a release: ``HYPOTHESIS_PROFILE=long pytest -m fuzz`` (10,000 examples per
+    test). Neither keeps a deadline: a slow example on a loaded machine is not a failure, and
+    the example database is off so that a run never depends on an earlier one's files."""
+    import os
+
+    from hypothesis import HealthCheck, settings
+
+    common = {
+        "deadline": None,
+        "database": None,
+        "derandomize": True,
+        "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
+    }
+    settings.register_profile("ci", max_examples=150, **common)
+    settings.register_profile("long", max_examples=10_000, **common)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+_register_hypothesis_profiles()
