@@ -17,6 +17,12 @@ what the engine wrote there, and these rules keep it honest:
   lost). An interrupted run is reported, its temporary files (named with its process id, see
   ``horizon_engine.files``) are removed, and what its unfinished stage wrote counts as
   incomplete: a later stage that reads it refuses until that stage is run again.
+- Nothing outside the folder is ever removed or written, whatever a manifest or a link inside
+  the folder says. A manifest is input like any other (it may come from a copied folder or
+  have been edited): every path it lists is checked by ``inside_path`` before it is acted on,
+  and a stage's own paths are checked too (``check_claims_inside``), so that a link
+  ``checkpoints -> /elsewhere`` cannot send a removal or a write out. A path that fails stops
+  the run with an ``UnsafePathError`` naming the manifest, the entry and why.
 """
 
 from __future__ import annotations
@@ -35,6 +41,74 @@ from horizon_engine.errors import HorizonError
 from horizon_engine.files import remove_path
 
 MANIFEST = "manifest.json"
+
+GLOB_CHARACTERS = frozenset("*?[")
+
+
+class UnsafePathError(HorizonError):
+    """A path a run folder's manifest lists, or one a stage would write, leads outside the
+    folder (or is the folder itself): acting on it could remove or overwrite another file."""
+
+
+def inside_path(folder: Path, entry: object, source: str) -> Path:
+    """``folder / entry`` for a run-relative path ``entry``, once it is certain that removing or
+    writing it touches only what lies inside ``folder``; otherwise an ``UnsafePathError``
+    naming ``source`` (where the entry comes from: a manifest and its stage), the entry and
+    why. Refused: anything but a non-empty string, a NUL byte, an absolute path, a ``..``
+    component, the folder itself, and a path that a link (at any component, the last one
+    included) takes outside the folder."""
+    why = _unsafe_reason(folder, entry)
+    if why is None:
+        return folder / str(entry)
+    raise UnsafePathError(
+        f"{source} lists {entry!r}, which {why}; Horizon removes and writes only inside "
+        f"{folder}. Remove the entry (or the link), or choose another output_dir"
+    )
+
+
+def _unsafe_reason(folder: Path, entry: object) -> str | None:
+    if not isinstance(entry, str) or not entry:
+        return "is not a run-relative path"
+    if "\x00" in entry:
+        return "holds a NUL byte"
+    relative = Path(entry)
+    if relative.is_absolute():
+        return "is an absolute path"
+    if ".." in relative.parts:
+        return "climbs out of the folder with '..'"
+    if not relative.parts:
+        return "is the run folder itself"
+    root = folder.resolve()
+    try:
+        resolved = (folder / relative).resolve()
+    except (OSError, RuntimeError):  # RuntimeError: a loop of links
+        return "is a link that cannot be followed"
+    if resolved == root or not resolved.is_relative_to(root):
+        return f"leads to {resolved} through a link"
+    return None
+
+
+def check_claims_inside(folder: Path, claims: dict[str, tuple[str, ...]]) -> None:
+    """Refuse (``UnsafePathError``) when a stage's path (``claims``: stage -> run-relative glob
+    patterns), or a folder on the way to it, is a link that leads out of ``folder``: the
+    stage would write, or remove what it wrote, through it."""
+    for stage, patterns in claims.items():
+        for pattern in patterns:
+            parts = Path(pattern).parts
+            literal = next(
+                (i for i, part in enumerate(parts) if GLOB_CHARACTERS & set(part)), len(parts)
+            )
+            places = [Path(*parts[: i + 1]) for i in range(literal)]
+            places += [path.relative_to(folder) for path in folder.glob(pattern)]
+            for place in places:
+                if (folder / place).is_symlink() or (folder / place).exists():
+                    inside_path(folder, str(place), f"stage '{stage}', which writes {pattern},")
+
+
+def remove_inside(folder: Path, entry: object, source: str) -> None:
+    """Remove the run-relative ``entry`` (a file, a link or a folder with its contents) once
+    ``inside_path`` has checked it; a link is removed itself, never followed."""
+    remove_path(inside_path(folder, entry, source))
 
 
 @dataclass(frozen=True)
@@ -61,6 +135,23 @@ class EarlierRun:
             if isinstance(report, dict)
             for path in report.get("outputs", [])
         }
+
+    def check_inside(self, folder: Path) -> None:
+        """Refuse (``UnsafePathError``) a manifest whose stage records list an output that is
+        not a path inside ``folder`` (``inside_path``), before any of them is acted on."""
+        manifest = folder / MANIFEST
+        for stage, report in self.stages.items():
+            if not isinstance(report, dict):
+                continue
+            outputs = report.get("outputs", [])
+            source = f"{manifest}: stage {stage!r}"
+            if not isinstance(outputs, list):
+                raise UnsafePathError(
+                    f"{source} lists outputs {outputs!r}, which is not a list of run-relative "
+                    "paths; Horizon acts on no entry of a manifest it cannot read"
+                )
+            for entry in outputs:
+                inside_path(folder, entry, source)
 
     @property
     def running_stage(self) -> str | None:
@@ -101,12 +192,17 @@ class EarlierRun:
 
 def read_earlier_run(folder: Path) -> EarlierRun | None:
     """The run recorded in ``folder/manifest.json``, or None when there is none (or it is not
-    a manifest: then nothing in the folder counts as the engine's)."""
+    a manifest: then nothing in the folder counts as the engine's). A manifest listing an
+    output outside the folder is refused (``EarlierRun.check_inside``)."""
     try:
         manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return EarlierRun(manifest) if isinstance(manifest, dict) else None
+    if not isinstance(manifest, dict):
+        return None
+    earlier = EarlierRun(manifest)
+    earlier.check_inside(folder)
+    return earlier
 
 
 def output_dir_problem(path: Path, where: str) -> str | None:
@@ -132,11 +228,18 @@ def existing_claims(folder: Path, claims: tuple[str, ...]) -> list[str]:
     return found
 
 
-def leftovers(folder: Path, pid: int) -> list[Path]:
+def leftovers(folder: Path, pid: object) -> list[Path]:
     """Temporary files and folders of the process ``pid`` (``.NAME.tmp-PID``, ``.NAME.old-PID``)
-    in ``folder`` and the folders directly under it: what a killed run left half-written."""
+    in ``folder`` and the folders directly under it: what a killed run left half-written.
+    A ``pid`` that is not a process id (the manifest's is input) has none, and a linked
+    folder is not looked into: what it leads to is not the run's."""
+    if not isinstance(pid, int) or isinstance(pid, bool):
+        return []
     pattern = re.compile(rf"^\..+\.(tmp|old)-{pid}$")
-    places = [folder, *(entry for entry in folder.iterdir() if entry.is_dir())]
+    places = [
+        folder,
+        *(entry for entry in folder.iterdir() if entry.is_dir() and not entry.is_symlink()),
+    ]
     return sorted(
         entry
         for place in places
@@ -158,9 +261,10 @@ def take_over(
     to the paths it writes (glob patterns allowed).
 
     Refuses (a ``HorizonError``) when another run is writing to the folder, when a stage would
-    write over a path no run recorded, or when a new run would replace an earlier run's outputs
-    without ``overwrite``. Removes an interrupted run's temporary files, and with ``overwrite``
-    every output the earlier run recorded. Returns notes for the manifest's warnings.
+    write over a path no run recorded, or through a link out of the folder, or when a new run
+    would replace an earlier run's outputs without ``overwrite``. Removes an interrupted run's
+    temporary files, and with ``overwrite`` every output the earlier run recorded. Returns
+    notes for the manifest's warnings.
     """
     notes: list[str] = []
     recorded = earlier.outputs() if earlier else set()
@@ -171,11 +275,13 @@ def take_over(
             f"{folder}: {earlier.describe()} is still running (process "
             f"{earlier.manifest.get('pid')}); wait for it or choose another output_dir"
         )
+    check_claims_inside(folder, {stage: claims[stage] for stage in selected})
     if earlier is not None and earlier.unfinished:
-        pid = earlier.manifest.get("pid", -1)
-        removed = [str(path.relative_to(folder)) for path in leftovers(folder, pid)]
+        removed = [
+            str(path.relative_to(folder)) for path in leftovers(folder, earlier.manifest.get("pid"))
+        ]
         for path in removed:
-            remove_path(folder / path)
+            remove_inside(folder, path, f"{folder}: the interrupted run's temporary file")
         stage = earlier.running_stage
         notes.append(
             f"{earlier.describe()} was interrupted"
@@ -209,7 +315,7 @@ def take_over(
             "to continue that run, or choose another output_dir"
         )
     for path in present:
-        remove_path(folder / path)
+        remove_inside(folder, path, f"{folder / MANIFEST}: an earlier run's outputs")
     if present:
         notes.append(
             f"--overwrite: replaced the outputs of an earlier run ({earlier.describe()} last "
