@@ -31,8 +31,33 @@ def _user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
         except HorizonError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(1)
+        except OSError as exc:
+            from horizon_engine.files import WRITE_REFUSED
+
+            if exc.errno not in WRITE_REFUSED:
+                raise
+            click.echo(f"error: {_refused_write(exc)}", err=True)
+            sys.exit(1)
 
     return wrapper
+
+
+def _refused_write(exc: OSError) -> str:
+    """A full or unwritable disk, in one line: where, why, and what to do. A pipeline stage
+    writes its outputs aside and moves them into place once whole, so the stages that finished
+    keep theirs, and the failed one is recorded (``failed_stage`` in manifest.json)."""
+    import errno
+    import os
+
+    where = exc.filename or "the output folder"
+    full = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+    remedy = "free space there" if full else "make it writable"
+    return (
+        f"{where}: {os.strerror(exc.errno)}. Nothing half-written was kept; {remedy} (or set "
+        "another output_dir), then run again: a pipeline continues from the stage that failed "
+        "with --stages (manifest.json's failed_stage and the stages after it), the stages that "
+        "finished keep their outputs"
+    )
 
 
 def _plugin_host() -> PluginHost:

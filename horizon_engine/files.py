@@ -9,6 +9,7 @@ else in the folder (``horizon_engine.run_folder``).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -16,6 +17,24 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+WRITE_REFUSED = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM}
+)
+"""Errors of a disk or folder that refuses a write (full, over quota, read-only, not ours):
+the user's to fix, so the command line reports them in one line (``horizon_engine.cli``)."""
+
+
+def _refusal_naming(exc: BaseException, temporary: Path, path: Path) -> OSError | None:
+    """A refused write to ``temporary`` or that does not say where (a full disk met by a
+    file's ``write`` or by Arrow has no file name) as the same error naming ``path``, the
+    place the user knows; None for any other error."""
+    if not isinstance(exc, OSError) or exc.errno not in WRITE_REFUSED:
+        return None
+    named = exc.filename
+    if named is None or Path(os.fsdecode(named)).is_relative_to(temporary):
+        return OSError(exc.errno, os.strerror(exc.errno), str(path))
+    return None
 
 
 def remove_path(path: Path) -> None:
@@ -35,8 +54,11 @@ def atomic_output(path: Path) -> Iterator[Path]:
     remove_path(temporary)
     try:
         yield temporary
-    except BaseException:
+    except BaseException as exc:
         remove_path(temporary)
+        named = _refusal_naming(exc, temporary, path)
+        if named is not None:
+            raise named from exc
         raise
     _move_into_place(temporary, path)
 
@@ -71,6 +93,11 @@ def staged_outputs(folder: Path) -> Iterator[Path]:
         yield staging
         for entry in sorted(staging.iterdir()):
             _move_into_place(entry, folder / entry.name)
+    except BaseException as exc:
+        named = _refusal_naming(exc, staging, folder)
+        if named is not None:
+            raise named from exc
+        raise
     finally:
         remove_path(staging)
         if created and not any(folder.iterdir()):
