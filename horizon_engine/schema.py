@@ -25,6 +25,7 @@ probability outside (0, 1], an action not among the possible actions, a duplicat
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -35,6 +36,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from horizon_engine.errors import HorizonError
+from horizon_engine.row_values import (
+    OUT_OF_RANGE,
+    integer_problem,
+    is_beyond_float32,
+    is_non_finite,
+    text_problem,
+    type_name,
+)
 
 FEATURES = pa.map_(pa.string(), pa.float64())
 """A sparse feature map: feature id -> value. Ids are strings, as in Horizon's JSON."""
@@ -72,31 +81,28 @@ class _Reject(Exception):
         self.kind = kind
 
 
-def _type_of(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
-
-
 def _to_id(value: Any) -> str:
     if isinstance(value, str):
+        # A lone surrogate (JSON's "\ud800") is refused here, by its row, rather than by
+        # Arrow, which would stop the whole batch with a UnicodeEncodeError.
+        problem = text_problem(value)
+        if problem is not None:
+            raise _Reject(problem.reason, problem.kind)
         return value
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
-    raise _Reject(f"expected a string, found {value!r} ({_type_of(value)})")
-
-
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+    raise _Reject(f"expected a string, found {value!r} ({type_name(value)})")
 
 
 def _to_int(value: Any) -> int:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        # Python ints are unbounded; Arrow's int64 is not, and one huge value would otherwise
-        # fail the whole batch instead of this row.
-        if not INT64_MIN <= value <= INT64_MAX:
-            raise _Reject(f"expected a 64-bit integer, found {value}", "bad_value")
-        return value
-    raise _Reject(f"expected an integer, found {value!r} ({_type_of(value)})")
+    # Python ints are unbounded; Arrow's int64 is not, and one huge value would otherwise
+    # fail the whole batch instead of this row.
+    problem = integer_problem(value)
+    if problem is not None:
+        raise _Reject(problem.reason, problem.kind)
+    return value
 
 
 def _to_float(value: Any) -> float:
@@ -107,18 +113,18 @@ def _to_float(value: Any) -> float:
             raise _Reject(
                 "expected a number, found an integer too large for a float", "bad_value"
             ) from None
-    raise _Reject(f"expected a number, found {value!r} ({_type_of(value)})")
+    raise _Reject(f"expected a number, found {value!r} ({type_name(value)})")
 
 
 def _to_bool(value: Any) -> bool:
     if isinstance(value, bool):
         return value
-    raise _Reject(f"expected true or false, found {value!r} ({_type_of(value)})")
+    raise _Reject(f"expected true or false, found {value!r} ({type_name(value)})")
 
 
 def _to_features(value: Any) -> dict[str, float]:
     if not isinstance(value, Mapping):
-        raise _Reject(f"expected a map of feature id -> number, found {_type_of(value)}")
+        raise _Reject(f"expected a map of feature id -> number, found {type_name(value)}")
     features = {}
     for key, item in value.items():
         try:
@@ -131,7 +137,7 @@ def _to_features(value: Any) -> dict[str, float]:
 def _list_of(coerce: Callable[[Any], Any], what: str) -> Callable[[Any], list]:
     def to_list(value: Any) -> list:
         if not isinstance(value, list):
-            raise _Reject(f"expected a list of {what}, found {_type_of(value)}")
+            raise _Reject(f"expected a list of {what}, found {type_name(value)}")
         items = []
         for index, item in enumerate(value):
             try:
@@ -281,6 +287,20 @@ def detect_layout(row: Mapping[str, Any], row_format: str, action_type: str) -> 
     return RowLayout(RowFormat(row_format), ActionType(action_type))
 
 
+def majority_layout(rows: Iterable[Any], row_format: str, action_type: str) -> RowLayout | None:
+    """The layout most of ``rows`` (parsed JSON values) show, as ``detect_layout`` reads each
+    object; None if none is an object. A tie goes to the layout seen first.
+
+    One row does not decide a file's format: a first row with an odd action would otherwise
+    make every row after it a bad row, and the run "succeed" on that one row.
+    """
+    votes: Counter[RowLayout] = Counter()
+    for row in rows:
+        if isinstance(row, Mapping):
+            votes[detect_layout(row, row_format, action_type)] += 1
+    return votes.most_common(1)[0][0] if votes else None
+
+
 @dataclass
 class ShapedRows:
     """The result of shaping parsed rows: a table, where each row came from, and rejects."""
@@ -307,21 +327,22 @@ class RowShaper:
         ignored: dict[str, int] = {}
         for location, row in rows:
             try:
-                shaped = self._shape_one(row)
+                shaped, unknown = self._shape_one(row)
             except _Reject as exc:
                 bad_rows.append(BadRow(location, str(exc), exc.kind, row))
                 continue
             for name, value in shaped.items():
                 values[name].append(value)
             locations.append(location)
-            for key in row.keys() - self._known:
+            for key in unknown:
                 ignored[key] = ignored.get(key, 0) + 1
         table = pa.Table.from_pydict(values, schema=self.layout.schema)
         return ShapedRows(table, locations, bad_rows, ignored)
 
-    def _shape_one(self, row: Any) -> dict[str, Any]:
+    def _shape_one(self, row: Any) -> tuple[dict[str, Any], set[str]]:
+        """The row's values by column, and the names of the fields it has besides them."""
         if not isinstance(row, Mapping):
-            raise _Reject(f"expected a JSON object, found {_type_of(row)}", "not_an_object")
+            raise _Reject(f"expected a JSON object, found {type_name(row)}", "not_an_object")
         shaped = {}
         for col in self._columns:
             value = row.get(col.name)
@@ -342,7 +363,13 @@ class RowShaper:
             raise _Reject(
                 "missing field 'reward' (or a 'metrics' map to compute it from)", "missing_field"
             )
-        return shaped
+        unknown = row.keys() - self._known
+        for key in unknown:
+            # An ignored field's name is still reported, and must be printable.
+            problem = text_problem(key) if isinstance(key, str) else None
+            if problem is not None:
+                raise _Reject(f"a field name: {problem.reason}", problem.kind)
+        return shaped, unknown
 
 
 def list_entries(array: pa.Array) -> tuple[np.ndarray, pa.Array]:
@@ -362,14 +389,6 @@ def map_entries(array: pa.MapArray) -> tuple[np.ndarray, pa.Array, pa.Array]:
     parents, values = list_entries(array)
     offsets = array.offsets.to_numpy(zero_copy_only=False)
     return parents, array.keys.slice(offsets[0], offsets[-1] - offsets[0]), values
-
-
-FLOAT32_MAX = float(np.finfo(np.float32).max)
-"""The largest magnitude training's float32 tensors hold (about 3.4e38): a larger finite value
-becomes infinite there, and overflows the statistics normalization computes on the way."""
-
-OUT_OF_RANGE = f"beyond the {FLOAT32_MAX:.2g} in magnitude that training's float32 tensors hold"
-"""Why a finite value too large for float32 is a bad row, as a reason says it."""
 
 
 def _first_features_where(
@@ -405,14 +424,6 @@ FEATURE_COLUMNS = (
 )
 """Columns whose values are checked where they hold feature maps (or lists of them, as the
 possible actions of parametric rows do): these values become training's tensors."""
-
-
-def _is_non_finite(values: pa.Array) -> pa.Array:
-    return pc.invert(pc.is_finite(values))
-
-
-def _is_beyond_float32(values: pa.Array) -> pa.Array:
-    return pc.greater(pc.abs(values), FLOAT32_MAX)
 
 
 class RowChecker:
@@ -452,8 +463,8 @@ class RowChecker:
                 self._check_feature_values(name, table[name].chunk(0), reject)
         reward = table["reward"]
         for kind, is_bad, beyond in (
-            ("non_finite", _is_non_finite, ""),
-            ("out_of_range", _is_beyond_float32, f", {OUT_OF_RANGE}"),
+            ("non_finite", is_non_finite, ""),
+            ("out_of_range", is_beyond_float32, f", {OUT_OF_RANGE}"),
         ):
             flagged = pc.fill_null(is_bad(reward), False).to_numpy(zero_copy_only=False)
             reject(
@@ -489,8 +500,8 @@ class RowChecker:
         """Reject rows of the feature-map column ``name`` (or list of feature maps) holding a
         NaN or infinite value, or a finite one too large for training's float32 tensors."""
         for kind, is_bad, beyond in (
-            ("non_finite", _is_non_finite, ""),
-            ("out_of_range", _is_beyond_float32, f", {OUT_OF_RANGE}"),
+            ("non_finite", is_non_finite, ""),
+            ("out_of_range", is_beyond_float32, f", {OUT_OF_RANGE}"),
         ):
             found = _first_features_where(array, is_bad)
             reject(

@@ -9,8 +9,9 @@ from __future__ import annotations
 import bz2
 import glob
 import gzip
-import json
+import zlib
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ from horizon_engine.builtin.gym_source import GymSource
 from horizon_engine.components import DataSource, SourceBatch, SourceConfig
 from horizon_engine.errors import HorizonError
 from horizon_engine.hookspecs import hookimpl
+from horizon_engine.json_lines import BadLine, parse_json_line, strip_bom
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -83,27 +85,31 @@ def path_problems(patterns: str | list[str], suffixes: tuple[str, ...]) -> list[
     return problems
 
 
-def open_text(path: Path) -> IO[str]:
-    """Open a plain, ``.bz2`` or ``.gz`` text file."""
+def open_binary(path: Path) -> IO[bytes]:
+    """Open a plain, ``.bz2`` or ``.gz`` file for reading its bytes."""
     if path.suffix == ".bz2":
-        return bz2.open(path, "rt", encoding="utf-8")
+        return bz2.open(path, "rb")
     if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return path.open("r", encoding="utf-8")
+        return gzip.open(path, "rb")
+    return path.open("rb")
 
 
-def read_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """Each line of a text file with its number; an unreadable file is a user's error.
+def read_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """Each line of a file, as bytes, with its number; the first without a byte order mark.
 
-    Text is decoded in blocks, so a decoding error can only be placed after the last good line.
+    Lines are decoded one by one by their reader (``parse_json_line``), so a byte that is not
+    UTF-8 costs its line only. A file that cannot be read on (a truncated or corrupt ``.gz``
+    or ``.bz2``) is a user's error naming the last line read.
     """
     number = 0
     try:
-        with open_text(path) as handle:
+        with open_binary(path) as handle:
             for number, line in enumerate(handle, start=1):
-                yield number, line
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise HorizonError(f"{path}: cannot read the file (after {number} lines): {exc}") from None
+                yield number, strip_bom(line) if number == 1 else line
+    except (OSError, EOFError, zlib.error) as exc:
+        raise HorizonError(
+            f"{path}: cannot read the file (after {number} lines): {exc or type(exc).__name__}"
+        ) from None
 
 
 class JsonlSourceConfig(SourceConfig):
@@ -122,7 +128,7 @@ class JsonlSource(DataSource):
         return path_problems(self.config.path, JSONL_SUFFIXES)
 
     def read(self, run: RunContext) -> Iterator[SourceBatch]:
-        from horizon_engine.schema import BadRow, RowShaper, detect_layout
+        from horizon_engine.schema import BadRow, RowShaper
 
         shaper: RowShaper | None = None
         for path in expand_paths(self.config.path, JSONL_SUFFIXES):
@@ -133,19 +139,19 @@ class JsonlSource(DataSource):
                     continue
                 location = f"{path}:{number}"
                 try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    # exc's own text counts lines within the one line given; say the column only.
-                    reason = f"invalid JSON at column {exc.colno}: {exc.msg}"
-                    invalid.append(BadRow(location, reason, "invalid_json", line))
+                    row = parse_json_line(line)
+                except BadLine as exc:
+                    text = line.decode("utf-8", "backslashreplace")
+                    invalid.append(BadRow(location, exc.reason, exc.kind, text))
                     continue
-                if shaper is None and isinstance(row, dict):
-                    layout = detect_layout(row, self.config.row_format, self.config.action_type)
-                    shaper = RowShaper(layout)
                 pending.append((location, row))
-                if len(pending) >= BATCH_ROWS and shaper is not None:
+                if len(pending) >= BATCH_ROWS and (shaper or isinstance(row, dict)):
+                    # The layout is the one most of the first batch's rows show, so that one
+                    # odd first row is a bad row rather than the format of the whole file.
+                    shaper = shaper or _shaper(pending, self.config)
                     yield _shaped_batch(shaper, pending, invalid)
                     pending, invalid = [], []
+            shaper = shaper or _shaper(pending, self.config)
             if shaper is None and (pending or invalid):
                 example = f" ({invalid[0]})" if invalid else ""
                 raise HorizonError(
@@ -154,6 +160,14 @@ class JsonlSource(DataSource):
                 )
             if shaper is not None and (pending or invalid):
                 yield _shaped_batch(shaper, pending, invalid)
+
+
+def _shaper(rows: list[tuple[str, Any]], config: SourceConfig) -> Any:
+    """A ``RowShaper`` for the layout most of ``rows`` show, or None if none is an object."""
+    from horizon_engine.schema import RowShaper, majority_layout
+
+    layout = majority_layout((row for _, row in rows), config.row_format, config.action_type)
+    return None if layout is None else RowShaper(layout)
 
 
 def _shaped_batch(shaper: Any, pending: list[tuple[str, Any]], invalid: list) -> SourceBatch:
@@ -203,6 +217,8 @@ class ParquetSource(DataSource):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        from horizon_engine.schema import BadRow
+
         for path in expand_paths(self.config.path, (".parquet",)):
             try:
                 parquet = pq.ParquetFile(path)
@@ -215,28 +231,66 @@ class ParquetSource(DataSource):
             conform = _conformer(parquet.schema_arrow, layout, str(path))
             first = 0
             for batch in parquet.iter_batches(batch_size=BATCH_ROWS * 10):
-                table, ignored = conform(batch)
-                yield SourceBatch(
-                    table, layout, RowLocations(str(path), first, table.num_rows), [], ignored
-                )
-                first += table.num_rows
+                conformed = conform(batch)
+                locations: Sequence[str] = RowLocations(str(path), first, batch.num_rows)
+                bad_rows = [
+                    BadRow(locations[index], reason, "wrong_type", _row_of(batch, index))
+                    for index, reason in sorted(conformed.bad.items())
+                ]
+                if bad_rows:
+                    locations = [locations[index] for index in conformed.kept]
+                yield SourceBatch(conformed.table, layout, locations, bad_rows, conformed.ignored)
+                first += batch.num_rows
 
     def _layout(self, parquet: Any, path: Path) -> RowLayout:
-        """The layout Horizon Engine recorded in the file, or else the one its first row shows."""
-        from horizon_engine.schema import RowLayout, detect_layout
+        """The layout Horizon Engine recorded in the file, or else the one most of its first
+        ``LAYOUT_ROWS`` rows show (one odd row does not decide the file's format)."""
+        from horizon_engine.schema import RowLayout, majority_layout
 
         schema = parquet.schema_arrow
         if schema.metadata and b"horizon.row_format" in schema.metadata:
             return RowLayout.from_schema(schema, str(path))
         # Maps as dicts, as JSON gives them: detection tells a map action from a discrete one.
-        first = next(parquet.iter_batches(batch_size=1)).to_pylist(maps_as_pydicts="lossy")[0]
-        return detect_layout(first, self.config.row_format, self.config.action_type)
+        rows = next(parquet.iter_batches(batch_size=LAYOUT_ROWS)).to_pylist(maps_as_pydicts="lossy")
+        return majority_layout(rows, self.config.row_format, self.config.action_type)
+
+
+LAYOUT_ROWS = 1000
+"""How many of a Parquet file's first rows vote on its layout where the file does not record
+it and the config says ``auto``."""
+
+
+def _row_of(batch: pa.RecordBatch, index: int) -> Any:
+    """A bad row's content for the quarantine; None where its text is not even UTF-8."""
+    import pyarrow as pa
+
+    try:
+        return batch.slice(index, 1).to_pylist(maps_as_pydicts="lossy")[0]
+    except (UnicodeDecodeError, pa.ArrowException):
+        return None
+
+
+@dataclass
+class Conformed:
+    """A Parquet batch conformed to the layout's schema: the good rows, the index in the
+    batch of each (``kept``), why each other row was left out (by index), ignored fields."""
+
+    table: pa.Table
+    kept: list[int]
+    bad: dict[int, str]
+    ignored: dict[str, int]
 
 
 def _conformer(
     schema: pa.Schema, layout: RowLayout, where: str
-) -> Callable[[pa.RecordBatch], tuple[pa.Table, dict[str, int]]]:
-    """Check a file's columns against the layout once, and return a per-batch converter."""
+) -> Callable[[pa.RecordBatch], Conformed]:
+    """Check a file's columns against the layout once, and return a per-batch converter.
+
+    A column whose type cannot become the layout's at all fails the file; a column whose
+    values can, but for some rows (one string in a numeric column that is not a number, one
+    fractional sequence number), leaves out those rows, each with its reason, as does a
+    string that is not valid UTF-8 (Parquet's writers need not check).
+    """
     import pyarrow as pa
 
     target = layout.schema
@@ -254,24 +308,91 @@ def _conformer(
     known = layout.known_fields
     ignored_names = [name for name in schema.names if name not in used and name not in known]
 
-    def conform(batch: pa.RecordBatch) -> tuple[pa.Table, dict[str, int]]:
+    def conform(batch: pa.RecordBatch) -> Conformed:
         arrays = []
+        bad: dict[int, str] = {}
         for field in target:
             name = sources[field.name]
             if name is None:
                 arrays.append(pa.nulls(batch.num_rows, field.type))
                 continue
+            column = batch.column(name)
+            found = f"column '{name}' ({column.type})"
             try:
-                arrays.append(_structs_as_maps(batch.column(name), field.type).cast(field.type))
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                cast, failed = _cast_rows(column, field.type)
+            except (pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                failed, cast = {0: str(exc)}, None
+            if cast is None or len(failed) == batch.num_rows:
                 raise HorizonError(
-                    f"{where}: column '{name}' has type {batch.schema.field(name).type}, "
-                    f"expected {field.type} ({exc})"
-                ) from None
+                    f"{where}: column '{name}' has type {column.type}, "
+                    f"expected {field.type} ({failed[min(failed)]})"
+                )
+            arrays.append(cast)
+            for index, reason in failed.items():
+                bad.setdefault(index, f"{found}: {reason}")
+            for index in _invalid_text_rows(cast):
+                bad.setdefault(index, f"{found}: not valid UTF-8")
+        table = pa.Table.from_arrays(arrays, schema=target)
+        kept = [index for index in range(batch.num_rows) if index not in bad]
+        if bad:
+            table = table.take(pa.array(kept, pa.int64()))
         ignored = {name: batch.num_rows for name in ignored_names}
-        return pa.Table.from_arrays(arrays, schema=target), ignored
+        return Conformed(table, kept, bad, ignored)
 
     return conform
+
+
+def _cast_rows(column: pa.Array, target: pa.DataType) -> tuple[pa.Array, dict[int, str]]:
+    """``column`` as ``target``, null where a row's value cannot be cast, and why, by row.
+
+    The whole column is cast at once; only where that fails is it halved, and halved again,
+    down to the rows that fail: a few bad rows cost a few dozen casts, not one per row. A
+    column of a type that cannot be cast at all raises Arrow's error.
+    """
+    import pyarrow as pa
+
+    try:
+        return _structs_as_maps(column, target).cast(target), {}
+    except pa.ArrowInvalid as exc:
+        if len(column) == 1:
+            return pa.nulls(1, target), {0: str(exc)}
+    half = len(column) // 2
+    head, head_failed = _cast_rows(column.slice(0, half), target)
+    tail, tail_failed = _cast_rows(column.slice(half), target)
+    failed = head_failed | {half + index: reason for index, reason in tail_failed.items()}
+    return pa.concat_arrays([head, tail]), failed
+
+
+def _invalid_text_rows(array: pa.Array) -> set[int]:
+    """The rows of a column holding a string (a value, a map key, a list item) that is not
+    valid UTF-8. Arrow checks the whole column at once; rows are looked at only if it fails."""
+    import pyarrow as pa
+
+    from horizon_engine.schema import list_entries, map_entries
+
+    try:
+        array.validate(full=True)
+        return set()
+    except pa.ArrowInvalid:
+        pass
+    if pa.types.is_string(array.type):
+        texts = array.cast(pa.binary()).to_pylist()
+        return {row for row, text in enumerate(texts) if text is not None and not _utf8(text)}
+    if pa.types.is_map(array.type):
+        parents, keys, _ = map_entries(array)
+        return {int(parents[entry]) for entry in _invalid_text_rows(keys)}
+    if pa.types.is_list(array.type):
+        parents, values = list_entries(array)
+        return {int(parents[entry]) for entry in _invalid_text_rows(values)}
+    return set()
+
+
+def _utf8(text: bytes) -> bool:
+    try:
+        text.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _structs_as_maps(column: pa.Array, target: pa.DataType) -> pa.Array:
