@@ -107,7 +107,7 @@ def policy_bundle(run: RunContext, model: torch.nn.Module) -> PolicyBundle:
     from horizon_engine.normalization import NORMALIZATION_FILE
 
     description = ProblemDescription.read(run.output_dir)
-    rows = read_check_rows(run.output_dir)
+    rows = read_check_rows(run.output_dir, description)
     normalization = json.loads((run.output_dir / NORMALIZATION_FILE).read_text(encoding="utf-8"))
     candidates = None
     if "possible_action_features" in rows:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime
 import itertools
-import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -26,6 +25,7 @@ from pydantic import Field
 
 from horizon_engine.components import DataSource, SourceBatch, SourceConfig
 from horizon_engine.errors import HorizonError
+from horizon_engine.model_card import card_if_exported
 from horizon_engine.schema import ActionType, RowFormat, RowLayout, RowShaper
 
 if TYPE_CHECKING:
@@ -267,7 +267,8 @@ def _onnx_greedy(path: str, n_actions: int) -> Callable[[np.ndarray], int]:
     session = _onnx_session(path)
     names = [model_input.name for model_input in session.get_inputs()]
     metadata = session.get_modelmeta().custom_metadata_map
-    action_ids = json.loads(metadata.get("action_feature_ids", "[]"))
+    card = card_if_exported(metadata, path)
+    action_ids = list(card.action_feature_ids) if card else []
 
     def greedy(state: np.ndarray) -> int:
         observation = state.astype(np.float32).reshape(1, -1)

@@ -38,7 +38,6 @@ and do not apply to it.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,6 +49,7 @@ from horizon_engine.errors import HorizonError
 from horizon_engine.export import ExportConfig, ExporterBase, PolicyBundle
 from horizon_engine.files import atomic_output
 from horizon_engine.hookspecs import hookimpl
+from horizon_engine.model_card import ActionBounds, ModelCard
 
 if TYPE_CHECKING:
     import onnx
@@ -289,19 +289,22 @@ class OnnxExporter(ExporterBase):
     def _describe(self, model: onnx.ModelProto, bundle: PolicyBundle) -> None:
         from horizon_engine import __version__
 
-        metadata = {
-            "feature_ids": json.dumps(bundle.feature_ids),
-            "actions": json.dumps(bundle.actions),
-            "action_feature_ids": json.dumps(bundle.action_feature_ids),
-            "normalization": json.dumps(bundle.normalization),
-            "policy": json.dumps(self.config.model_dump()),
-            "run_id": bundle.run_id,
-            "horizon_version": __version__,
-        }
+        bounds = None
         if bundle.continuous:
-            metadata["action_type"] = bundle.action_type.value
-            metadata["action_bounds"] = json.dumps(_action_bounds(bundle))
-        for key, value in metadata.items():
+            found = _action_bounds(bundle)
+            bounds = ActionBounds(tuple(found["low"]), tuple(found["high"]))
+        card = ModelCard(
+            feature_ids=tuple(bundle.feature_ids),
+            actions=tuple(bundle.actions),
+            action_feature_ids=tuple(bundle.action_feature_ids),
+            action_type=bundle.action_type.value,
+            action_bounds=bounds,
+            normalization=bundle.normalization,
+            policy=self.config.model_dump(),
+            run_id=bundle.run_id,
+            horizon_version=__version__,
+        )
+        for key, value in card.metadata().items():
             entry = model.metadata_props.add()
             entry.key, entry.value = key, value
 
