@@ -118,9 +118,11 @@ def test_an_entry_that_is_no_path_inside_is_refused(engine, tmp_path, outputs, w
 
 
 def test_outputs_that_are_not_a_list_are_refused(engine, tmp_path):
+    """A relative name, never an absolute one: before the fix a string was read as a list of
+    its characters, and an absolute path's first character, "/", was removed as a folder."""
     run = tmp_path / "run"
-    crafted_run(run, {"source": "/etc"})
-    with pytest.raises(UnsafePathError, match="lists outputs '/etc', which is not a list"):
+    crafted_run(run, {"source": "source"})
+    with pytest.raises(UnsafePathError, match="lists outputs 'source', which is not a list"):
         engine.run(pipeline(run), overwrite=True)
 
 
