@@ -8,8 +8,11 @@ mistake) is printed as a message without a traceback and exits with status 1.
 from __future__ import annotations
 
 import json
+import shlex
+import signal
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import wraps
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -124,13 +127,37 @@ def main() -> None:
     is_flag=True,
     help="Replace an earlier run's outputs in output_dir (files Horizon did not write are kept).",
 )
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Finish output_dir's killed, interrupted or failed run: its complete stages are kept, "
+    "training continues from its last complete epoch, and the result is the uninterrupted "
+    "run's (the config must be the one it ran with).",
+)
 @_user_errors
-def run(pipeline: Path, overrides: tuple[str, ...], stages: str | None, overwrite: bool) -> None:
+def run(
+    pipeline: Path,
+    overrides: tuple[str, ...],
+    stages: str | None,
+    overwrite: bool,
+    resume: bool,
+) -> None:
     """Run the stages configured in PIPELINE (a pipeline.toml)."""
-    from horizon_engine.pipeline import Engine
+    from horizon_engine.pipeline import Engine, NothingToResume
 
     selected = [name.strip() for name in stages.split(",") if name.strip()] if stages else None
-    manifest = Engine(_plugin_host()).run(pipeline, overrides, selected, overwrite)
+    try:
+        with _interrupts_as_keyboard_interrupt():
+            manifest = Engine(_plugin_host()).run(pipeline, overrides, selected, overwrite, resume)
+    except NothingToResume as exc:
+        click.echo(str(exc))
+        return
+    except KeyboardInterrupt:
+        command = shlex.join(
+            ["horizon", "run", str(pipeline), *(f"--set={value}" for value in overrides)]
+        )
+        click.echo(f"interrupted; continue this run with: {command} --resume", err=True)
+        sys.exit(INTERRUPTED_EXIT_STATUS)
     output_dir = manifest["config"]["pipeline"]["output_dir"]
     for warning in manifest["warnings"]:
         click.echo(f"warning: {warning}")
@@ -151,6 +178,25 @@ def run(pipeline: Path, overrides: tuple[str, ...], stages: str | None, overwrit
     if "evaluation" in manifest["executed"]:
         _echo_estimates(Path(output_dir))
     click.echo(f"run {manifest['run_id']} {manifest['status']}: {output_dir}/manifest.json")
+
+
+INTERRUPTED_EXIT_STATUS = 130
+"""The exit status of a command stopped by Ctrl-C (128 + SIGINT, as shells report it)."""
+
+
+@contextmanager
+def _interrupts_as_keyboard_interrupt() -> Iterator[None]:
+    """SIGTERM (a scheduler or ``kill`` stopping the command) raises ``KeyboardInterrupt``
+    inside, as Ctrl-C does: the run stops as cleanly, recorded as interrupted."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def _echo_estimates(run_dir: Path) -> None:

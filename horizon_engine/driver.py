@@ -25,6 +25,13 @@ trainer cannot tell them apart and a run folder records training the same way:
   estimators (``CPE/<label>/<estimate>``), writes a checkpoint and calls
   ``horizon_on_epoch_end``. ``horizon gym train`` ends an "epoch" at each evaluation of its
   greedy policy, with that evaluation's figures.
+- resuming: an epoch's checkpoint holds everything the epochs after it depend on (the
+  trainer's state; torch's CPU generator, and the device's; the data-order generator; the
+  epochs' metrics and per-epoch estimates; the host's own plain data), and is written after
+  ``horizon_on_epoch_end``, as the epoch's last act. ``resume`` restores the last one, so the
+  epochs that follow are those of an uninterrupted run, to the bit on a CPU. A reporter may
+  be told of an epoch twice (with the same figures) when a kill came between the hook and
+  the checkpoint; never of an epoch the resumed run does not have.
 
 torch is imported where it is used.
 """
@@ -69,6 +76,9 @@ PROBLEM_FILE = "problem.json"
 
 CHECK_ROWS_FILE = "check_rows.pt"
 """Rows an exported model is checked on, in the run folder."""
+
+RESUME_STATE = "resume"
+"""The key of a checkpoint's state for resuming (generators, counts, metrics so far)."""
 
 CHECK_ROWS = 1024
 """Rows kept to check an exported model on (all of them when the data has fewer)."""
@@ -302,6 +312,8 @@ class TrainingDriver:
         normalization: Normalization,
         callbacks: Iterable[BatchCallback] = (),
     ) -> None:
+        import torch
+
         from horizon_engine.training import load_checkpoint, resolve_device
 
         self.run = run
@@ -317,8 +329,11 @@ class TrainingDriver:
         self.folder = run.output_dir / CHECKPOINTS
         self.outputs = [description.write(run.output_dir)]
         self.checkpoints: list[str] = []
+        self.history: list[dict[str, float]] = []
         self.epoch = 0
         self.updates = 0
+        self.data_order = torch.Generator().manual_seed(run.seed)
+        """Shuffles the epochs' minibatches: its state is part of every checkpoint."""
         self.threads = resolve_threads(
             self.config.threads, self.device, self.config.minibatch_size * self._parameters()
         )
@@ -372,22 +387,20 @@ class TrainingDriver:
         eval_data: TimelineTensors | None = None,
         estimators: EpisodeEvaluation | None = None,
     ) -> list[dict[str, float]]:
-        """``[trainer] epochs`` passes over ``data`` (``prepare``d; minibatches shuffled by a
-        generator seeded with the run's seed), each ended by ``end_epoch``, on ``self.threads``
-        CPU threads; returns each epoch's metrics."""
-        import torch
-
-        generator = torch.Generator().manual_seed(self.run.seed)
-        history = []
+        """``[trainer] epochs`` passes over ``data`` (``prepare``d; minibatches shuffled by
+        ``data_order``, seeded with the run's seed), each ended by ``end_epoch``, on
+        ``self.threads`` CPU threads; returns each epoch's metrics. After ``resume`` the epochs
+        after the restored one are trained."""
         progress = self.run.progress("training", total=self.config.epochs)
         with self.torch_threads(), progress as advance:
             data = self.prepare(data)
-            for _ in range(self.config.epochs):
-                for batch in data.minibatches(self.config.minibatch_size, generator):
+            advance(self.epoch)
+            while self.epoch < self.config.epochs:
+                for batch in data.minibatches(self.config.minibatch_size, self.data_order):
                     self.train_batch(batch)
-                history.append(self.end_epoch(eval_data=eval_data, estimators=estimators))
+                self.end_epoch(eval_data=eval_data, estimators=estimators)
                 advance(1)
-        return history
+        return self.history
 
     def end_epoch(
         self,
@@ -398,8 +411,9 @@ class TrainingDriver:
     ) -> dict[str, float]:
         """End an epoch: its metrics (the host's own ``metrics`` first, then the mean of each
         training metric since the last epoch, the evaluation on ``eval_data`` when it has
-        rows, the per-epoch ``estimators``), a checkpoint holding the trainer's state and
-        ``checkpoint``'s plain data, and ``horizon_on_epoch_end``. Returns the metrics."""
+        rows, the per-epoch ``estimators``), ``horizon_on_epoch_end``, then a checkpoint holding
+        the trainer's state, what resuming needs and ``checkpoint``'s plain data. Returns the
+        metrics."""
         from horizon_engine.training import save_checkpoint
 
         self.epoch += 1
@@ -412,14 +426,84 @@ class TrainingDriver:
             found |= {f"Evaluation/{name}": value for name, value in evaluation.items()}
         if estimators is not None:
             found |= estimators.epoch_metrics(self.trainer)
-        state = {"trainer": self.trainer.state_dict(), **(checkpoint or {})}
+        self.history.append(found)
+        self.run.plugins.on_epoch_end(self.run, self.epoch, found)
+        state = {
+            "trainer": self.trainer.state_dict(),
+            RESUME_STATE: self._resume_state(estimators),
+            **(checkpoint or {}),
+        }
         saved = save_checkpoint(self.folder, self.epoch, state)
         self.checkpoints.append(f"{CHECKPOINTS}/{saved.name}")
+        self._list_latest()
+        return found
+
+    def _list_latest(self) -> None:
         latest = f"{CHECKPOINTS}/latest.pt"
         if latest not in self.outputs:
             self.outputs.append(latest)
-        self.run.plugins.on_epoch_end(self.run, self.epoch, found)
-        return found
+
+    def _resume_state(self, estimators: EpisodeEvaluation | None) -> dict[str, Any]:
+        """What the epochs after this one depend on besides the trainer's own state: the
+        generators, the update count, the metrics so far (as JSON: plain data, exact)."""
+        import torch
+
+        state: dict[str, Any] = {
+            "torch_rng": torch.get_rng_state(),
+            "data_order": self.data_order.get_state(),
+            "updates": self.updates,
+            "history": json.dumps(self.history),
+        }
+        if self.device.type == "cuda":
+            state["device_rng"] = torch.cuda.get_rng_state(self.device)
+        if estimators is not None:
+            state["estimators"] = json.dumps(estimators.resume_state())
+        return state
+
+    def resume(self, estimators: EpisodeEvaluation | None = None) -> dict[str, Any] | None:
+        """Continue from the last complete epoch's checkpoint in the run folder: the trainer,
+        the generators, the epoch and update counts, the metrics so far and the per-epoch
+        ``estimators``' record, as they were when it was written; ``latest.pt`` is made that
+        checkpoint again. Returns the checkpoint (the host's plain data is in it), or None when
+        no epoch was complete (training then starts at epoch 1)."""
+        import torch
+
+        from horizon_engine.files import atomic_output
+        from horizon_engine.training import (
+            epoch_checkpoint_name,
+            last_epoch_checkpoint,
+            read_checkpoint,
+        )
+
+        path = last_epoch_checkpoint(self.folder)
+        if path is None:
+            return None
+        checkpoint = read_checkpoint(path, "--resume")
+        state = checkpoint.get(RESUME_STATE)
+        if not isinstance(state, dict):
+            raise HorizonError(
+                f"--resume: {path} was written by a version of Horizon Engine that did not "
+                "record what resuming needs; train again from epoch 1 (--stages train)"
+            )
+        self.trainer.load_state_dict(checkpoint["trainer"])
+        torch.set_rng_state(state["torch_rng"])
+        if "device_rng" in state and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["device_rng"], self.device)
+        self.data_order.set_state(state["data_order"])
+        self.updates = int(state["updates"])
+        self.history = json.loads(state["history"])
+        self.epoch = int(checkpoint["epoch"])
+        if estimators is not None and "estimators" in state:
+            estimators.restore(json.loads(state["estimators"]))
+        self.checkpoints = [
+            f"{CHECKPOINTS}/{epoch_checkpoint_name(epoch)}"
+            for epoch in range(1, self.epoch + 1)
+            if (self.folder / epoch_checkpoint_name(epoch)).is_file()
+        ]
+        with atomic_output(self.folder / "latest.pt") as temporary:
+            temporary.write_bytes(path.read_bytes())
+        self._list_latest()
+        return checkpoint
 
     def save_check_rows(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Keep the first ``CHECK_ROWS`` rows of the policy's inputs among ``tensors``

@@ -268,6 +268,17 @@ class EpisodeEvaluation:
             self.write_epochs()
         return epoch_metric_values(results)
 
+    def resume_state(self) -> dict[str, Any]:
+        """What the epochs' record so far is (the estimates of each epoch, the labels found
+        not applicable): kept in every checkpoint, so a resumed training writes the
+        ``cpe_epochs.json`` an uninterrupted one would."""
+        return {"epochs": self.epochs, "not_applicable": self.not_applicable}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Take up the record ``resume_state`` returned."""
+        self.epochs = list(state["epochs"])
+        self.not_applicable = dict(state["not_applicable"])
+
     def write_epochs(self) -> None:
         """Rewrite ``epochs_file`` (when there is one) with every epoch's estimates so far,
         whole (temporary name, then rename), as compact JSON."""

@@ -4,6 +4,14 @@ Each stage reads the files the previous one wrote under the run's output folder,
 resume at any stage (``--stages``) and a user can bring their own intermediate files. After
 each stage ``manifest.json`` is rewritten: the config as resolved, plugin versions, per-stage
 row counts with a reason for every row dropped, timings, the seed and the Horizon version.
+
+``resume=True`` (``horizon run --resume``) continues a folder's killed, interrupted or failed
+run with the config it recorded (a change that could change results is refused, naming the
+keys): the stages it completed are carried over, the first one it did not complete runs
+again, from its last complete epoch for the train stage (``horizon_engine.driver``), from
+scratch for the others (they are short and write their outputs whole), and the later ones
+run. The result is the uninterrupted run's, to the bit on a CPU. Ctrl-C (or SIGTERM from
+the command line) leaves the manifest ``"status": "interrupted"``, ready to resume.
 """
 
 from __future__ import annotations
@@ -68,8 +76,12 @@ class Stage:
     claims: tuple[str, ...]
     """Every path it writes, run-relative (glob patterns allowed): what it may replace."""
     reads: tuple[str, ...]
-    run: Callable[[RunContext, Any], StageReport]
-    """Called with the run and the section's ``Choice`` (a list of them for ``[[evaluation]]``)."""
+    run: Callable[..., StageReport]
+    """Called with the run and the section's ``Choice`` (a list of them for ``[[evaluation]]``),
+    and ``resume=True`` for a stage that continues from ``resumes_from`` on ``--resume``."""
+    resumes_from: tuple[str, ...] = ()
+    """Outputs (claims) an interrupted run of the stage leaves for ``--resume`` to continue
+    from, rather than to remove: the train stage's epoch checkpoints."""
 
     def configured(self, spec: PipelineSpec) -> bool:
         return (
@@ -395,8 +407,9 @@ def run_normalization_stage(run: RunContext, choice: Choice) -> StageReport:
     return report
 
 
-def run_train_stage(run: RunContext, choice: Choice) -> StageReport:
-    """Train on ``timeline/train``, evaluate on ``timeline/eval`` after every epoch.
+def run_train_stage(run: RunContext, choice: Choice, resume: bool = False) -> StageReport:
+    """Train on ``timeline/train``, evaluate on ``timeline/eval`` after every epoch; with
+    ``resume``, from the last complete epoch's checkpoint in the folder (epoch 1 without one).
 
     The training driver (``horizon_engine.driver``) sets the trainer up for the timeline's
     problem and drives it: the timeline is loaded into dense tensors once and moved to the
@@ -427,6 +440,9 @@ def run_train_stage(run: RunContext, choice: Choice) -> StageReport:
             run.seed,
             run.output_dir / CPE_EPOCHS_FILE,
         )
+    resumed_at = 0
+    if resume and driver.resume(estimators) is not None:
+        resumed_at = driver.epoch
     history = driver.train_epochs(train, evaluation, estimators)
     recorded = []
     if estimators is not None:
@@ -443,6 +459,7 @@ def run_train_stage(run: RunContext, choice: Choice) -> StageReport:
             "eval_rows": len(evaluation),
             "first_epoch": history[0],
             "last_epoch": history[-1],
+            **({"resumed_after_epoch": resumed_at} if resumed_at else {}),
         },
     )
 
@@ -508,6 +525,7 @@ STAGES: tuple[Stage, ...] = (
         ),
         ("timeline/timeline.json", NORMALIZATION_FILE),
         run_train_stage,
+        resumes_from=(f"{CHECKPOINTS}/latest.pt", f"{CHECKPOINTS}/epoch-*.pt"),
     ),
     Stage(
         "evaluation",
@@ -538,6 +556,97 @@ STAGES: tuple[Stage, ...] = (
 )
 """The stages this version can run, in pipeline order. The analysis comes last, though it
 reads only the data stages' outputs: running it again marks no training stale."""
+
+
+RESULT_NEUTRAL_OPTIONS = frozenset({"pipeline.output_dir", "pipeline.name", "pipeline.stages"})
+"""Resolved config keys ``--resume`` lets differ from the interrupted run's: they change no
+result (the folder is the run's own by construction; the stages are chosen by the resume)."""
+
+
+class NothingToResume(HorizonError):
+    """``--resume`` on a folder whose run completed every stage: there is nothing to do."""
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """What ``--resume`` does: the stages to run, the one among them that continues from its
+    interrupted run's outputs (None: each runs from scratch), and the runs it continues."""
+
+    stages: list[Stage]
+    continued_stage: str | None
+    continued_runs: list[str]
+
+
+def plan_resume(
+    spec: PipelineSpec, earlier: EarlierRun | None, selected: list[Stage]
+) -> ResumePlan:
+    """The ``ResumePlan`` for the folder's ``earlier`` run: refused when there is none, when
+    the config differs from the one it recorded in a key that may change results, and with
+    ``NothingToResume`` when it completed every selected stage."""
+    output_dir = spec.pipeline.output_dir
+    if earlier is None:
+        raise HorizonError(
+            f"--resume: {output_dir} holds no run to resume (no readable {MANIFEST}); run "
+            "without --resume to start one"
+        )
+    if earlier.manifest.get("command"):
+        raise HorizonError(
+            f"--resume: {output_dir} holds a run of `{earlier.manifest['command']}`, not of "
+            "horizon run; resume it with that command"
+        )
+    changed = config_changes(earlier.manifest.get("config"), spec.resolved())
+    if changed:
+        raise HorizonError(
+            f"--resume: the config differs from the one {earlier.describe()} recorded in "
+            f"{Path(output_dir) / MANIFEST}, in {', '.join(changed)}; resuming would not give "
+            "that run's result. Undo the change (the same file and --set options), or start "
+            "a new run (--overwrite, or another output_dir)"
+        )
+    incomplete = earlier.incomplete_stages()
+    complete = {
+        name
+        for name, record in earlier.stages.items()
+        if isinstance(record, dict) and name not in incomplete and not record.get("stale")
+    }
+    pending = [index for index, stage in enumerate(selected) if stage.name not in complete]
+    if not pending:
+        raise NothingToResume(
+            f"nothing to resume: {earlier.describe()} completed every stage "
+            f"({', '.join(stage.name for stage in selected)}); see {Path(output_dir) / MANIFEST}"
+        )
+    stages = selected[pending[0] :]
+    first = stages[0]
+    if not (first.resumes_from and first.name in incomplete):
+        return ResumePlan(stages, None, [])
+    earlier_runs = earlier.manifest.get("continued_runs")
+    continued = [earlier.run_id, *(earlier_runs if isinstance(earlier_runs, list) else [])]
+    return ResumePlan(stages, first.name, [str(run_id) for run_id in continued])
+
+
+def config_changes(recorded: Any, resolved: Mapping[str, Any]) -> list[str]:
+    """The dotted keys (``trainer.learning_rate``, ``evaluation[0].kind``) whose values differ
+    between a manifest's ``recorded`` config and ``resolved``, but for
+    ``RESULT_NEUTRAL_OPTIONS``; both compared as JSON."""
+    changes: list[str] = []
+
+    def compare(before: Any, after: Any, key: str) -> None:
+        if key in RESULT_NEUTRAL_OPTIONS:
+            return
+        if isinstance(before, dict) and isinstance(after, dict):
+            for name in sorted({*before, *after}):
+                compare(before.get(name), after.get(name), f"{key}.{name}" if key else name)
+        elif isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
+            for index, (one, other) in enumerate(zip(before, after, strict=True)):
+                compare(one, other, f"{key}[{index}]")
+        elif before != after:
+            changes.append(key or "the whole config")
+
+    compare(
+        json.loads(json.dumps(recorded, default=str)),
+        json.loads(json.dumps(resolved, default=str)),
+        "",
+    )
+    return changes
 
 
 def _horizon_version() -> str:
@@ -596,34 +705,50 @@ class Engine:
         overrides: Iterable[str] = (),
         stages: Iterable[str] | None = None,
         overwrite: bool = False,
+        resume: bool = False,
     ) -> dict[str, Any]:
         """Run the pipeline's stages (all configured ones, or ``stages``); return the manifest.
 
         Without ``stages`` this is a new run: in a folder holding an earlier run's outputs it
         refuses unless ``overwrite``. With ``stages`` it continues the folder's run: the stages
         named replace their own earlier outputs and the others are carried over (see
-        ``horizon_engine.run_folder``).
+        ``horizon_engine.run_folder``). With ``resume`` it finishes the folder's interrupted
+        run (``plan_resume``; the module docstring says how).
         """
         stages = list(stages) if stages else None
+        if resume and (stages is not None or overwrite):
+            raise HorizonError(
+                "--resume finishes the folder's run as it was configured: it takes neither "
+                "--stages nor --overwrite"
+            )
         spec = self.validate(config, overrides, stages)
         selected = self._select(spec, stages or spec.pipeline.stages)
         output_dir = Path(spec.pipeline.output_dir)
         earlier = read_earlier_run(output_dir)
+        plan = plan_resume(spec, earlier, selected) if resume else ResumePlan(selected, None, [])
+        selected = plan.stages
         claims = {stage.name: stage.claims for stage in STAGES}
         names = [stage.name for stage in selected]
-        resuming = stages is not None
+        resuming = stages is not None or resume
         notes = take_over(output_dir, earlier, claims, names, resuming, overwrite)
         output_dir.mkdir(parents=True, exist_ok=True)
         run = RunContext(spec, output_dir, self.plugins, uuid.uuid4().hex[:12], self.show_progress)
         manifest = self._start_manifest(run, earlier if resuming else None, notes)
+        if plan.continued_stage is not None:
+            manifest["continued_runs"] = plan.continued_runs
         try:
             for stage in selected:
+                continued = stage.name == plan.continued_stage
                 self._check_inputs(run, stage, manifest)
-                self._clear_stage(run, stage, earlier if resuming else None, manifest)
+                self._clear_stage(run, stage, earlier if resuming else None, manifest, continued)
                 self.plugins.on_stage_start(run, stage.name)
                 started = time.perf_counter()
                 with import_clock() as imports:
-                    report = stage.run(run, stage.choice(spec))
+                    if continued:
+                        report = stage.run(run, stage.choice(spec), resume=True)
+                        report.outputs += _files_of_runs(output_dir, plan.continued_runs)
+                    else:
+                        report = stage.run(run, stage.choice(spec))
                 report.seconds = round(time.perf_counter() - started, 3)
                 report.import_seconds = round(imports.seconds, 3)
                 self._record(run, manifest, stage, report)
@@ -631,11 +756,15 @@ class Engine:
                 self._record(run, manifest, stage, report)
         except BaseException as exc:
             failed = manifest["running_stage"]
+            interrupted = isinstance(exc, KeyboardInterrupt)
             if failed:
                 # What the stage wrote before it failed is no stage's whole output.
                 manifest["running_stage"] = None
-                manifest["incomplete_stages"][failed] = f"run {run.run_id} failed during it"
-            record_failure(manifest, exc, failed, partial(self._finish, run))
+                manifest["incomplete_stages"][failed] = (
+                    f"run {run.run_id} {'was interrupted' if interrupted else 'failed'} during it"
+                )
+            finish = partial(self._finish_interrupted if interrupted else self._finish, run)
+            record_failure(manifest, exc, failed, finish)
             raise
         manifest["status"] = "succeeded"
         self._finish(run, manifest)
@@ -687,14 +816,17 @@ class Engine:
         stage: Stage,
         earlier: EarlierRun | None,
         manifest: dict[str, Any],
+        continued: bool = False,
     ) -> None:
         """Before a stage runs: remove what it wrote in an earlier run (checkpoints and event
-        files included, so none outlives its run) and record it as running."""
+        files included, so none outlives its run), but for a ``continued`` stage the outputs
+        it resumes from, and record it as running."""
         outputs = set(manifest["stages"].get(stage.name, {}).get("outputs", []))
         if earlier is not None and stage.name in earlier.incomplete_stages():
             outputs |= set(existing_claims(run.output_dir, stage.claims))
         for path in sorted(outputs):
-            remove_path(run.output_dir / path)
+            if not (continued and matches(path, stage.resumes_from)):
+                remove_path(run.output_dir / path)
         manifest["stages"].pop(stage.name, None)
         manifest["running_stage"] = stage.name
         write_json(run.output_dir / MANIFEST, manifest)
@@ -759,12 +891,32 @@ class Engine:
         write_json(run.output_dir / MANIFEST, manifest)
         self.plugins.on_run_end(run, manifest)
 
+    def _finish_interrupted(self, run: RunContext, manifest: dict[str, Any]) -> None:
+        """``_finish`` for a run stopped by Ctrl-C (or SIGTERM): ``"status": "interrupted"``,
+        which ``--resume`` continues."""
+        manifest["status"] = "interrupted"
+        manifest["error"] = "interrupted (Ctrl-C or SIGTERM); continue it with --resume"
+        self._finish(run, manifest)
+
+
+def _files_of_runs(folder: Path, run_ids: list[str]) -> list[str]:
+    """The files directly under ``folder``'s subfolders named for one of ``run_ids`` (the
+    lifecycle reporters' convention, such as TensorBoard's event files): a continued stage's
+    outputs written by the runs it continues."""
+    return sorted(
+        str(path.relative_to(folder))
+        for run_id in run_ids
+        for path in folder.glob(f"*/*.{run_id}")
+        if path.is_file()
+    )
+
 
 def run_pipeline(
     config: str | Path | Mapping[str, Any],
     overrides: Iterable[str] = (),
     stages: Iterable[str] | None = None,
     overwrite: bool = False,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Shorthand for ``Engine().run(...)``."""
-    return Engine().run(config, overrides, stages, overwrite)
+    return Engine().run(config, overrides, stages, overwrite, resume)

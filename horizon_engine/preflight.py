@@ -56,7 +56,14 @@ def _trainer_problems(
             'no CUDA device on this machine; use "auto" (a GPU when there is one) or "cpu"'
         )
     warm_start = getattr(config, "warm_start_from", None)
-    if training and warm_start and not (Path(warm_start) / CHECKPOINT).is_file():
+    if training and warm_start and Path(warm_start).resolve() == output_dir.resolve():
+        problems.append(
+            f"{spec.where('trainer', 'warm_start_from')}: [trainer] warm_start_from = "
+            f"{warm_start!r} is this run's own output_dir, whose checkpoints the train stage "
+            "replaces before it could read them; to continue this run's training, run "
+            "`horizon run PIPELINE --resume` (without warm_start_from)"
+        )
+    elif training and warm_start and not (Path(warm_start) / CHECKPOINT).is_file():
         found = "does not exist" if not Path(warm_start).exists() else f"has no {CHECKPOINT}"
         problems.append(
             f"{spec.where('trainer', 'warm_start_from')}: [trainer] warm_start_from = "

@@ -221,7 +221,8 @@ def resolve_threads(choice: int | str, device: torch.device, work: int) -> int:
 
 def save_checkpoint(folder: Path, epoch: int, state: dict[str, Any]) -> Path:
     """Write ``epoch-NNNN.pt`` and ``latest.pt`` atomically (temporary name, then rename), the
-    state serialized once for both."""
+    state serialized once for both. ``epoch-NNNN.pt`` is written first: the highest epoch file
+    is the last complete epoch, whatever moment a kill came at."""
     import io
 
     import torch
@@ -231,16 +232,39 @@ def save_checkpoint(folder: Path, epoch: int, state: dict[str, Any]) -> Path:
     serialized = io.BytesIO()
     torch.save({"epoch": epoch, **state}, serialized)
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"epoch-{epoch:04d}.pt"
+    path = folder / epoch_checkpoint_name(epoch)
     for target in (path, folder / "latest.pt"):
         with atomic_output(target) as temporary:
             temporary.write_bytes(serialized.getvalue())
     return path
 
 
+def epoch_checkpoint_name(epoch: int) -> str:
+    """The file name of epoch ``epoch``'s own checkpoint (``epoch-0001.pt``, ...)."""
+    return f"epoch-{epoch:04d}.pt"
+
+
+def last_epoch_checkpoint(folder: Path) -> Path | None:
+    """The highest-numbered ``epoch-NNNN.pt`` in ``folder``: the last epoch whose checkpoint
+    was written whole (each is renamed into place complete), or None when there is none."""
+    found = sorted(Path(folder).glob("epoch-[0-9][0-9][0-9][0-9].pt"))
+    return found[-1] if found else None
+
+
 def load_checkpoint(run_folder: Path, purpose: str = "warm start") -> dict[str, Any]:
     """The latest checkpoint of a run: an earlier one for a warm start, or this one for an
-    export (``purpose`` = "export"), named in the error when there is none.
+    export (``purpose`` = "export"), named in the error when there is none."""
+    path = Path(run_folder) / CHECKPOINTS / "latest.pt"
+    where = f"[trainer] warm_start_from = {str(run_folder)!r}"
+    if purpose != "warm start":
+        where = f"{purpose} of {run_folder}"
+    if not path.is_file():
+        raise HorizonError(f"{where}: no checkpoint at {path}")
+    return read_checkpoint(path, where)
+
+
+def read_checkpoint(path: Path, where: str) -> dict[str, Any]:
+    """A checkpoint file's contents; ``where`` starts the error when it cannot be read.
 
     Checkpoints hold tensors and plain data only, and are read with ``weights_only``: a file
     from elsewhere (``warm_start_from`` may name any folder) is data, never code to run.
@@ -249,12 +273,6 @@ def load_checkpoint(run_folder: Path, purpose: str = "warm start") -> dict[str, 
 
     import torch
 
-    path = Path(run_folder) / CHECKPOINTS / "latest.pt"
-    where = f"[trainer] warm_start_from = {str(run_folder)!r}"
-    if purpose != "warm start":
-        where = f"{purpose} of {run_folder}"
-    if not path.is_file():
-        raise HorizonError(f"{where}: no checkpoint at {path}")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
