@@ -23,6 +23,26 @@ memory and written as a part when ``rows_per_part`` are gathered or the oldest h
 ``seconds_per_part`` at an append, and at ``flush`` or ``close``: a crash loses the rows
 gathered since the last part. Each part's columns have the pre-timeline schema's types (maps
 as Arrow maps) and record the row layout, so a decision folder is a ``[source]`` as it is.
+
+Both forms keep the rows of a failed write: once ``append`` is called the rows are the log's,
+and a write that fails (no file descriptor left, a full disk) leaves them with it, in order,
+for the next ``append``, ``flush`` or ``close`` to write (``pending`` counts them). JSONL keeps
+the bytes not yet written, so a retry goes on where a short write ended and never writes a
+line twice; Parquet keeps the gathered rows and writes them as the next part.
+
+What a kill (SIGKILL, a power cut) of ``horizon serve`` can lose, which the Operations section
+of the README repeats:
+
+- JSONL: nothing it answered. The writer appends an answer's rows within moments of the
+  answer, but not before it: the bound is the rows answered and still in the server's queue
+  (at most ``server.QUEUED_ANSWERS`` answers, in practice the answers of the last few
+  milliseconds), plus at most the last line torn (skipped and counted by
+  ``read_decisions``). ``tests/reliability/test_serve_kill.py`` kills a server under load and
+  finds every decision_id its clients were answered in the log.
+- Parquet: the rows gathered since the last part: at most ``rows_per_part`` rows (10,000) or
+  ``seconds_per_part`` (60 s) of decisions, whichever comes first, plus the writer's queue.
+  ``horizon serve`` flushes a part after each idle second, so under a steady load the window is
+  ``rows_per_part`` rows. Where that window is too wide, serve with a JSONL log.
 """
 
 from __future__ import annotations
@@ -91,6 +111,9 @@ class DecisionLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self.written = 0
+        self._unwritten = b""
+        self.pending = 0
+        """Rows whose lines are not (all) written yet: a failed write's."""
         size = os.fstat(self._fd).st_size
         if size:
             with open(self.path, "rb") as handle:
@@ -99,11 +122,13 @@ class DecisionLog:
                     self._write(b"\n")
 
     def append(self, rows: Iterable[Mapping[str, Any]]) -> None:
-        """Write the rows, complete lines, with one system call."""
+        """Write the rows, complete lines, with one system call (after the rows of an earlier
+        failed write, which are written first)."""
         lines = [json.dumps(row, separators=(",", ":")) + "\n" for row in rows]
         if lines:
-            self._write("".join(lines).encode("utf-8"))
-            self.written += len(lines)
+            self._unwritten += "".join(lines).encode("utf-8")
+            self.pending += len(lines)
+            self.flush()
 
     def _write(self, data: bytes) -> None:
         view = memoryview(data)
@@ -111,9 +136,16 @@ class DecisionLog:
             view = view[os.write(self._fd, view) :]
 
     def flush(self) -> None:
-        """Nothing to do: every append is already in the file."""
+        """Write what a failed write left (a no-op otherwise: appends go straight to the
+        file); a short write keeps the rest for the next try, so no line is written twice."""
+        while self._unwritten:
+            written = os.write(self._fd, self._unwritten)
+            self._unwritten = self._unwritten[written:]
+        self.written += self.pending
+        self.pending = 0
 
     def close(self) -> None:
+        self.flush()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -138,6 +170,8 @@ class ParquetDecisionLog:
     def __init__(
         self, path: str | Path, rows_per_part: int = 10_000, seconds_per_part: float = 60.0
     ) -> None:
+        import pyarrow.parquet  # noqa: F401  now: importing it while files run short would fail
+
         self.path = Path(path)
         if self.path.exists() and not self.path.is_dir():
             raise HorizonError(
@@ -185,6 +219,11 @@ class ParquetDecisionLog:
         self.written += len(self.gathered)
         self.sequence += 1
         self.gathered = []
+
+    @property
+    def pending(self) -> int:
+        """Rows gathered and not yet in a part."""
+        return len(self.gathered)
 
     def close(self) -> None:
         self.flush()

@@ -64,7 +64,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import errno
+import hmac
+import ipaddress
 import logging
 import signal
 import socket
@@ -77,27 +79,44 @@ from typing import TYPE_CHECKING, Any
 
 import click
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from horizon_engine import HorizonError
 from horizon_plugins_serving.commands import MAX_BATCH, MAX_BODY_BYTES, check_row
-from horizon_plugins_serving.decision_log import decision_rows
+from horizon_plugins_serving.connections import (
+    BACKLOG,
+    KEEP_ALIVE_TIMEOUT,
+    REQUEST_TIMEOUT,
+    ConnectionLimits,
+    connection_cap,
+    limited_protocol,
+    raise_file_limit,
+)
+from horizon_plugins_serving.decision_log import DecisionLog, decision_rows
+from horizon_plugins_serving.request_body import BodyError, decode_body
 
 if TYPE_CHECKING:
     import uvicorn
 
-    from horizon_plugins_serving.decision_log import DecisionLog, ParquetDecisionLog
+    from horizon_plugins_serving.decision_log import ParquetDecisionLog
     from horizon_plugins_serving.predictor import Exploration, Predictor, SendRateController
 
 QUEUED_ANSWERS = 1024
 """Answered requests whose rows may wait for the writer before new requests wait instead."""
 IDLE_FLUSH_SECONDS = 1.0
+RETRY_SECONDS = 1.0
+"""How often a log that cannot write for now (``PASSING_ERRORS``) is tried again."""
+PASSING_ERRORS = frozenset(
+    {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN, errno.ENOSPC, errno.EDQUOT}
+)
+"""A log write failing with one of these may succeed later (files closed, room made): the
+decisions stay in the log's hands and the writer tries again, answering 503 meanwhile."""
 SEND_RATE_WINDOW = 200
 """Decisions per controller update: the batch size its default gains were tuned on."""
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("horizon.serve")
 
 
 class RequestError(Exception):
@@ -109,17 +128,29 @@ class RequestError(Exception):
 
 
 class LogWriter:
-    """Appends answered decisions to the log from one asyncio task; see the module docstring.
+    """Appends answered decisions to the log; see the module docstring.
+
+    A JSONL log is appended inline, before the answer is sent: one ``os.write`` of a few
+    hundred bytes into the page cache, cheaper than the hop to a worker thread, and a kill of
+    the process then cannot lose an answered decision. A Parquet log's rows go through the
+    queue to one asyncio task that appends them in a worker thread, since writing a part takes
+    long enough to stall every other request.
 
     ``logged`` counts the rows handed to the log; ``failure`` is the log's error once an
-    append or flush has failed: the app answers 503 from then on, and the rows already queued
-    are counted in ``lost`` (and left out of the log) so that no request waits for ever."""
+    append or flush has failed for good: the app answers 503 from then on, and the rows already
+    queued are counted in ``lost`` (and left out of the log) so that no request waits for ever.
+    A write that fails with one of ``PASSING_ERRORS`` (no file descriptor left, a full disk)
+    leaves its rows with the log (``DecisionLog.append``'s promise): ``stalled`` says why while
+    the writer tries the log's ``flush`` again every ``RETRY_SECONDS``, and the app answers 503
+    meanwhile instead of deciding."""
 
     def __init__(self, log: DecisionLog | ParquetDecisionLog) -> None:
         self.log = log
+        self.inline = isinstance(log, DecisionLog)
         self.logged = 0
         self.lost = 0
         self.failure: str | None = None
+        self.stalled: str | None = None
         self._queue: asyncio.Queue[list[dict[str, Any]] | None] | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -128,17 +159,39 @@ class LogWriter:
         self._task = asyncio.create_task(self._write())
 
     async def put(self, rows: list[dict[str, Any]]) -> None:
-        """Queue an answer's rows, waiting while the queue is full."""
+        """Log an answer's rows: written now (JSONL) or queued, waiting while the queue is
+        full."""
         if self._queue is None:
             raise RuntimeError("the log writer is not running: run the app with its lifespan")
-        await self._queue.put(rows)
+        if self.inline:
+            self._count(rows, self._call_now(self.log.append, rows))
+        else:
+            await self._queue.put(rows)
 
     async def stop(self) -> None:
-        """Write every queued row, then close the log."""
+        """Write every queued row, then close the log (the rows it still holds when that
+        fails are counted in ``lost``)."""
         if self._task is not None and self._queue is not None:
             await self._queue.put(None)
             await self._task
-        await asyncio.to_thread(self.log.close)
+        try:
+            await asyncio.to_thread(self.log.close)
+        except Exception as exc:
+            self.failure = self.failure or f"{type(exc).__name__}: {exc}"
+            self.lost += self.log.pending
+            self.logged -= self.log.pending
+
+    def _count(self, rows: list[dict[str, Any]], handed: bool) -> None:
+        if handed:
+            self.logged += len(rows)
+        else:
+            self.lost += len(rows)
+
+    async def _flush(self) -> None:
+        if self.inline:
+            self._call_now(self.log.flush)
+        else:
+            await self._call(self.log.flush)
 
     async def _write(self) -> None:
         assert self._queue is not None
@@ -148,7 +201,7 @@ class LogWriter:
             try:
                 first = await asyncio.wait_for(queue.get(), IDLE_FLUSH_SECONDS)
             except TimeoutError:
-                await self._call(self.log.flush)
+                await self._flush()
                 continue
             stopping = first is None
             rows = list(first or [])
@@ -156,22 +209,55 @@ class LogWriter:
                 more = queue.get_nowait()
                 stopping = more is None
                 rows += more or []
-            if rows and await self._call(self.log.append, rows):
-                self.logged += len(rows)
-            elif rows:
-                self.lost += len(rows)
+            if rows:
+                self._count(rows, await self._call(self.log.append, rows))
+            while self.stalled and not self.failure:
+                await asyncio.sleep(RETRY_SECONDS)
+                await self._flush()
 
     async def _call(self, method: Any, *args: Any) -> bool:
-        """Call a log method in a worker thread; False (and ``failure`` set) once one fails."""
+        """Call a log method in a worker thread: ``_call_now``'s answer."""
         if self.failure:
             return False
         try:
             await asyncio.to_thread(method, *args)
         except Exception as exc:
-            self.failure = f"{type(exc).__name__}: {exc}"
-            logger.error("decision log %s failed, no more decisions: %s", self.log.path, exc)
+            return self._failed(exc)
+        return self._wrote()
+
+    def _call_now(self, method: Any, *args: Any) -> bool:
+        """Call a log method; False (and ``failure`` set) once one fails for good. One
+        failing with a passing error leaves its rows with the log and sets ``stalled``
+        (the answer is True: the rows are the log's); the next success clears it."""
+        if self.failure:
             return False
+        try:
+            method(*args)
+        except Exception as exc:
+            return self._failed(exc)
+        return self._wrote()
+
+    def _wrote(self) -> bool:
+        if self.stalled:
+            logger.warning("decision log %s writes again", self.log.path)
+            self.stalled = None
         return True
+
+    def _failed(self, exc: Exception) -> bool:
+        if isinstance(exc, OSError) and exc.errno in PASSING_ERRORS:
+            if not self.stalled:
+                logger.warning(
+                    "decision log %s cannot write for now (%s): answering 503, trying again "
+                    "every %g s",
+                    self.log.path,
+                    exc,
+                    RETRY_SECONDS,
+                )
+            self.stalled = f"{type(exc).__name__}: {exc}"
+            return True
+        self.failure = f"{type(exc).__name__}: {exc}"
+        logger.error("decision log %s failed, no more decisions: %s", self.log.path, exc)
+        return False
 
 
 class DecisionService:
@@ -185,8 +271,10 @@ class DecisionService:
         max_batch: int,
         send_rate: SendRateController | None,
         send_action: str | None,
+        token: str | None = None,
     ) -> None:
         self.predictor = predictor
+        self.token = None if token is None else f"Bearer {token}".encode()
         self.writer = writer
         self.max_body_bytes = max_body_bytes
         self.max_batch = max_batch
@@ -222,14 +310,36 @@ class DecisionService:
             body["error"] = f"the decision log failed: {self.writer.failure}"
         return JSONResponse(body, 503 if self.writer.failure else 200)
 
-    async def decisions(self, request: Request) -> JSONResponse:
+    def authorized(self, request: Request) -> bool:
+        """Whether the request carries the bearer token (compared in constant time), or no
+        token is asked for."""
+        if self.token is None:
+            return True
+        given = request.headers.get("authorization", "").encode("latin-1")
+        return hmac.compare_digest(given, self.token)
+
+    async def decisions(self, request: Request) -> Response:
+        if not self.authorized(request):
+            return JSONResponse(
+                {"error": "missing or wrong bearer token (Authorization: Bearer TOKEN)"},
+                401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         try:
             if self.writer.failure:
                 raise RequestError(503, f"the decision log failed: {self.writer.failure}")
+            if self.writer.stalled:
+                raise RequestError(
+                    503, f"the decision log cannot write for now, retrying: {self.writer.stalled}"
+                )
             rows = self.parse(await self.read_body(request))
             records, answers = self.decide(rows)
         except RequestError as exc:
             return JSONResponse({"error": str(exc)}, exc.status)
+        except ClientDisconnect:
+            client = "{}:{}".format(*request.client) if request.client else "a client"
+            logger.warning("%s closed before its request arrived whole", client)
+            return Response(status_code=400)  # to nobody: the connection is gone
         await self.writer.put(records)
         return JSONResponse({"decisions": answers})
 
@@ -257,9 +367,9 @@ class DecisionService:
     def parse(self, body: bytes) -> list[dict[str, Any]]:
         """The checked rows of a request body."""
         try:
-            payload = json.loads(body)
-        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
-            raise RequestError(400, f"body is not JSON ({exc})") from None
+            payload = decode_body(body)
+        except BodyError as exc:
+            raise RequestError(400, str(exc)) from None
         rows = payload.get("rows") if isinstance(payload, dict) else None
         if not isinstance(rows, list):
             raise RequestError(422, 'expected a JSON object {"rows": [row, ...]}')
@@ -337,13 +447,18 @@ def build_app(
     max_batch: int = MAX_BATCH,
     send_rate: SendRateController | None = None,
     send_action: str | None = None,
+    token: str | None = None,
 ) -> Starlette:
     """The decision server's ASGI app; it takes ``log`` over and closes it at shutdown.
 
     With ``send_rate`` (and ``send_action``, one of a two-action model's actions) decisions
-    follow the send/drop rule instead of the predictor's exploration."""
+    follow the send/drop rule instead of the predictor's exploration. With ``token``, POST
+    /decisions answers 401 unless the request carries ``Authorization: Bearer <token>``
+    (GET /health stays open, for load balancers)."""
     writer = LogWriter(log)
-    service = DecisionService(predictor, writer, max_body_bytes, max_batch, send_rate, send_action)
+    service = DecisionService(
+        predictor, writer, max_body_bytes, max_batch, send_rate, send_action, token
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -364,10 +479,26 @@ def build_app(
     return app
 
 
-def _uvicorn_server(app: Starlette, host: str = "127.0.0.1", port: int = 0) -> uvicorn.Server:
+def uvicorn_server(
+    app: Any, host: str = "127.0.0.1", port: int = 0, limits: ConnectionLimits | None = None
+) -> uvicorn.Server:
+    """uvicorn serving ``app`` under ``limits`` (``ConnectionLimits()`` when None), on uvloop
+    and httptools: the benchmark's bare baseline runs on this same server."""
     import uvicorn
 
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+    limits = limits or ConnectionLimits()
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        loop="uvloop",
+        http=limited_protocol(limits),
+        limit_concurrency=limits.max_connections + 1,  # the protocol refuses the one over
+        timeout_keep_alive=limits.keep_alive_timeout,
+        backlog=BACKLOG,
+        log_level="warning",
+        access_log=False,
+    )
     return uvicorn.Server(config)
 
 
@@ -382,9 +513,14 @@ class BackgroundServer:
     app's shutdown writes every decision to the log and closes it."""
 
     def __init__(
-        self, app: Starlette, host: str = "127.0.0.1", port: int = 0, start_timeout: float = 60.0
+        self,
+        app: Any,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        start_timeout: float = 60.0,
+        limits: ConnectionLimits | None = None,
     ) -> None:
-        self.server = _uvicorn_server(app, host, port)
+        self.server = uvicorn_server(app, host, port, limits)
         self.start_timeout = start_timeout
         self.url = ""
         self._thread = threading.Thread(target=self.server.run, name="horizon-serve", daemon=True)
@@ -424,8 +560,18 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     listening = socket.socket(family, kind, protocol)
     listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listening.bind(address)
-    listening.listen(2048)
+    listening.listen(BACKLOG)
     return listening
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address ``host`` names is this machine's loopback (a name that does not
+    resolve is not)."""
+    try:
+        addresses = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return False
+    return all(ipaddress.ip_address(address[4][0]).is_loopback for address in addresses)
 
 
 def serve(
@@ -440,14 +586,29 @@ def serve(
     max_batch: int,
     target_send_rate: float | None,
     send_action: str | None,
+    request_timeout: float = REQUEST_TIMEOUT,
+    max_connections: int | None = None,
+    keep_alive_timeout: int = KEEP_ALIVE_TIMEOUT,
+    token: str | None = None,
+    insecure: bool = False,
 ) -> None:
     """``horizon serve``: serve MODEL on ``host:port`` until SIGINT or SIGTERM, then exit
     once the requests in flight are answered and every answered decision is in the log
-    (with status 1, saying why, when the model, the socket or the log fails)."""
+    (with status 1, saying why, when the model, the socket or the log fails, or when a host
+    other than loopback is asked for without a token or ``insecure``)."""
     from horizon_plugins_serving.decision_log import open_decision_log
     from horizon_plugins_serving.predictor import Predictor, SendRateController
 
     try:
+        if token is None and not insecure and not is_loopback(host):
+            raise HorizonError(
+                f"--host {host} takes requests from other machines: give a bearer token "
+                "(--token-file PATH or HORIZON_SERVE_TOKEN) or, on a network you trust, "
+                "--insecure"
+            )
+        limits = ConnectionLimits(
+            request_timeout, connection_cap(max_connections, raise_file_limit()), keep_alive_timeout
+        )
         predictor = Predictor(model, exploration, seed=seed)
         send_rate = None
         if target_send_rate is not None:
@@ -462,6 +623,7 @@ def serve(
             max_batch=max_batch,
             send_rate=send_rate,
             send_action=send_action,
+            token=token,
         )
         listening = _listening_socket(host, port)
     except (HorizonError, OSError) as exc:
@@ -472,10 +634,15 @@ def serve(
         f"serving {model} (model_id {predictor.model_id}, policy {service.policy}) on "
         f"{_url(listening.getsockname())}; logging decisions to {log_path}"
     )
+    click.echo(
+        f"limits: {limits.max_connections} connections, {limits.request_timeout:g} s to send "
+        f"a request, {max_body_bytes} bytes and {max_batch} rows a request; "
+        + ("bearer token required" if token else "no token")
+    )
     handlers = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     stopped_by = "the server's end"
     try:
-        _uvicorn_server(app).run(sockets=[listening])
+        uvicorn_server(app, limits=limits).run(sockets=[listening])
     except _Stopped as exc:
         stopped_by = str(exc)
     finally:
