@@ -269,15 +269,22 @@ class EpisodeEvaluation:
         return epoch_metric_values(results)
 
     def resume_state(self) -> dict[str, Any]:
-        """What the epochs' record so far is (the estimates of each epoch, the labels found
-        not applicable): kept in every checkpoint, so a resumed training writes the
-        ``cpe_epochs.json`` an uninterrupted one would."""
-        return {"epochs": self.epochs, "not_applicable": self.not_applicable}
+        """The epochs' record so far (each epoch's estimates, the labels found not
+        applicable, the details each estimator recorded): kept in every checkpoint, so that a
+        resumed training writes the ``cpe_epochs.json`` an uninterrupted one would."""
+        details = {
+            label: dict(getattr(estimator, "details", None) or {})
+            for label, estimator in zip(self.labels, self.estimators, strict=True)
+        }
+        return {"epochs": self.epochs, "not_applicable": self.not_applicable, "details": details}
 
     def restore(self, state: Mapping[str, Any]) -> None:
         """Take up the record ``resume_state`` returned."""
         self.epochs = list(state["epochs"])
         self.not_applicable = dict(state["not_applicable"])
+        for label, estimator in zip(self.labels, self.estimators, strict=True):
+            if state["details"].get(label):
+                estimator.details = dict(state["details"][label])
 
     def write_epochs(self) -> None:
         """Rewrite ``epochs_file`` (when there is one) with every epoch's estimates so far,
