@@ -13,7 +13,12 @@ from pathlib import Path
 import click
 
 from horizon_engine.builtin.gym.config import GymSection, load_gym_spec
-from horizon_engine.cli import _plugin_host, _user_errors
+from horizon_engine.cli import (
+    INTERRUPTED_EXIT_STATUS,
+    _interrupts_as_keyboard_interrupt,
+    _plugin_host,
+    _user_errors,
+)
 
 
 @click.group()
@@ -149,7 +154,16 @@ def gym_train(
         settings.append(f"gym.output_dir={json.dumps(str(output_dir))}")
     plugins = _plugin_host()
     spec = load_gym_spec(gym_toml, plugins, settings)
-    result = train_gym(spec, plugins, rows, reward_history, sys.stdout.isatty())
+    try:
+        with _interrupts_as_keyboard_interrupt():
+            result = train_gym(spec, plugins, rows, reward_history, sys.stdout.isatty())
+    except KeyboardInterrupt:
+        click.echo(
+            f"interrupted: {spec.gym.output_dir}/manifest.json says so; horizon gym train "
+            "does not resume, run it again to train from the start",
+            err=True,
+        )
+        sys.exit(INTERRUPTED_EXIT_STATUS)
     for line in result.report(spec.gym.avg_over_num_episodes, (rows, reward_history)):
         click.echo(line)
 

@@ -165,7 +165,8 @@ class OnlineRun:
                 stage = "export"
                 exported = self._export()
         except BaseException as exc:
-            record_failure(manifest, exc, stage, self._finish)
+            interrupted = isinstance(exc, KeyboardInterrupt)
+            record_failure(manifest, exc, stage, self._interrupted if interrupted else self._finish)
             if stage == "export" and isinstance(exc, HorizonError):
                 report = result.report(self.config.avg_over_num_episodes, (rows, reward_history))
                 raise ExportAfterTrainingError(result, report, str(exc)) from exc
@@ -674,3 +675,10 @@ class OnlineRun:
         manifest["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         write_json(self.output_dir / "manifest.json", manifest)
         self.plugins.on_run_end(self.run_context, manifest)
+
+    def _interrupted(self, manifest: dict[str, Any]) -> None:
+        """``_finish`` for a run stopped by Ctrl-C (or SIGTERM): ``"status": "interrupted"``.
+        An online run does not resume (its environments' states are not checkpointed)."""
+        manifest["status"] = "interrupted"
+        manifest["error"] = "interrupted (Ctrl-C or SIGTERM)"
+        self._finish(manifest)
