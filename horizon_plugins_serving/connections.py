@@ -150,14 +150,15 @@ def limited_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
             if self.transport.is_closing():
                 return
             cycle = self.cycle
-            if cycle is None or cycle.response_complete or not cycle.response_started:
+            if cycle is None or not cycle.response_started:
                 self.transport.write(too_slow)
-            client = "{}:{}".format(*self.client) if self.client else "a client"
-            logger.warning(
-                "%s sent no whole request within %g s (--request-timeout): closed",
-                client,
-                limits.request_timeout,
-            )
+            if cycle is None or cycle.response_complete:  # else the app, reading it, logs it
+                client = "{}:{}".format(*self.client) if self.client else "a client"
+                logger.warning(
+                    "%s sent no whole request within %g s (--request-timeout): closed",
+                    client,
+                    limits.request_timeout,
+                )
             self.transport.close()
 
     return LimitedProtocol

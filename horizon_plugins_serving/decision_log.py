@@ -33,12 +33,12 @@ line twice; Parquet keeps the gathered rows and writes them as the next part.
 What a kill (SIGKILL, a power cut) of ``horizon serve`` can lose, which the Operations section
 of the README repeats:
 
-- JSONL: nothing it answered. The writer appends an answer's rows within moments of the
-  answer, but not before it: the bound is the rows answered and still in the server's queue
-  (at most ``server.QUEUED_ANSWERS`` answers, in practice the answers of the last few
-  milliseconds), plus at most the last line torn (skipped and counted by
-  ``read_decisions``). ``tests/reliability/test_serve_kill.py`` kills a server under load and
-  finds every decision_id its clients were answered in the log.
+- JSONL: nothing it answered. An answer's rows are written (one ``os.write`` into the
+  operating system's cache, which a killed process cannot take back) before the answer is
+  sent; a kill mid-write tears at most the last line, of a request not yet answered
+  (skipped and counted by ``read_decisions``). A power cut can lose what the operating system
+  had not yet put on the disk. ``tests/reliability/test_serve_kill.py`` kills a server under
+  load and finds every decision_id its clients were answered in the log.
 - Parquet: the rows gathered since the last part: at most ``rows_per_part`` rows (10,000) or
   ``seconds_per_part`` (60 s) of decisions, whichever comes first, plus the writer's queue.
   ``horizon serve`` flushes a part after each idle second, so under a steady load the window is

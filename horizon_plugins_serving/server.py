@@ -12,6 +12,12 @@ with its URL, and on SIGINT or SIGTERM stops taking requests, answers those in f
 every answered decision to the log, and exits 0. ``--log`` ending ``.parquet`` is a folder of
 Parquet parts (``decision_log``).
 
+Limits (``connections``): ``--request-timeout`` (5 s) to send a request whole, else 408;
+``--max-connections`` (1000, or what the open-file limit allows) served at once, else 503;
+``--keep-alive-timeout`` (5 s). A bearer token (``--token-file PATH`` or the environment's
+``HORIZON_SERVE_TOKEN``) makes POST /decisions answer 401 without ``Authorization: Bearer
+TOKEN``; a ``--host`` that is not loopback needs one, or ``--insecure``.
+
 The endpoints:
 
 - ``GET /health`` -> ``{"status": "ok", "model_id", "action_type", "actions", "policy",
@@ -41,7 +47,8 @@ In Python (the closed loop's tests and examples run it this way)::
 
 ``build_app`` takes the log over: the app's lifespan starts its writer and, at shutdown, drains
 it and closes the log (so run the app with its lifespan: uvicorn does, and starlette's
-``TestClient`` as a context manager). The writer is one asyncio task: each answer's rows go
+``TestClient`` as a context manager). A JSONL log is written before each answer is sent
+(``LogWriter``). For a Parquet log the writer is one asyncio task: each answer's rows go
 into a bounded queue (when it is full the request waits for room, so a slow disk slows the
 answers instead of losing decisions) and the task appends what has gathered with one
 ``DecisionLog.append`` in a worker thread, so answers never wait on the disk; an idle second
@@ -491,7 +498,7 @@ def uvicorn_server(
         app,
         host=host,
         port=port,
-        loop="uvloop",
+        loop="auto",  # uvloop where it is installed (a dependency but on Windows)
         http=limited_protocol(limits),
         limit_concurrency=limits.max_connections + 1,  # the protocol refuses the one over
         timeout_keep_alive=limits.keep_alive_timeout,
