@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
 import tomllib
 import types
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from horizon_engine.components import Component, ComponentConfig
 from horizon_engine.errors import ConfigError, PluginError
@@ -30,8 +31,9 @@ class PipelineSection(ComponentConfig):
     """The ``[pipeline]`` section: options of the run as a whole."""
 
     output_dir: str = "runs/pipeline"
-    """Folder the run writes its stages' outputs and manifest.json into."""
-    seed: int = 0
+    """Folder the run writes its stages' outputs and manifest.json into (which folders it may
+    not be: ``horizon_engine.run_folder.output_dir_problem``)."""
+    seed: int = Field(default=0, ge=0, le=2**63 - 1)
     """Seed for every random choice of the run (collection, splits, training)."""
     on_bad_rows: Literal["fail", "quarantine"] = "fail"
     """Stop at invalid rows, or set them aside in quarantine/ with their reasons and go on."""
@@ -39,6 +41,16 @@ class PipelineSection(ComponentConfig):
     """A name for the run, recorded in the manifest."""
     stages: list[str] | None = Field(default=None, min_length=1)
     """Run only these stages (as ``--stages`` does); None runs every configured stage."""
+
+    @field_validator("output_dir")
+    @classmethod
+    def _names_a_folder(cls, output_dir: str) -> str:
+        """An empty name would write into the current folder; a NUL byte is in no path."""
+        if not output_dir.strip():
+            raise ValueError('names no folder; name one, such as "runs/pipeline"')
+        if "\x00" in output_dir:
+            raise ValueError("holds a NUL byte, which no path can hold")
+        return output_dir
 
 
 @dataclass(frozen=True)
@@ -81,6 +93,15 @@ STAGE_SECTIONS: dict[str, str] = {
 stages`` is checked against them when the file is loaded, so that a misspelt stage is reported
 with its line. The pipeline module implements the stages (a test keeps the two in step)."""
 
+
+MAX_NESTING = 32
+"""How deep arrays and tables may nest in a config: deeper than any option needs, and far
+from the depth at which Python's recursion (tomllib's, pydantic's) would fail."""
+
+INTEGER_LIMIT = 2**31 - 1
+"""The largest value of an integer option (an item of a list of integers too) whose model sets
+no upper bound of its own: beyond any count or size a run can use (``epochs = 1e12`` would
+train for ever, a layer of that width could never be allocated)."""
 
 CONTINUOUS_ACTION_TRAINERS = ("ddpg", "sac", "td3")
 """Trainers the actor-critic plugin is to provide; a pipeline asking for one that is not
@@ -147,6 +168,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = tomllib.loads(f"value = {raw}")["value"]
     except tomllib.TOMLDecodeError:
         value = raw
+    except RecursionError:
+        raise ConfigError([f"--set {dotted}: the value nests too deeply to read"]) from None
     return path, value
 
 
@@ -191,6 +214,10 @@ def load_toml(path: str | Path, what: str = "pipeline file") -> tuple[dict[str, 
         raise ConfigError([f"{path}: not a text file in UTF-8 ({exc.reason})"]) from None
     try:
         return tomllib.loads(text), text
+    except RecursionError:
+        raise ConfigError(
+            [f"{path}: arrays or tables nest too deeply to read (at most {MAX_NESTING} deep)"]
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         # tomllib gives the line only inside its message: "... (at line 3, column 12)".
         line = re.search(r"at line (\d+)", str(exc))
@@ -256,6 +283,9 @@ class ConfigBuilder:
         self.problems: list[str] = []
 
     def build(self, raw: Mapping[str, Any]) -> PipelineSpec:
+        self.check_values(raw)
+        if self.problems:
+            raise ConfigError(self.problems)
         self.check_section_names(raw, ["pipeline", *SECTIONS], "pipeline", PipelineSection)
         pipeline = self.validate("pipeline", PipelineSection, raw.get("pipeline", {}), None)
         if pipeline is not None:
@@ -284,6 +314,16 @@ class ConfigBuilder:
         if self.problems:
             raise ConfigError(self.problems)
         return spec
+
+    def check_values(self, raw: Mapping[str, Any]) -> None:
+        """Report what no option can hold, before any model reads it: nesting deeper than
+        ``MAX_NESTING`` (once per key), a key that is not a string, a string that is not
+        valid Unicode (a lone surrogate, from a config dict), and NaN."""
+        for path, why in unreadable_values(raw):
+            section = path[0] if len(path) > 1 else ""
+            key = path[1] if len(path) > 1 else path[0]
+            place = f"[{section}] key" if section else "key"
+            self.problems.append(f"{self.locate.where(section, key)}: {place} {key!r} {why}")
 
     def check_stages(self, stages: list[str] | None, raw: Mapping[str, Any]) -> None:
         """Report each name in ``[pipeline] stages`` that is not a stage, or whose section
@@ -406,10 +446,10 @@ class ConfigBuilder:
                 f"found {type(options).__name__}"
             )
             return None
+        owner = f" of {component.family} component '{component.label}'" if component else ""
         try:
-            return model.model_validate(options)
+            config = model.model_validate(options)
         except ValidationError as exc:
-            owner = f" of {component.family} component '{component.label}'" if component else ""
             for error in _merge_union_errors(model, exc.errors(), options):
                 if error["loc"]:
                     problem = self._describe(label, section, index, model, error, owner)
@@ -417,6 +457,14 @@ class ConfigBuilder:
                     problem = self._describe_whole(label, section, index, model, error, owner)
                 self.problems.append(problem)
             return None
+        found = [
+            f"{self.locate.where(section, key, index)}: [{label}] key '{key}'{owner}: {why}; "
+            f"found {_toml_text(options[key])}"
+            for key, why in _option_problems(model, config)
+            if key in options
+        ]
+        self.problems += found
+        return None if found else config
 
     def _describe_whole(
         self,
@@ -535,6 +583,65 @@ def _merge_union_errors(
     return merged
 
 
+def unreadable_values(raw: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str]]:
+    """(the place, why) of each value of ``raw`` that no option can hold: see
+    ``ConfigBuilder.check_values``. Walked without recursion, so any depth is safe."""
+    found: dict[tuple[str, ...], str] = {}
+    pending: list[tuple[tuple[str, ...], Any, Any, int]] = [((), None, raw, 0)]
+    while pending:
+        path, key, value, depth = pending.pop()
+        if key is not None and not isinstance(key, str):
+            found.setdefault(path[:2], f"holds the key {key!r}, which is not a string")
+            continue
+        if isinstance(key, str) and not _valid_unicode(key):
+            found.setdefault(path[:2], "holds a key that is not valid Unicode")
+            continue
+        if depth > MAX_NESTING:
+            found.setdefault(path[:2], f"nests arrays or tables more than {MAX_NESTING} deep")
+        elif isinstance(value, Mapping):
+            pending += [((*path, str(k)), k, item, depth + 1) for k, item in value.items()]
+        elif isinstance(value, list | tuple):
+            pending += [((*path, str(i)), None, item, depth + 1) for i, item in enumerate(value)]
+        elif isinstance(value, str) and not _valid_unicode(value):
+            found.setdefault(path[:2], "holds a string that is not valid Unicode")
+        elif isinstance(value, float) and math.isnan(value):
+            found.setdefault(path[:2], "holds nan, which is no option's value")
+    return sorted(found.items())
+
+
+def _valid_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _option_problems(
+    model: type[ComponentConfig], config: ComponentConfig
+) -> list[tuple[str, str]]:
+    """(key, why) for each option a model accepted that still cannot be meant: an integer
+    beyond ``INTEGER_LIMIT`` where the model sets no bound of its own, and a list of names or
+    paths that repeats one."""
+    found = []
+    for name, info in type(config).model_fields.items():
+        value = getattr(config, name, None)
+        items = list(value) if isinstance(value, list | tuple) else [value]
+        bounded = any(hasattr(rule, "le") or hasattr(rule, "lt") for rule in info.metadata)
+        huge = [
+            item
+            for item in items
+            if isinstance(item, int) and not isinstance(item, bool) and abs(item) > INTEGER_LIMIT
+        ]
+        names = [item for item in items if isinstance(item, str)]
+        repeated = [item for item in names if names.count(item) > 1]
+        if huge and not bounded:
+            found.append((name, f"{huge[0]} is beyond any count or size (at most {INTEGER_LIMIT})"))
+        elif isinstance(value, list | tuple) and repeated:
+            found.append((name, f"lists {repeated[0]!r} more than once"))
+    return found
+
+
 def build_spec(
     source: str | Path | Mapping[str, Any],
     plugins: PluginHost,
@@ -546,6 +653,10 @@ def build_spec(
     else:
         raw, text = load_toml(source)
         origin = str(source)
+    checked = ConfigBuilder(plugins, origin, text)
+    checked.check_values(raw)  # before the overrides copy it, recursively
+    if checked.problems:
+        raise ConfigError(checked.problems)
     overrides = list(overrides)
     raw = apply_overrides(raw, overrides)
     overridden = [".".join(parse_override(override)[0]) for override in overrides]

@@ -213,7 +213,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
     """A run folder's ``manifest.json``, or an error saying it holds no run's manifest."""
     try:
         manifest = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise HorizonError(f"{path}: not a run's manifest ({exc})") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict):
         raise HorizonError(f"{path}: not a run's manifest (no config in it)")

@@ -196,7 +196,7 @@ def read_earlier_run(folder: Path) -> EarlierRun | None:
     output outside the folder is refused (``EarlierRun.check_inside``)."""
     try:
         manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(manifest, dict):
         return None
@@ -205,12 +205,63 @@ def read_earlier_run(folder: Path) -> EarlierRun | None:
     return earlier
 
 
+SYSTEM_FOLDERS = tuple(
+    Path(name)
+    for name in ("/proc", "/sys", "/dev", "/etc", "/boot", "/bin", "/sbin", "/lib", "/usr")
+)
+"""The operating system's folders: a run never writes in or under them."""
+
+
 def output_dir_problem(path: Path, where: str) -> str | None:
-    """Why ``path`` cannot be a run's output folder (it, or a parent, is a file), or None."""
+    """Why ``path`` cannot be a run's output folder, or None.
+
+    A run's folder is the run's own: its stages write their folders there and replace them
+    when they run again. So it may not be a file (or under one); the filesystem's root or a
+    folder directly under it (``/tmp``, ``/home``); a folder in or under the system's own
+    (``SYSTEM_FOLDERS``: ``/proc``, ``/etc``, ...); nor, unless it already holds a run's
+    manifest (``horizon export .`` inside a run folder), the current folder or one above it,
+    or the top of a git work tree: the run's outputs would mix with a project's files.
+    """
     for candidate in (path, *path.parents):
         if candidate.exists() and not candidate.is_dir():
             what = "is a file" if candidate == path else f"is under {candidate}, which is a file"
             return f"{where}: [pipeline] output_dir = {str(path)!r} {what}; name a folder"
+    why = _shared_folder(path)
+    if why is None:
+        return None
+    return (
+        f"{where}: [pipeline] output_dir = {str(path)!r} {why}; name a folder of the run's "
+        'own, such as "runs/pipeline"'
+    )
+
+
+def _holds_a_run(folder: Path) -> bool:
+    """Whether ``folder`` holds a run's manifest (one with its stages)."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(manifest, dict) and isinstance(manifest.get("stages"), dict)
+
+
+def _shared_folder(path: Path) -> str | None:
+    """Why ``path`` is a folder a run may not take over, or None."""
+    try:
+        resolved = path.resolve()
+    except (OSError, RuntimeError):  # RuntimeError: a loop of links
+        return "cannot be followed to a folder"
+    shown = "" if str(resolved) == str(path) else f"(that is {resolved}) "
+    if len(resolved.parts) <= 2:
+        return f"{shown}is the filesystem's root or a folder directly under it"
+    system = next((folder for folder in SYSTEM_FOLDERS if resolved.is_relative_to(folder)), None)
+    if system is not None:
+        return f"{shown}is in {system}, a folder of the operating system"
+    if _holds_a_run(path):
+        return None
+    if resolved in (Path.cwd(), *Path.cwd().parents):
+        return f"{shown}is the current folder or one above it"
+    if (resolved / ".git").exists():
+        return f"{shown}is the top of a git work tree (a project's checkout)"
     return None
 
 

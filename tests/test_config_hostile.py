@@ -1,0 +1,172 @@
+"""Config values that crashed or misled: each is refused by ``validate`` (``horizon validate``
+and ``Engine().validate``) with the file, the line where there is one, and the key."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from horizon_engine import preflight
+from horizon_engine.cli import main
+from horizon_engine.errors import ConfigError
+from horizon_engine.pipeline import Engine
+from horizon_engine.plugins import PluginHost
+
+SOURCE = '[source]\nkind = "gym"\nepisodes = 2\n'
+TIMELINE = '[timeline]\nactions = ["0", "1"]\n\n[normalization]\n'
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    """The installed plugins (the DQN trainer among them), as `horizon validate` has them."""
+    return Engine(plugins=PluginHost(env={}), show_progress=False)
+
+
+@pytest.fixture
+def refused(tmp_path, engine):
+    """Write ``text`` as pipeline.toml, validate it, and return (its path, the message)."""
+
+    def validate(text: str, **options: object) -> tuple[str, str]:
+        path = tmp_path / "pipeline.toml"
+        path.write_text(text, encoding="utf-8")
+        with pytest.raises(ConfigError) as caught:
+            engine.validate(path, **options)
+        return str(path), str(caught.value)
+
+    return validate
+
+
+def pipeline_text(output_dir: str, *sections: str) -> str:
+    return "\n".join([f"[pipeline]\noutput_dir = {output_dir}\n", SOURCE, *sections])
+
+
+def test_layers_too_large_for_the_machine_are_refused_before_allocating(refused, monkeypatch):
+    monkeypatch.setattr(preflight, "_machine_memory", lambda: 16 * 2**30)
+    trainer = '[trainer]\nkind = "dqn"\nlayers = [100000, 100000]\n'
+    path, message = refused(pipeline_text('"runs/x"', TIMELINE, trainer))
+    assert message.startswith(
+        f"{path}:15: [trainer] layers = [100000, 100000] makes networks of about 1e+10 "
+        "weights, 149 GiB to train"
+    )
+    assert "more than this machine's 16 GiB of memory" in message
+
+
+@pytest.mark.parametrize(
+    ("output_dir", "why"),
+    [
+        ('""', "key 'output_dir': names no folder"),
+        ('"   "', "key 'output_dir': names no folder"),
+        ('"runs/a\\u0000b"', "key 'output_dir': holds a NUL byte"),
+        ('"/"', "is the filesystem's root or a folder directly under it"),
+        ('"/tmp"', "is the filesystem's root or a folder directly under it"),
+        ('"/proc/self"', "is in /proc, a folder of the operating system"),
+        ('"/etc/horizon"', "is in /etc, a folder of the operating system"),
+    ],
+)
+def test_an_output_dir_that_is_no_folder_of_the_runs_own_is_refused(refused, output_dir, why):
+    path, message = refused(pipeline_text(output_dir))
+    assert message.startswith(f"{path}:2: [pipeline] ")
+    assert why in message
+
+
+def test_the_current_folder_its_parents_and_a_checkout_are_refused(tmp_path, refused, monkeypatch):
+    project = tmp_path / "project"
+    (project / ".git").mkdir(parents=True)
+    (project / "runs").mkdir()
+    monkeypatch.chdir(project / "runs")
+    for output_dir in (".", ".."):
+        path, message = refused(pipeline_text(f'"{output_dir}"'))
+        assert f"{path}:2: [pipeline] output_dir = {output_dir!r}" in message
+        assert "the current folder or one above it" in message
+    monkeypatch.chdir(tmp_path)
+    path, message = refused(pipeline_text(f'"{project}"'))
+    assert "is the top of a git work tree (a project's checkout)" in message
+
+
+def test_a_run_folder_may_be_named_from_inside_it(tmp_path, engine, monkeypatch):
+    """`horizon export .` in a run folder validates its config with output_dir '.'."""
+    (tmp_path / "manifest.json").write_text('{"run_id": "r", "stages": {}}')
+    (tmp_path / "pipeline.toml").write_text(pipeline_text('"."'))
+    monkeypatch.chdir(tmp_path)
+    assert engine.validate(tmp_path / "pipeline.toml").pipeline.output_dir == "."
+
+
+def test_arrays_nested_5000_deep_are_a_config_error_naming_the_file(tmp_path, refused, engine):
+    path, message = refused(pipeline_text('"runs/x"') + "layers = " + "[" * 5000 + "]" * 5000)
+    assert message.startswith(f"{path}: arrays or tables nest too deeply to read")
+    path, message = refused(pipeline_text('"runs/x"') + "deep = " + "[" * 40 + "]" * 40)
+    assert message == f"{path}:7: [source] key 'deep' nests arrays or tables more than 32 deep"
+    nested: list = []
+    for _ in range(5000):
+        nested = [nested]
+    config = {"pipeline": {"output_dir": str(tmp_path / "run")}, "source": {"deep": nested}}
+    with pytest.raises(ConfigError, match="<config>: \\[source\\] key 'deep' nests"):
+        engine.validate(config)
+    with pytest.raises(ConfigError, match=r"--set source\.deep: the value nests too deeply"):
+        engine.validate(config | {"source": {}}, ["source.deep=" + "[" * 5000])
+
+
+def test_duplicate_actions_and_stages_are_refused(refused):
+    timeline = TIMELINE.replace('["0", "1"]', '["0", "1", "0"]')
+    path, message = refused(pipeline_text('"runs/x"', timeline))
+    assert message.startswith(f"{path}:9: [timeline] key 'actions' of transforms component ")
+    assert 'lists \'0\' more than once; found ["0", "1", "0"]' in message
+    text = pipeline_text('"runs/x"').replace(
+        "[pipeline]\n", '[pipeline]\nstages = ["source", "source"]\n'
+    )
+    path, message = refused(text)
+    assert f"{path}:2: [pipeline] key 'stages': lists 'source' more than once" in message
+
+
+@pytest.mark.parametrize(
+    ("epochs", "why"),
+    [
+        ("1e12", "key 'epochs' of trainers component 'dqn': 1000000000000 is beyond any count"),
+        ("2.5", "key 'epochs' of trainers component 'dqn': expected a valid integer"),
+        ("nan", "[trainer] key 'epochs' holds nan"),
+    ],
+)
+def test_epochs_beyond_any_count_are_refused(refused, epochs, why):
+    trainer = f'[trainer]\nkind = "dqn"\nepochs = {epochs}\n'
+    path, message = refused(pipeline_text('"runs/x"', TIMELINE, trainer))
+    assert message.startswith(f"{path}:15: ")
+    assert why in message
+
+
+def test_a_pipeline_without_a_source_is_refused_by_validate(tmp_path, refused, engine):
+    run = tmp_path / "run"
+    text = f'[pipeline]\noutput_dir = "{run}"\n\n{TIMELINE}'
+    path, message = refused(text)
+    assert message == (
+        f"{path}: no [source] section, and {run}/source/rows.parquet does not exist: the stages "
+        "to run read it; add the [source] section"
+    )
+    (run / "source").mkdir(parents=True)
+    (run / "source" / "rows.parquet").write_bytes(b"recorded by an earlier run")
+    assert engine.validate(tmp_path / "pipeline.toml", stages=["timeline"]).sections
+
+
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        ('[normalization.overrides]\n"3" = "sideways"\n', 13),
+        ('[normalization]\noverrides = {"3" = {type = "sideways", mean = 0.0}}\n', 13),
+    ],
+)
+def test_an_unknown_override_type_is_refused_by_validate(refused, overrides, line):
+    text = pipeline_text('"runs/x"', TIMELINE.replace("[normalization]\n", ""), overrides)
+    path, message = refused(text)
+    assert message.startswith(
+        f"{path}:{line}: [normalization] overrides: feature '3': unknown type 'sideways'; types: "
+    )
+    assert "continuous" in message
+
+
+def test_horizon_validate_prints_the_problem_in_one_line(tmp_path):
+    path = tmp_path / "pipeline.toml"
+    path.write_text(pipeline_text('"/proc/self"'))
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 1
+    assert f"{path}:2: [pipeline] output_dir = '/proc/self' (that is /proc/" in result.output
+    assert "is in /proc, a folder of the operating system" in result.output
+    assert "Traceback" not in result.output
