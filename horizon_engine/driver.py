@@ -181,14 +181,38 @@ class ProblemDescription:
         path = Path(run_dir) / PROBLEM_FILE
         try:
             found = json.loads(path.read_text(encoding="utf-8"))
-            return cls(**{**found, "action_type": ActionType(found["action_type"])})
+            description = cls(**{**found, "action_type": ActionType(found["action_type"])})
         except FileNotFoundError:
             raise HorizonError(
                 f"{path} does not exist: {run_dir} holds no finished training of this version "
                 "(run its training again)"
             ) from None
-        except (OSError, ValueError, TypeError, KeyError) as exc:
+        except (OSError, ValueError, TypeError, KeyError, RecursionError) as exc:
             raise HorizonError(f"{path}: not a problem description ({exc})") from None
+        malformed = description._malformed_field()
+        if malformed:
+            raise HorizonError(f"{path}: not a problem description: {malformed}")
+        return description
+
+    def _malformed_field(self) -> str | None:
+        """The first field whose value is not of its kind, described; None when all are (the
+        file is input: a value of another type would fail far from it)."""
+        for name in ("actions", "feature_ids", "action_feature_ids"):
+            value = getattr(self, name)
+            if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+                return f"field '{name}' is not a list of strings; found {value!r:.80}"
+        for name in ("n_step", "seed"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                return f"field '{name}' is not a whole number; found {value!r:.80}"
+        if self.n_step < 1:
+            return f"field 'n_step' is below 1; found {self.n_step}"
+        limit = self.max_feature_value
+        if not isinstance(limit, int | float) or isinstance(limit, bool) or not limit > 0:
+            return f"field 'max_feature_value' is not a number > 0; found {limit!r:.80}"
+        if not isinstance(self.online, bool):
+            return f"field 'online' is not true or false; found {self.online!r:.80}"
+        return None
 
 
 def set_up_trainer(
@@ -284,8 +308,12 @@ def load_split(
     ).to(device)
 
 
-def read_check_rows(run_dir: Path) -> dict[str, torch.Tensor]:
-    """The rows a run saved to check its exported model on (``check_rows.pt``)."""
+def read_check_rows(run_dir: Path, description: ProblemDescription) -> dict[str, torch.Tensor]:
+    """The rows a run saved to check its exported model on (``check_rows.pt``): the policy's
+    inputs its action type takes (``CHECK_FIELDS``), each a tensor of the shape
+    ``description`` gives (as many features as it names, the same rows and candidates in
+    every field). The file is input: it is loaded with ``weights_only`` (no code runs) and
+    anything else in it stops the export with the file and the field named."""
     import torch
 
     path = Path(run_dir) / CHECK_ROWS_FILE
@@ -294,14 +322,49 @@ def read_check_rows(run_dir: Path) -> dict[str, torch.Tensor]:
             f"{path} does not exist: {run_dir} holds no finished training of this version "
             "(run its training again)"
         )
-    return torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        rows = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises untyped errors for a file it cannot unpickle
+        raise HorizonError(f"{path}: not check rows torch can load safely ({exc})") from None
+    if not isinstance(rows, dict):
+        raise HorizonError(f"{path}: holds a {type(rows).__name__}, not check rows by field")
+    states, actions = len(description.feature_ids), len(description.action_feature_ids)
+    shapes = {
+        "state": ("rows", states),
+        "state_presence": ("rows", states),
+        "possible_action_features": ("rows", "candidates", actions),
+        "possible_action_presence": ("rows", "candidates", actions),
+        "possible_actions": ("rows", "candidates"),
+    }
+    sizes: dict[str, int] = {}
+    for name in CHECK_FIELDS[description.action_type]:
+        tensor = rows.get(name)
+        wanted = shapes[name]
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+            found = type(tensor).__name__ if name in rows else "nothing"
+            raise HorizonError(f"{path}: field '{name}' is not a float tensor; found {found}")
+        shape = list(tensor.shape)
+        expected = [sizes.get(dim, dim) if isinstance(dim, str) else dim for dim in wanted]
+        fits = len(shape) == len(wanted) and shape[0] > 0
+        if not fits or any(
+            isinstance(want, int) and want != size
+            for want, size in zip(expected, shape, strict=True)
+        ):
+            raise HorizonError(
+                f"{path}: field '{name}' has shape {shape}, expected {expected} for the "
+                f"problem in {PROBLEM_FILE}"
+            )
+        named = zip(wanted, shape, strict=True)
+        sizes.update({dim: size for dim, size in named if isinstance(dim, str)})
+    return rows
 
 
 class TrainingDriver:
     """One trainer, set up for a run's problem and driven batch by batch and epoch by epoch.
 
     ``outputs`` lists what it wrote (run-relative): the problem description, the check rows
-    and ``checkpoints/latest.pt``; ``checkpoints`` the epochs' own checkpoint files.
+    and ``checkpoints/latest.pt``; ``checkpoints`` the epochs' own checkpoint files (a resumed
+    training's earlier epochs' too); ``history`` each epoch's metrics.
     """
 
     def __init__(

@@ -693,9 +693,47 @@ class Engine:
                 f"{spec.origin}: no stage is configured; a pipeline needs at least a [source] "
                 "section"
             )
+        normalization = spec.sections.get("normalization")
+        if normalization is not None:
+            from horizon_engine.normalization import FeatureType
+
+            known = {str(kind) for kind in FeatureType} | self.plugins.feature_types()
+            for option in ("overrides", "action_overrides"):
+                for feature, override in getattr(normalization.config, option).items():
+                    kind = override if isinstance(override, str) else override.type
+                    if kind in known:
+                        continue
+                    where = spec.where(f"normalization.{option}", feature)
+                    if where == spec.origin:  # an inline table: the line of the option
+                        where = spec.where("normalization", option)
+                    problems.append(
+                        f"{where}: [normalization] {option}: feature {feature!r}: unknown type "
+                        f"{kind!r}; types: {', '.join(sorted(known))}"
+                    )
         if problems:
             raise ConfigError(problems)
         selected = self._select(spec, list(stages) if stages else spec.pipeline.stages)
+        output_dir = Path(spec.pipeline.output_dir)
+        unconfigured = {
+            needed: producer
+            for stage in selected
+            for needed in stage.reads
+            for producer in STAGES
+            if matches(needed, producer.claims) and not producer.configured(spec)
+        }
+        missing = {  # without [trainer], the preflight says what needs it
+            producer.section: needed
+            for needed, producer in unconfigured.items()
+            if producer.section != "trainer" and not (output_dir / needed).exists()
+        }
+        if missing:
+            raise ConfigError(
+                [
+                    f"{spec.origin}: no [{section}] section, and {output_dir / needed} does not "
+                    f"exist: the stages to run read it; add the [{section}] section"
+                    for section, needed in missing.items()
+                ]
+            )
         check_before_run(spec, [stage.name for stage in selected])
         return spec
 

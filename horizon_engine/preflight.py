@@ -9,7 +9,9 @@ stage writes an output, with the file and line as config errors have.
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,7 +43,48 @@ def preflight_problems(spec: PipelineSpec, stages: list[str]) -> list[str]:
             )
     if "trainer" in spec.sections and ({"train", "export"} & set(stages)):
         problems += _trainer_problems(spec, output_dir, "train" in stages, "timeline" in stages)
+    for section, stage in (("trainer", "train"), ("analysis", "analysis")):
+        if section in spec.sections and stage in stages:
+            problems += _network_size_problems(spec, section)
     return problems
+
+
+BYTES_PER_WEIGHT = 16
+"""What training holds per weight: the float32 weight, its gradient and two optimizer moments
+(Adam's), 4 bytes each; target networks and activations come on top."""
+
+
+def _network_size_problems(spec: PipelineSpec, section: str) -> list[str]:
+    """A ``layers`` option (``layers``, ``actor_layers``, ...: the hidden layers' widths) whose
+    networks could not be trained in this machine's memory: refused before torch tries to
+    allocate them, which fails slowly or takes the machine down."""
+    memory = _machine_memory()
+    config = spec.sections[section].config
+    problems = []
+    for name in type(config).model_fields:
+        widths = getattr(config, name)
+        if not name.endswith("layers") or not isinstance(widths, list | tuple):
+            continue
+        if not all(isinstance(width, int) for width in widths):
+            continue
+        weights = sum(a * b for a, b in itertools.pairwise(widths)) + sum(widths)
+        needed = weights * BYTES_PER_WEIGHT
+        if memory is not None and needed > memory:
+            problems.append(
+                f"{spec.where(section, name)}: [{section}] {name} = {list(widths)} makes "
+                f"networks of about {weights:.3g} weights, {needed / 2**30:,.0f} GiB to train "
+                f"({BYTES_PER_WEIGHT} bytes each: weight, gradient, optimizer moments), more "
+                f"than this machine's {memory / 2**30:,.0f} GiB of memory; use narrower layers"
+            )
+    return problems
+
+
+def _machine_memory() -> int | None:
+    """The machine's memory in bytes, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 def _trainer_problems(
