@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from horizon_engine import HorizonError, atomic_output
+from horizon_engine import FLOAT32_MAX, HorizonError, atomic_output, number_problem
 from horizon_plugins_serving.join_readers import (
     DecisionLogReader,
     Rewards,
@@ -119,7 +119,11 @@ class JoinPlan:
 
 
 def plan_join(
-    keys: pa.Table, rewards: Rewards, window_seconds: float, report: JoinReport
+    keys: pa.Table,
+    rewards: Rewards,
+    window_seconds: float,
+    report: JoinReport,
+    bad: BadRows | None = None,
 ) -> JoinPlan:
     """Keep each decision_id's first row, classify every reward row against it, and sum the
     rewards within the window per decision and metric. ``keys``: decision_id and timestamp,
@@ -174,7 +178,44 @@ def plan_join(
     else:
         report.defaulted = unrewarded
     sums_at, names, sums = _sums(rewards.metrics, positions, inside)
+    _drop_unholdable_sums(ids, sums_at, names, sums, first, rewarded, report, bad)
     return JoinPlan(first, rewarded, sums_at, pa.table({"metric": names, "value": sums}))
+
+
+def _drop_unholdable_sums(
+    ids: pa.Array,
+    sums_at: np.ndarray,
+    names: pa.Array,
+    sums: pa.Array,
+    first: np.ndarray,
+    rewarded: np.ndarray,
+    report: JoinReport,
+    bad: BadRows | None,
+) -> None:
+    """A decision whose summed metric training's float32 cannot hold (each reward fits, their
+    sum does not) is a bad decision row: it fails the join naming the decision, or with
+    ``--skip-bad-rows`` is counted and left out, rather than written for the next run's
+    source stage to refuse (or, past float64, written as ``inf``, which is not JSON)."""
+    import numpy as np
+
+    values = sums.to_numpy(zero_copy_only=False)
+    over = np.flatnonzero(~(np.abs(values) <= FLOAT32_MAX))
+    if not len(over) or bad is None:
+        return
+    for entry in over:
+        position = int(sums_at[entry])
+        bad.found(
+            f"decision {ids[position].as_py()!r}",
+            f"metric {names[entry].as_py()!r} summed over its rewards: "
+            f"{number_problem(float(values[entry]))}",
+            "decision",
+            position,
+        )
+    bad.flush()
+    for position in np.unique(sums_at[over]):
+        first[position] = rewarded[position] = False
+        report.rewarded -= 1
+        report.decisions -= 1
 
 
 def _sums(
@@ -262,7 +303,7 @@ def join_local(
         [("decision_id", pa.string()), ("timestamp", pa.timestamp("us", tz="UTC"))]
     )
     keys_table = pa.concat_tables(keys) if keys else key_schema.empty_table()
-    plan = plan_join(keys_table, read_rewards(rewards_path, bad), window_seconds, report)
+    plan = plan_join(keys_table, read_rewards(rewards_path, bad), window_seconds, report, bad)
     del keys, keys_table
     quiet = BadRows(True, JoinReport("local", window_seconds, defaults))
     with atomic_output(output) as temporary:

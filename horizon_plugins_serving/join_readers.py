@@ -8,13 +8,19 @@ torn or bad line, to name it (``join_rows`` words what is wrong). ``parquet_file
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from horizon_engine import HorizonError
+from horizon_engine import (
+    FLOAT32_MAX,
+    BadLine,
+    HorizonError,
+    number_problem,
+    parse_json_line,
+    strip_bom,
+)
 from horizon_plugins_serving.join_report import SHOWN, BadRows
 from horizon_plugins_serving.join_rows import (
     JOINED_ALREADY,
@@ -36,11 +42,14 @@ CHUNK_ROWS = 50_000
 
 
 def line_blocks(path: Path, count: int) -> Iterator[tuple[list[bytes], list[int]]]:
-    """A text file's non-blank lines, ``count`` at a time, with their numbers (from 1)."""
+    """A text file's non-blank lines, ``count`` at a time, with their numbers (from 1); the
+    first without a UTF-8 byte order mark."""
     lines: list[bytes] = []
     numbers: list[int] = []
     with open(path, "rb") as handle:
         for number, line in enumerate(handle, start=1):
+            if number == 1:
+                line = strip_bom(line)
             if line.strip():
                 lines.append(line)
                 numbers.append(number)
@@ -202,8 +211,11 @@ class DecisionLogReader:
         texts: list[str] = []
         for number, line in zip(numbers, lines, strict=True):
             try:
-                row = json.loads(line)
-            except ValueError:
+                row = parse_json_line(line)
+            except BadLine as exc:
+                if exc.kind != "invalid_json":  # whole, but not a row the next run can take
+                    self.bad.found(f"{self.path}:{number}", exc.reason, "decision", number)
+                    continue
                 row = None
             if not isinstance(row, dict) or not line.endswith(b"\n"):
                 self.torn += 1
@@ -397,7 +409,7 @@ def _read_reward_block(lines: list[bytes], numbers: list[int]) -> RewardBlock | 
     if not all(_numeric(field.type) for field in column.type):
         return None
     parents, names, values = _metric_entries(column, "")
-    if len(values) and not pc.all(pc.is_finite(values)).as_py():
+    if len(values) and not pc.all(_holdable(values)).as_py():
         return None
     return RewardBlock(
         table.column("decision_id"),
@@ -421,8 +433,12 @@ def _checked_reward_lines(
     values: list[float] = []
     for number, line in zip(numbers, lines, strict=True):
         try:
-            row = json.loads(line)
-        except ValueError as exc:
+            row = parse_json_line(line)
+        except BadLine as exc:
+            if exc.kind == "invalid_json" and not line.endswith(b"\n"):
+                # The last line, torn by a crash mid-write: counted, as a torn decision is.
+                bad.report.torn_reward_lines += 1
+                continue
             bad.found(f"{path}:{number}", f"not JSON ({exc})", "reward", number)
             continue
         problem = reward_problem(row)
@@ -473,10 +489,10 @@ def _parquet_rewards(path: Path, bad: BadRows) -> Iterator[tuple[pa.Table, pa.Ta
                 problems.setdefault(index, MISSING_ID)
             for index in np.flatnonzero(batch.column("metrics").is_null().to_numpy(False)):
                 problems.setdefault(index, "metrics is missing")
-            finite = pc.fill_null(pc.is_finite(values), False).to_numpy(zero_copy_only=False)
-            for entry in np.flatnonzero(~finite):
+            holdable = pc.fill_null(_holdable(values), False).to_numpy(zero_copy_only=False)
+            for entry in np.flatnonzero(~holdable):
                 name, value = names[entry].as_py(), values[entry].as_py()
-                problem = f"metric {name!r} is {value!r}, expected a finite number"
+                problem = f"metric {name!r}: {number_problem(value) or 'missing'}"
                 problems.setdefault(int(parents[entry]), problem)
             good = np.ones(batch.num_rows, dtype=bool)
             for index, problem in problems.items():
@@ -521,6 +537,14 @@ def _metric_entries(column: pa.Array, where: str) -> tuple[np.ndarray, pa.Array,
     raise HorizonError(
         f"{where}: metrics column has type {column.type}, expected a map of metric names to numbers"
     )
+
+
+def _holdable(values: pa.Array) -> pa.Array:
+    """True for each metric value the rule of every row's values takes: finite, and within
+    float32 (``horizon_engine.number_problem``); a sum of them is checked again (``join``)."""
+    import pyarrow.compute as pc
+
+    return pc.and_(pc.is_finite(values), pc.less_equal(pc.abs(values), FLOAT32_MAX))
 
 
 def _numeric(data_type: pa.DataType) -> bool:

@@ -41,6 +41,8 @@ class JoinReport:
     written: int = 0
     reward_rows: int = 0
     """Good reward rows: attached + late + early + unknown."""
+    torn_reward_lines: int = 0
+    """A rewards file's last line torn by a crash mid-write (no newline, not JSON): skipped."""
     rewards_attached: int = 0
     late_rewards: int = 0
     early_rewards: int = 0
@@ -74,6 +76,8 @@ class JoinReport:
                 f"{self.torn_lines} torn decision-log lines skipped"
                 f"{_examples(list(map(str, self.torn_line_numbers)))}"
             )
+        if self.torn_reward_lines:
+            lines.append(f"{self.torn_reward_lines} torn last line of the rewards skipped")
         if self.ignored_files:
             lines.append(
                 f"{len(self.ignored_files)} files in the decision log's folder are not parts "

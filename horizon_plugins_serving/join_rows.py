@@ -7,12 +7,10 @@ checks, so that both word a bad row alike.
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from horizon_engine import HorizonError
+from horizon_engine import BadLine, HorizonError, number_problem, parse_json_line
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -50,6 +48,24 @@ def reward_problem(row: Any) -> str | None:
     return bad_key(row) or bad_metrics(row.get("metrics"))
 
 
+def parse_timestamp(text: str) -> Any:
+    """An ISO 8601 text with a zone as a UTC timestamp scalar, in microseconds.
+
+    A text with more digits than microseconds (nanoseconds, as Java's and Go's clocks write)
+    is read as nanoseconds and its digits past the microsecond are dropped: the instant is
+    truncated to the microsecond, as the decision log keeps it. Raises Arrow's error for a
+    text that is not ISO 8601 with a zone.
+    """
+    import pyarrow as pa
+
+    micros = pa.timestamp("us", tz="UTC")
+    scalar = pa.scalar(text, pa.string())
+    try:
+        return scalar.cast(micros)
+    except pa.ArrowInvalid:
+        return scalar.cast(pa.timestamp("ns", tz="UTC")).cast(micros, safe=False)
+
+
 def timestamp_problem(text: Any) -> str | None:
     """Why a timestamp is not ISO 8601 text with a zone, or None."""
     import pyarrow as pa
@@ -57,30 +73,31 @@ def timestamp_problem(text: Any) -> str | None:
     if not isinstance(text, str):
         return f"timestamp is {text!r}, expected an ISO 8601 string"
     try:
-        pa.scalar(text, pa.string()).cast(pa.timestamp("us", tz="UTC"))
+        parse_timestamp(text)
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         return f"timestamp {text!r} is not ISO 8601 with a zone (e.g. 2026-12-01T10:00:00Z)"
     return None
 
 
-def line_problem(text: str, check: Callable[[Any], str | None]) -> str | None:
+def line_problem(text: str | bytes, check: Callable[[Any], str | None]) -> str | None:
     """What is wrong with a JSON line, as ``check`` and ``timestamp_problem`` word it."""
     try:
-        row = json.loads(text)
-    except ValueError as exc:
+        row = parse_json_line(text)
+    except BadLine as exc:
         return f"not JSON ({exc})"
     return check(row) or timestamp_problem(row["timestamp"])
 
 
 def bad_metrics(metrics: Any) -> str | None:
-    """What is wrong with a reward row's ``metrics``, or None."""
+    """What is wrong with a reward row's ``metrics``, or None: each value follows the rule
+    of every row's values (``horizon_engine.number_problem``), so that the joined row is one
+    the next ``horizon run`` takes."""
     if not isinstance(metrics, dict):
         return f"metrics is {metrics!r}, expected a map of metric names to numbers"
     for name, value in metrics.items():
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            return f"metric {name!r} is {value!r}, expected a number"
-        if not math.isfinite(value):
-            return f"metric {name!r} is {value!r}, expected a finite number"
+        problem = number_problem(value)
+        if problem is not None:
+            return f"metric {name!r}: {problem}"
     return None
 
 
@@ -101,10 +118,16 @@ def parse_timestamps(texts: pa.Array, where: str) -> tuple[pa.Array, dict[int, s
         parsed = texts.cast(target)
         missing = parsed.is_null().to_numpy(zero_copy_only=False).nonzero()[0]
         return parsed, dict.fromkeys(missing.tolist(), timestamp_problem(None))
-    try:
-        parsed = texts.cast(target)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
-        parsed = None
+    parsed = None
+    for parse in (
+        lambda: texts.cast(target),
+        lambda: texts.cast(pa.timestamp("ns", tz="UTC")).cast(target, safe=False),
+    ):
+        try:
+            parsed = parse()
+            break
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+            continue
     if parsed is not None and parsed.null_count == texts.null_count == 0:
         return parsed, {}
     values, problems = [], {}
@@ -112,5 +135,5 @@ def parse_timestamps(texts: pa.Array, where: str) -> tuple[pa.Array, dict[int, s
         problem = timestamp_problem(text)
         if problem is not None:
             problems[index] = problem
-        values.append(None if problem else pa.scalar(text, pa.string()).cast(target).as_py())
+        values.append(None if problem else parse_timestamp(text).as_py())
     return pa.array(values, target), problems

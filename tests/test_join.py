@@ -223,8 +223,8 @@ def test_a_shorter_window_makes_the_edge_reward_late(logs, tmp_path):
         (reward("quiet", 1) | {"timestamp": "yesterday"}, "timestamp 'yesterday' is not ISO"),
         (reward("quiet", 1) | {"timestamp": "2026-12-01T13:00:00"}, "is not ISO 8601 with a zone"),
         (reward("quiet", 1) | {"timestamp": 1764590400}, "timestamp is 1764590400"),
-        (reward("quiet", 1, clicks=1) | {"metrics": {"clicks": "1"}}, "metric 'clicks' is '1'"),
-        (reward("quiet", 1) | {"metrics": {"won": True}}, "metric 'won' is True"),
+        (reward("quiet", 1, clicks=1) | {"metrics": {"clicks": "1"}}, "metric 'clicks': expected a number, found '1'"),
+        (reward("quiet", 1) | {"metrics": {"won": True}}, "metric 'won': expected a number, found True"),
         (reward("quiet", 1) | {"metrics": [1, 2]}, "metrics is [1, 2], expected a map"),
         ("{not json", "not JSON"),
     ],
@@ -338,7 +338,7 @@ def test_parquet_rewards_name_their_bad_rows(logs, tmp_path):
     assert report["bad_reward_rows"] == 2 and report["rewarded"] == 1
     assert report["bad_rows"] == [
         f"{rewards}:row 1: decision_id is missing or empty, expected a non-empty string",
-        f"{rewards}:row 2: metric 'clicks' is nan, expected a finite number",
+        f"{rewards}:row 2: metric 'clicks': expected a finite number, found nan",
     ]
 
 

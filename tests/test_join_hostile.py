@@ -1,0 +1,118 @@
+"""``horizon join`` on hostile rows (issue 21, defects 4, 6 and 9): a string that is not valid
+Unicode, a metric training cannot hold, a sum that overflows, a torn rewards file and a
+timestamp finer than microseconds. Each is counted, skipped or named; the joined file is always
+one the next ``horizon run`` takes whole (local engine, small files).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.test_join import decision, failing, horizon, read_joined, reward, write_jsonl
+from tests.test_sources import run_source
+
+
+def report_of(output: Path) -> dict:
+    return json.loads((output.parent / f"_{output.name}.report.json").read_text())
+
+
+def join(decisions: Path, rewards: Path, output: Path, *options: str) -> str:
+    return horizon("join", decisions, rewards, "-o", output, "--window", "48h", *options)
+
+
+def test_a_lone_surrogate_in_a_decision_row_is_a_bad_row_not_passed_on(tmp_path):
+    poisoned = decision("poisoned") | {"state_features": {"\ud800": 1.0}}
+    decisions = write_jsonl(tmp_path / "d.jsonl", [decision("a"), poisoned, decision("b")])
+    rewards = write_jsonl(tmp_path / "r.jsonl", [reward("a", 1.0, clicks=1)])
+    output = tmp_path / "joined.jsonl"
+    message = failing("join", decisions, rewards, "-o", output, "--window", "48h")
+    assert f"{decisions}:2:" in message and "lone surrogate" in message
+    join(decisions, rewards, output, "--skip-bad-rows")
+    assert report_of(output)["bad_decision_rows"] == 1
+    assert [row["decision_id"] for row in read_joined(output)] == ["a", "b"]
+    # The joined file is the next run's source, read whole.
+    manifest = run_source(tmp_path / "run", "jsonl", output)
+    assert manifest["stages"]["source"]["rows_out"] == 2
+
+
+def test_a_lone_surrogate_in_a_reward_row_is_a_bad_row(tmp_path):
+    decisions = write_jsonl(tmp_path / "d.jsonl", [decision("a")])
+    rewards = write_jsonl(
+        tmp_path / "r.jsonl",
+        [reward("a", 1.0, clicks=1), reward("a", 2.0) | {"decision_id": "\udc80"}],
+    )
+    output = tmp_path / "joined.jsonl"
+    assert "lone surrogate" in failing("join", decisions, rewards, "-o", output, "--window", "48h")
+    join(decisions, rewards, output, "--skip-bad-rows")
+    assert report_of(output)["bad_reward_rows"] == 1
+
+
+def test_a_metric_beyond_float32_is_a_bad_reward_row(tmp_path):
+    decisions = write_jsonl(tmp_path / "d.jsonl", [decision("a")])
+    rewards = write_jsonl(tmp_path / "r.jsonl", [reward("a", 1.0, clicks=1e39)])
+    output = tmp_path / "joined.jsonl"
+    message = failing("join", decisions, rewards, "-o", output, "--window", "48h")
+    assert "metric 'clicks': found 1e+39, beyond the 3.4e+38" in message
+
+
+def test_a_sum_beyond_float32_is_a_bad_decision_and_never_written_as_inf(tmp_path):
+    decisions = write_jsonl(tmp_path / "d.jsonl", [decision("a"), decision("b")])
+    big = 3e38
+    rewards = write_jsonl(
+        tmp_path / "r.jsonl",
+        [reward("a", 1.0, clicks=big), reward("a", 2.0, clicks=big), reward("b", 1.0, clicks=1)],
+    )
+    output = tmp_path / "joined.jsonl"
+    message = failing("join", decisions, rewards, "-o", output, "--window", "48h")
+    assert "decision 'a': metric 'clicks' summed over its rewards: found 6e+38" in message
+    join(decisions, rewards, output, "--skip-bad-rows")
+    report = report_of(output)
+    assert report["bad_decision_rows"] == 1 and report["decisions"] == 1
+    assert report["written"] == 1
+    text = output.read_text()
+    assert "Infinity" not in text and "inf" not in text.replace('"', " ").split()
+    assert [row["decision_id"] for row in read_joined(output)] == ["b"]
+
+
+def test_a_torn_last_rewards_line_is_counted_not_fatal(tmp_path):
+    decisions = write_jsonl(tmp_path / "d.jsonl", [decision("a")])
+    rewards = write_jsonl(
+        tmp_path / "r.jsonl", [reward("a", 1.0, clicks=1)], tail='{"decision_id": "a", "tim'
+    )
+    output = tmp_path / "joined.jsonl"
+    printed = join(decisions, rewards, output)
+    assert "1 torn last line of the rewards skipped" in printed
+    report = report_of(output)
+    assert report["torn_reward_lines"] == 1 and report["bad_reward_rows"] == 0
+    assert read_joined(output)[0]["metrics"] == {"clicks": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("stamp", "micros"),
+    [
+        ("2026-12-01T15:00:00.123456789+02:00", ".123456"),
+        ("2026-12-01T13:00:00.9999999Z", ".999999"),
+    ],
+)
+def test_a_timestamp_with_nanoseconds_and_a_zone_is_read_to_the_microsecond(
+    tmp_path, stamp, micros
+):
+    decisions = write_jsonl(tmp_path / "d.jsonl", [decision("a")])
+    rewards = write_jsonl(tmp_path / "r.jsonl", [reward("a", 1.0, clicks=2) | {"timestamp": stamp}])
+    output = tmp_path / "joined.jsonl"
+    join(decisions, rewards, output)
+    assert report_of(output)["rewards_attached"] == 1
+    assert read_joined(output)[0]["metrics"] == {"clicks": 2.0}
+
+
+def test_a_byte_order_mark_costs_no_decision(tmp_path):
+    decisions = tmp_path / "d.jsonl"
+    decisions.write_bytes(b"\xef\xbb\xbf" + json.dumps(decision("a")).encode() + b"\n")
+    rewards = write_jsonl(tmp_path / "r.jsonl", [reward("a", 1.0, clicks=1)])
+    output = tmp_path / "joined.jsonl"
+    join(decisions, rewards, output)
+    assert report_of(output)["torn_lines"] == 0
+    assert read_joined(output)[0]["metrics"] == {"clicks": 1.0}
