@@ -25,6 +25,11 @@ from horizon_engine.row_values import (
     text_problem,
 )
 from horizon_engine.schema import ActionType, RowFormat, RowLayout
+from horizon_plugins_serving.decision_log import open_decision_log
+from horizon_plugins_serving.predictor import Predictor, check_row
+from horizon_plugins_serving.server import BackgroundServer, build_app
+from tests.test_serve import http_json
+from tests.test_serving import cartpole_model, horizon
 from tests.test_sources import decision, keys, read_rows, run_source, write_jsonl
 
 
@@ -243,3 +248,81 @@ def test_a_json_line_is_a_value_or_a_bad_line(line, kind):
         parse_json_line(line)
     assert caught.value.kind == kind
     assert parse_json_line(b"[" * MAX_DEPTH + b"]" * MAX_DEPTH) is not None
+
+
+# serve and score: the same rule at the predictor ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The small CartPole DQN of test_serving (state features "0" to "3"), exported."""
+    return cartpole_model(tmp_path_factory.mktemp("hostile"))
+
+
+@pytest.mark.parametrize(
+    ("row", "problem"),
+    [
+        ({"state_features": {"0": 1e39}}, "state feature '0': found 1e+39, beyond the 3.4e+38"),
+        ({"state_features": {"0": 10**400}}, "state feature '0': found an integer of about 401"),
+        ({"state_features": {"\ud800": 1.0}}, "state feature '\\ud800': a lone surrogate"),
+        ({"state_features": {}, "mdp_id": "a\udfff"}, "mdp_id: a lone surrogate '\\udfff'"),
+        ({"state_features": {}, "sequence_number": 10**400}, "sequence_number: expected a 64"),
+    ],
+)
+def test_a_request_row_follows_the_rule_the_sources_follow(row, problem):
+    found = check_row(row, ["0", "1"], "discrete")
+    assert found is not None and found.startswith(problem)
+
+
+def test_serve_refuses_a_value_beyond_float32_with_422_naming_row_and_field(model, tmp_path):
+    rows = [{"state_features": {"0": 0.1}}, {"state_features": {"1": 3.5e38}}]
+    app = build_app(Predictor(model), open_decision_log(tmp_path / "log.jsonl"))
+    with BackgroundServer(app) as server:
+        status, answer = http_json(server.url, "POST", "/decisions", {"rows": rows})
+    assert status == 422
+    assert answer["error"].startswith("row 1: state feature '1': found 3.5e+38, beyond")
+    assert (tmp_path / "log.jsonl").read_text() == ""
+
+
+def test_rows_without_a_known_feature_are_counted_warned_and_refused_when_strict(model, caplog):
+    predictor = Predictor(model)
+    rows = [
+        {"state_features": {}},
+        {"state_features": {"speed": 1.0}},
+        {"state_features": {"0": 1}},
+    ]
+    with caplog.at_level("WARNING", logger="horizon_plugins_serving.predictor"):
+        predictor.decide(rows)
+    assert predictor.featureless_rows == 2
+    assert "2 rows so far had no state feature the model uses" in caplog.text
+    assert all(predictor.row_problem(row) is None for row in rows)
+    strict = Predictor(model, strict_features=True)
+    assert strict.row_problem(rows[1]).startswith(
+        "none of the state features ['speed'] is one the model uses (['0', '1', '2', '3'])"
+    )
+    assert strict.row_problem(rows[2]) is None
+
+
+def test_score_skips_and_counts_hostile_lines_instead_of_a_traceback(model, tmp_path):
+    good = json.dumps({"state_features": {"0": 0.1}}).encode()
+    source = tmp_path / "rows.jsonl"
+    source.write_bytes(
+        b"\xef\xbb\xbf"  # a byte order mark costs no row
+        + b"\n".join(
+            [
+                good,
+                b'{"state_features": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
+                b'{"state_features": {"0": 0.\xff}}',
+                json.dumps({"state_features": {"speed": 1.0}}).encode(),
+                good,
+            ]
+        )
+        + b"\n"
+    )
+    output = tmp_path / "decisions.jsonl"
+    printed = horizon("score", model, source, "-o", output, "--skip-bad-rows")
+    assert "scored 3 rows" in printed and "skipped 2 bad rows" in printed
+    assert "line 2: not JSON (nested more than 64 levels deep)" in printed
+    assert "line 3: not JSON (not UTF-8: byte 0xff at column 28)" in printed
+    strict = horizon("score", model, source, "-o", output, "--skip-bad-rows", "--strict-features")
+    assert "scored 2 rows" in strict and "line 4: none of the state features" in strict
