@@ -38,6 +38,7 @@ from horizon_engine import (
     BAD_ROWS_SHOWN,
     ActionType,
     BadRow,
+    HorizonError,
     TimelineConfig,
     TimelineResult,
     TimelineTransform,
@@ -132,6 +133,7 @@ class SparkTimeline(TimelineTransform):
         )
         plan.write(plan.n_step(counted).where(kept), output, partitioning)
         counts = tally.get
+        _check_split_files(output, {"train": counts["train_rows"], "eval": counts["eval_rows"]})
         intake_counts = intake.get
         rejected = {kind: intake_counts[kind] for kind in REJECT_KINDS if intake_counts[kind]}
         examples: list[BadRow] = []
@@ -152,6 +154,28 @@ class SparkTimeline(TimelineTransform):
             examples=examples,
             n_step=self.config.window,
         )
+
+
+def _check_split_files(output: Path, counted: dict[str, int]) -> None:
+    """Each split's files hold the rows counted for it, or the build stops.
+
+    Files go to a split by the number of the partition that wrote them (``_Partitioning``),
+    which holds while Spark writes the partitions the plan made. A plan that Spark wrote in
+    fewer (one file of both splits, as a Python filter after the window made it do) would
+    otherwise pass for a timeline whose eval rows are training rows. The Parquet footers say
+    how many rows each file holds: no row is read.
+    """
+    import pyarrow.parquet as pq
+
+    for split, rows in counted.items():
+        files = sorted((output / split).glob("part-*"))
+        written = sum(pq.ParquetFile(path).metadata.num_rows for path in files)
+        if written != rows:
+            raise HorizonError(
+                f"the Spark timeline wrote {written} rows to {output / split} but counted {rows} "
+                f"{split} rows: Spark did not write the partitions the plan made; the local "
+                'engine ([timeline] engine = "local") does not depend on them'
+            )
 
 
 def _count_where(condition: Column) -> Column:
