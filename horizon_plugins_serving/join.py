@@ -216,6 +216,7 @@ def _drop_unholdable_sums(
         first[position] = rewarded[position] = False
         report.rewarded -= 1
         report.decisions -= 1
+        report.decision_rows -= 1
 
 
 def _sums(
