@@ -7,8 +7,14 @@ names, and an import-linter contract run by ``make test`` holds them to it.
 
 - every plugin: ``hookimpl``, ``Component``, ``ComponentConfig``, ``RunContext``,
   ``StageReport``, the errors, ``atomic_output``;
+- config models: ``ComponentConfig``, and the option types ``DistinctNames`` (a list that
+  names each thing once) and ``PathPatterns`` (a source's ``path``);
 - data sources: ``DataSource``, ``SourceConfig``, ``SourceBatch``, and the row schema
   (``RowLayout``, ``RowFormat``, ``RowShaper``, ``ActionType``, ``BadRow``, ``detect_layout``);
+- everything that reads rows from outside (sources, ``serve``, ``score``, ``join``): the one
+  rule for a row's values (``ValueProblem``, ``number_problem``, ``integer_problem``,
+  ``text_problem``, ``feature_map_problem``, ``json_text_problem``, ``FLOAT32_MAX``) and the
+  one JSON line parser (``parse_json_line``, ``BadLine``, ``strip_bom``);
 - timeline engines: ``TimelineTransform``, ``TimelineConfig``, ``TimelineResult``,
   ``timeline_schema``, ``eval_split_value``;
 - normalization engines: ``NormalizationTransform``, ``NormalizationConfig``,
@@ -23,7 +29,9 @@ names, and an import-linter contract run by ``make test`` holds them to it.
 - estimators: ``EstimatorBase``, ``EstimatorConfig``, ``EvaluationEpisodes``, ``Estimate``,
   ``NotApplicable``; and for commands that evaluate a finished run: ``evaluate_run``,
   ``estimates_table``;
-- exporters: ``ExporterBase``, ``ExportConfig``, ``PolicyBundle``;
+- exporters: ``ExporterBase``, ``ExportConfig``, ``PolicyBundle``; and for everything that
+  loads an exported model, its checked metadata: ``ModelCard`` (``ActionBounds``),
+  ``read_model_card``, ``model_card_from_metadata``, ``ModelCardError``;
 - users: ``Engine`` and ``run_pipeline`` (imported on first use).
 
 ``import horizon_engine`` stays cheap for the command line: torch is imported only where a
@@ -39,8 +47,10 @@ from horizon_engine.components import (
     Component,
     ComponentConfig,
     DataSource,
+    DistinctNames,
     Estimator,
     Exporter,
+    PathPatterns,
     SourceBatch,
     SourceConfig,
     Trainer,
@@ -65,6 +75,14 @@ from horizon_engine.evaluation import estimates_table, evaluate_run
 from horizon_engine.export import ExportConfig, ExporterBase, PolicyBundle
 from horizon_engine.files import atomic_output
 from horizon_engine.hookspecs import hookimpl
+from horizon_engine.json_lines import BadLine, parse_json_line, strip_bom
+from horizon_engine.model_card import (
+    ActionBounds,
+    ModelCard,
+    ModelCardError,
+    model_card_from_metadata,
+    read_model_card,
+)
 from horizon_engine.normalization import (
     NormalizationConfig,
     NormalizationParameters,
@@ -80,6 +98,15 @@ from horizon_engine.policies import (
     policy_output,
 )
 from horizon_engine.preprocessor import FeatureTransform, feature_module
+from horizon_engine.row_values import (
+    FLOAT32_MAX,
+    ValueProblem,
+    feature_map_problem,
+    integer_problem,
+    json_text_problem,
+    number_problem,
+    text_problem,
+)
 from horizon_engine.run_context import RunContext, StageReport
 from horizon_engine.schema import ActionType, BadRow, RowFormat, RowLayout, RowShaper, detect_layout
 from horizon_engine.timeline import (
@@ -99,13 +126,17 @@ __version__ = "0.1.0"
 __all__ = [
     "BAD_ROWS_SHOWN",
     "BATCH_SCHEMA",
+    "FLOAT32_MAX",
+    "ActionBounds",
     "ActionType",
+    "BadLine",
     "BadRow",
     "BatchField",
     "Component",
     "ComponentConfig",
     "ConfigError",
     "DataSource",
+    "DistinctNames",
     "Engine",
     "Estimate",
     "Estimator",
@@ -121,10 +152,13 @@ __all__ = [
     "ForeachOptimizer",
     "ForeachSgd",
     "HorizonError",
+    "ModelCard",
+    "ModelCardError",
     "NormalizationConfig",
     "NormalizationParameters",
     "NormalizationTransform",
     "NotApplicable",
+    "PathPatterns",
     "PluginError",
     "PolicyBundle",
     "PolicyOutput",
@@ -145,6 +179,7 @@ __all__ = [
     "TrainerConfig",
     "TrainingProblem",
     "Transform",
+    "ValueProblem",
     "__version__",
     "action_probabilities",
     "atomic_output",
@@ -154,12 +189,21 @@ __all__ = [
     "estimates_table",
     "eval_split_value",
     "evaluate_run",
+    "feature_map_problem",
     "feature_module",
     "group_map_values",
     "hookimpl",
+    "integer_problem",
+    "json_text_problem",
     "masked_scores",
+    "model_card_from_metadata",
+    "number_problem",
+    "parse_json_line",
     "policy_output",
+    "read_model_card",
     "run_pipeline",
+    "strip_bom",
+    "text_problem",
     "timeline_schema",
 ]
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -26,6 +26,22 @@ class ComponentConfig(BaseModel):
     """Base of every component's config model: unknown keys are errors, not silently ignored."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+def _distinct(names: str | list[str]) -> str | list[str]:
+    if isinstance(names, list):
+        repeated = next((name for name in names if names.count(name) > 1), None)
+        if repeated is not None:
+            raise ValueError(f"lists {repeated!r} more than once")
+    return names
+
+
+DistinctNames = Annotated[list[str], AfterValidator(_distinct)]
+"""A list option whose entries name things (actions, stages): naming one twice is a mistake.
+Lists where repeating means something (one activation per layer) stay plain lists."""
+
+PathPatterns = Annotated[str | list[str], AfterValidator(_distinct)]
+"""A source's ``path``: one file, folder or glob, or a list of them, none given twice."""
 
 
 class Component(ABC):

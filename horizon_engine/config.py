@@ -22,7 +22,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import Field, ValidationError, field_validator
 
-from horizon_engine.components import Component, ComponentConfig
+from horizon_engine.components import Component, ComponentConfig, DistinctNames
 from horizon_engine.errors import ConfigError, PluginError
 from horizon_engine.plugins import PluginHost, RegisteredComponent
 
@@ -39,7 +39,7 @@ class PipelineSection(ComponentConfig):
     """Stop at invalid rows, or set them aside in quarantine/ with their reasons and go on."""
     name: str | None = None
     """A name for the run, recorded in the manifest."""
-    stages: list[str] | None = Field(default=None, min_length=1)
+    stages: DistinctNames | None = Field(default=None, min_length=1)
     """Run only these stages (as ``--stages`` does); None runs every configured stage."""
 
     @field_validator("output_dir")
@@ -621,8 +621,8 @@ def _option_problems(
     model: type[ComponentConfig], config: ComponentConfig
 ) -> list[tuple[str, str]]:
     """(key, why) for each option a model accepted that still cannot be meant: an integer
-    beyond ``INTEGER_LIMIT`` where the model sets no bound of its own, and a list of names or
-    paths that repeats one."""
+    beyond ``INTEGER_LIMIT`` where the model sets no bound of its own (a list that must not
+    repeat a name says so in its type: ``DistinctNames``)."""
     found = []
     for name, info in type(config).model_fields.items():
         value = getattr(config, name, None)
@@ -633,12 +633,8 @@ def _option_problems(
             for item in items
             if isinstance(item, int) and not isinstance(item, bool) and abs(item) > INTEGER_LIMIT
         ]
-        names = [item for item in items if isinstance(item, str)]
-        repeated = [item for item in names if names.count(item) > 1]
         if huge and not bounded:
             found.append((name, f"{huge[0]} is beyond any count or size (at most {INTEGER_LIMIT})"))
-        elif isinstance(value, list | tuple) and repeated:
-            found.append((name, f"lists {repeated[0]!r} more than once"))
     return found
 
 

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import Field
 
-from horizon_engine.components import ComponentConfig, Transform
+from horizon_engine.components import ComponentConfig, DistinctNames, Transform
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -84,7 +84,7 @@ TIMELINE_INFO = "timeline.json"
 class TimelineConfig(ComponentConfig):
     """The ``[timeline]`` section, the same for every engine."""
 
-    actions: list[str] | None = Field(default=None, min_length=1)
+    actions: DistinctNames | None = Field(default=None, min_length=1)
     """Discrete action names; the index of a name is the action's number in the timeline."""
     reward: dict[str, float] | None = None
     """Metric weights: reward = dot(metrics, weights). None keeps the logged reward."""

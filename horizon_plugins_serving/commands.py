@@ -20,8 +20,7 @@ run again); ``horizon serve``'s log is the one appended as it goes.
 
 from __future__ import annotations
 
-import json
-import math
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from horizon_engine import HorizonError, atomic_output
+from horizon_engine import BadLine, HorizonError, atomic_output, parse_json_line, strip_bom
+
+# server.py checks a request's rows with check_row, which lives with the Predictor now.
+from horizon_plugins_serving.predictor import check_row as check_row
 
 if TYPE_CHECKING:
     from horizon_plugins_serving.predictor import Exploration
@@ -40,59 +42,8 @@ MAX_BODY_BYTES = 1 << 20
 """``horizon serve``'s default cap on a request's body (1 MiB)."""
 MAX_BATCH = 1024
 """``horizon serve``'s default cap on a request's rows."""
-
-
-def _bad_map(features: Any, what: str) -> str | None:
-    if not isinstance(features, dict):
-        return f"{what} is {features!r}, expected a map of feature ids to numbers"
-    for key, value in features.items():
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-        ):
-            return f"{what} {key!r} is {value!r}, expected a finite number"
-    return None
-
-
-def check_row(row: Any, actions: list[str], action_type: str) -> str | None:
-    """What is wrong with an input row for a model of ``action_type``, or None."""
-    if not isinstance(row, dict):
-        return f"expected a JSON object, found {type(row).__name__}"
-    if not isinstance(row.get("state_features"), dict):
-        return "no state_features map"
-    problem = _bad_map(row["state_features"], "state feature")
-    if problem is not None:
-        return problem
-    if row.get("mdp_id") is not None and not isinstance(row["mdp_id"], str):
-        return f"mdp_id is {row['mdp_id']!r}, expected a string"
-    sequence = row.get("sequence_number", 0)
-    if (
-        isinstance(sequence, bool)
-        or not isinstance(sequence, int)
-        or not -(2**63) <= sequence < 2**63
-    ):
-        return f"sequence_number is {sequence!r}, expected a 64-bit integer"
-    possible = row.get("possible_actions")
-    if action_type == "continuous":
-        if possible is not None:
-            return "possible_actions given to a continuous actor, which takes none"
-        return None
-    if action_type == "parametric":
-        if not isinstance(possible, list) or not possible:
-            return "a parametric model needs possible_actions, a non-empty list of feature maps"
-        for number, candidate in enumerate(possible):
-            problem = _bad_map(candidate, f"possible action {number}'s feature")
-            if problem is not None:
-                return problem
-        return None
-    if possible is not None:
-        if not isinstance(possible, list) or not possible:
-            return f"possible_actions is {possible!r}, expected a non-empty list of actions"
-        unknown = [action for action in possible if action not in actions]
-        if unknown:
-            return f"possible action(s) {unknown} not among the model's actions {actions}"
-    return None
+TOKEN_VARIABLE = "HORIZON_SERVE_TOKEN"
+"""The environment variable that may hold ``horizon serve``'s bearer token."""
 
 
 def exploration_options(command: Callable[..., None]) -> Callable[..., None]:
@@ -149,6 +100,12 @@ def exploration(policy: str, epsilon: float, temperature: float) -> Exploration:
 @click.option(
     "--skip-bad-rows", is_flag=True, help="Count and skip bad input rows instead of failing."
 )
+@click.option(
+    "--strict-features",
+    is_flag=True,
+    help="Refuse a row none of whose state features the model uses (empty or all unknown) "
+    "instead of deciding on the model's defaults.",
+)
 def score_command(
     model: Path,
     rows: Path,
@@ -158,6 +115,7 @@ def score_command(
     temperature: float,
     seed: int,
     skip_bad_rows: bool,
+    strict_features: bool,
 ) -> None:
     """Score ROWS.jsonl's state_features with MODEL (an exported model.onnx) and write a
     decision log with each chosen action and its propensity under --policy."""
@@ -169,7 +127,12 @@ def score_command(
     from horizon_plugins_serving.predictor import Predictor
 
     try:
-        predictor = Predictor(model, exploration(policy, epsilon, temperature), seed=seed)
+        predictor = Predictor(
+            model,
+            exploration(policy, epsilon, temperature),
+            seed=seed,
+            strict_features=strict_features,
+        )
         bad: list[tuple[int, str]] = []
         scored = 0
         log_kind = ParquetDecisionLog if output.name.endswith(".parquet") else DecisionLog
@@ -192,16 +155,16 @@ def score_command(
                 )
                 batch.clear()
 
-            with open(rows, encoding="utf-8") as handle:
+            with open(rows, "rb") as handle:
                 for number, line in enumerate(handle, start=1):
                     if not line.strip():
                         continue
                     try:
-                        row = json.loads(line)
-                    except ValueError as exc:
+                        row = parse_json_line(strip_bom(line) if number == 1 else line)
+                    except BadLine as exc:
                         problem: str | None = f"not JSON ({exc})"
                     else:
-                        problem = check_row(row, predictor.actions, predictor.action_type)
+                        problem = predictor.row_problem(row)
                     if problem is not None:
                         if not skip_bad_rows:
                             raise HorizonError(
@@ -273,6 +236,37 @@ def score_command(
     help="Send/drop decisions holding this send rate (a two-action model; --send-action).",
 )
 @click.option("--send-action", help="The model's action that means send (with --target-send-rate).")
+@click.option(
+    "--request-timeout",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=5.0,
+    show_default=True,
+    help="Seconds a client has to send a request whole (headers and body); past it: 408.",
+)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(min=1),
+    help="Connections served at once; more are answered 503. Default: 1000, or what the "
+    "open-file limit allows.",
+)
+@click.option(
+    "--keep-alive-timeout",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="Seconds an idle keep-alive connection is kept open.",
+)
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="A file holding the bearer token POST /decisions requires (or set "
+    "HORIZON_SERVE_TOKEN); never on the command line, where ps shows it.",
+)
+@click.option(
+    "--insecure",
+    is_flag=True,
+    help="Serve a host other than loopback without a token (a network you trust).",
+)
 def serve_command(
     model: Path,
     host: str,
@@ -286,15 +280,22 @@ def serve_command(
     max_batch: int,
     target_send_rate: float | None,
     send_action: str | None,
+    request_timeout: float,
+    max_connections: int | None,
+    keep_alive_timeout: int,
+    token_file: Path | None,
+    insecure: bool,
 ) -> None:
     """Serve MODEL's decisions over HTTP (POST /decisions, GET /health), each one logged.
 
     SIGINT or SIGTERM stops the server once the requests in flight are answered and every
-    answered decision is in the log."""
+    answered decision is in the log. A host other than loopback needs a bearer token
+    (--token-file or HORIZON_SERVE_TOKEN) or --insecure."""
     from horizon_plugins_serving.server import serve
 
     try:
         chosen = exploration(policy, epsilon, temperature)
+        token = serve_token(token_file, os.environ.get(TOKEN_VARIABLE))
     except HorizonError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
@@ -309,4 +310,28 @@ def serve_command(
         max_batch=max_batch,
         target_send_rate=target_send_rate,
         send_action=send_action,
+        request_timeout=request_timeout,
+        max_connections=max_connections,
+        keep_alive_timeout=keep_alive_timeout,
+        token=token,
+        insecure=insecure,
     )
+
+
+def serve_token(token_file: Path | None, from_environment: str | None) -> str | None:
+    """The bearer token ``horizon serve`` asks for: the file's text (whitespace around it
+    dropped) or else the environment's; None when neither is given. An empty token, or one
+    with characters an HTTP header cannot carry, is refused."""
+    if token_file is not None:
+        try:
+            token = token_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise HorizonError(f"--token-file {token_file}: not readable as text ({exc})") from None
+        where = f"--token-file {token_file}"
+    elif from_environment is not None:
+        token, where = from_environment.strip(), TOKEN_VARIABLE
+    else:
+        return None
+    if not token or not all(33 <= ord(char) < 127 for char in token):
+        raise HorizonError(f"{where}: the token must be printable ASCII without spaces")
+    return token

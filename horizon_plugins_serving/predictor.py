@@ -13,7 +13,7 @@ with a seeded ``numpy.random.Generator``.
 from __future__ import annotations
 
 import hashlib
-import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,9 +21,66 @@ from typing import Any
 
 import numpy as np
 
-from horizon_engine import HorizonError
+from horizon_engine import (
+    HorizonError,
+    feature_map_problem,
+    integer_problem,
+    model_card_from_metadata,
+    text_problem,
+)
 
 POLICIES = ("greedy", "epsilon_greedy", "softmax")
+
+logger = logging.getLogger(__name__)
+
+
+# -- the input rows -----------------------------------------------------------------------------
+
+
+def check_row(row: Any, actions: Sequence[str], action_type: str) -> str | None:
+    """What is wrong with an input row (a request's or a ``horizon score`` line's) for a model
+    of ``action_type``, or None.
+
+    Its values follow the rule every door follows (``horizon_engine``'s ``row_values``): a
+    feature value that training's float32 cannot hold, or a string that is not valid Unicode,
+    is refused here rather than logged, to be refused by the next ``horizon run``.
+    """
+    if not isinstance(row, dict):
+        return f"expected a JSON object, found {type(row).__name__}"
+    if not isinstance(row.get("state_features"), dict):
+        return "no state_features map"
+    problem = feature_map_problem(row["state_features"], "state feature")
+    if problem is not None:
+        return str(problem)
+    mdp_id = row.get("mdp_id")
+    if mdp_id is not None and not isinstance(mdp_id, str):
+        return f"mdp_id is {mdp_id!r}, expected a string"
+    problem = text_problem(mdp_id) if mdp_id is not None else None
+    if problem is not None:
+        return f"mdp_id: {problem}"
+    problem = integer_problem(row.get("sequence_number", 0))
+    if problem is not None:
+        return f"sequence_number: {problem}"
+    possible = row.get("possible_actions")
+    if action_type == "continuous":
+        if possible is not None:
+            return "possible_actions given to a continuous actor, which takes none"
+        return None
+    if action_type == "parametric":
+        if not isinstance(possible, list) or not possible:
+            return "a parametric model needs possible_actions, a non-empty list of feature maps"
+        for number, candidate in enumerate(possible):
+            problem = feature_map_problem(candidate, f"possible action {number}'s feature")
+            if problem is not None:
+                return str(problem)
+        return None
+    if possible is not None:
+        if not isinstance(possible, list) or not possible:
+            return f"possible_actions is {possible!r}, expected a non-empty list of actions"
+        unknown = [action for action in possible if action not in actions]
+        if unknown:
+            return f"possible action(s) {unknown} not among the model's actions {list(actions)}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -154,6 +211,7 @@ class Predictor:
         exploration: Exploration | None = None,
         seed: int | None = None,
         intra_op_threads: int = 1,
+        strict_features: bool = False,
     ) -> None:
         import onnxruntime
 
@@ -170,22 +228,16 @@ class Predictor:
         except Exception as exc:  # onnxruntime raises its own untyped errors
             raise HorizonError(f"{self.path}: not a model onnxruntime can load ({exc})") from exc
         metadata = self.session.get_modelmeta().custom_metadata_map
-        if "feature_ids" not in metadata:
-            raise HorizonError(
-                f"{self.path}: no feature_ids in the model's metadata; expected a model "
-                "written by `horizon export`"
-            )
         self.metadata = metadata
-        self.feature_ids: list[str] = json.loads(metadata["feature_ids"])
-        self.actions: list[str] = json.loads(metadata.get("actions", "[]"))
-        self.action_feature_ids: list[str] = json.loads(metadata.get("action_feature_ids", "[]"))
-        self.action_type = metadata.get(
-            "action_type", "parametric" if self.action_feature_ids else "discrete"
-        )
-        self.continuous = self.action_type == "continuous"
-        self.parametric = not self.continuous and bool(self.action_feature_ids)
-        bounds = json.loads(metadata.get("action_bounds", "null"))
-        self.action_bounds: dict[str, list[float | None]] | None = bounds
+        self.card = model_card_from_metadata(metadata, str(self.path))
+        self.feature_ids: list[str] = list(self.card.feature_ids)
+        self.actions: list[str] = list(self.card.actions)
+        self.action_feature_ids: list[str] = list(self.card.action_feature_ids)
+        self.action_type = self.card.action_type
+        self.continuous = self.card.continuous
+        self.parametric = self.card.parametric
+        bounds = self.card.action_bounds
+        self.action_bounds: dict[str, list[float | None]] | None = bounds and bounds.as_dict()
         self.model_id = file_digest(self.path)[:16]
         self.columns = {feature: column for column, feature in enumerate(self.feature_ids)}
         self.action_columns = {f: c for c, f in enumerate(self.action_feature_ids)}
@@ -199,6 +251,41 @@ class Predictor:
         )
         self.exploration = exploration or Exploration()
         self.rng = np.random.default_rng(seed)
+        self.strict_features = strict_features
+        self.featureless_rows = 0
+        """Rows decided on without one state feature the model uses (empty or all unknown)."""
+
+    # -- checking the input rows ----------------------------------------------------------
+
+    def row_problem(self, row: Any) -> str | None:
+        """What is wrong with an input row for this model (``check_row``), and with
+        ``strict_features`` a row none of whose state features the model uses."""
+        problem = check_row(row, self.actions, self.action_type)
+        if problem is None and self.strict_features and self.featureless(row["state_features"]):
+            problem = (
+                f"none of the state features {_sample(row['state_features'])} is one the model "
+                f"uses ({_sample(self.feature_ids)}); refused by --strict-features"
+            )
+        return problem
+
+    def featureless(self, features: Mapping[str, float]) -> bool:
+        """True when no key of ``features`` is a state feature the model uses."""
+        return not any(key in self.columns for key in features)
+
+    def _count_featureless(self, presence: np.ndarray) -> None:
+        """Count the rows of a batch that the model sees as all-absent, and say so in the log
+        at the 1st, 10th, 100th, ... such row: a model decides on them, but on its defaults."""
+        count = int((presence.sum(axis=1) == 0).sum()) if presence.size else len(presence)
+        if not count:
+            return
+        before, self.featureless_rows = self.featureless_rows, self.featureless_rows + count
+        if len(str(before)) != len(str(self.featureless_rows)) or before == 0:
+            logger.warning(
+                "%s: %d rows so far had no state feature the model uses (empty, or every id "
+                "unknown): decided on the model's defaults; --strict-features refuses them",
+                self.path,
+                self.featureless_rows,
+            )
 
     # -- assembling the inputs ------------------------------------------------------------
 
@@ -259,6 +346,7 @@ class Predictor:
         """The model's scores (a continuous actor's actions), for a parametric model the
         candidate mask, and for a stochastic actor the ``log_density``."""
         features, presence = self.state_arrays(states)
+        self._count_featureless(presence)
         feeds = {"features": features, "presence": presence}
         mask = None
         if self.parametric:
@@ -366,6 +454,13 @@ class Predictor:
             controller.update(sent)
         propensities = np.where(sent, p_send, 1.0 - p_send)
         return Predictions([send if s else drop for s in sent], propensities, scores)
+
+
+def _sample(names: Any, shown: int = 5) -> str:
+    """A few names of a list or map, for a reason that must stay one line."""
+    names = list(names)
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"{names[:shown]}{more}"
 
 
 def _dense(

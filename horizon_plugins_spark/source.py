@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
-from horizon_engine import DataSource, HorizonError, SourceBatch, SourceConfig
+from horizon_engine import DataSource, HorizonError, PathPatterns, SourceBatch, SourceConfig
 from horizon_plugins_spark.session import SparkOptions, spark_session
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ class SparkTableConfig(SourceConfig):
 
     table: str | None = None
     """A Hive/Spark SQL table, e.g. "logs.notifications"; give this or ``path``."""
-    path: str | list[str] | None = None
+    path: PathPatterns | None = None
     """A path (or list of paths) Spark can read: local, hdfs://, s3a://, globs."""
     format: Literal["parquet", "json", "orc"] = "parquet"
     """The format of the files under ``path``."""

@@ -110,12 +110,26 @@ def test_duplicate_actions_and_stages_are_refused(refused):
     timeline = TIMELINE.replace('["0", "1"]', '["0", "1", "0"]')
     path, message = refused(pipeline_text('"runs/x"', timeline))
     assert message.startswith(f"{path}:9: [timeline] key 'actions' of transforms component ")
-    assert 'lists \'0\' more than once; found ["0", "1", "0"]' in message
+    assert "lists '0' more than once; found ['0', '1', '0'] (list)" in message
     text = pipeline_text('"runs/x"').replace(
         "[pipeline]\n", '[pipeline]\nstages = ["source", "source"]\n'
     )
     path, message = refused(text)
     assert f"{path}:2: [pipeline] key 'stages': lists 'source' more than once" in message
+
+
+def test_lists_where_repeating_means_something_are_accepted(engine, tmp_path):
+    """Only lists of names refuse a repeat (``DistinctNames``): one activation per layer may
+    well be the same activation twice."""
+    trainer = {"kind": "dqn", "layers": [8, 8], "activations": ["relu", "relu"]}
+    config = {
+        "pipeline": {"output_dir": str(tmp_path / "run")},
+        "source": {"kind": "gym", "episodes": 2},
+        "timeline": {"actions": ["0", "1"]},
+        "normalization": {},
+        "trainer": trainer,
+    }
+    assert engine.validate(config).sections["trainer"].config.activations == ["relu", "relu"]
 
 
 @pytest.mark.parametrize(

@@ -158,7 +158,7 @@ def test_epsilon_greedy_decisions_carry_their_propensities(model, tmp_path):
                 {"rows": [{"state_features": {"0": 1}}] * 3 + [{"state_features": {"x": "a"}}]}
             ),
             422,
-            "row 3: state feature 'x' is 'a', expected a finite number",
+            "row 3: state feature 'x': expected a number, found 'a' (str)",
         ),
         (
             json.dumps({"rows": [{"state_features": {"0": 1}, "possible_actions": ["7"]}]}),
@@ -168,7 +168,7 @@ def test_epsilon_greedy_decisions_carry_their_propensities(model, tmp_path):
         (
             json.dumps({"rows": [{"state_features": {"0": 1}, "sequence_number": "first"}]}),
             422,
-            "row 0: sequence_number is 'first', expected a 64-bit integer",
+            "row 0: sequence_number: expected an integer, found 'first' (str)",
         ),
         (
             json.dumps({"rows": [{"features": {"0": 1}}]}),

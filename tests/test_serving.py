@@ -257,7 +257,7 @@ def test_horizon_score_names_bad_rows_and_skips_them_only_when_told(tmp_path, mo
     assert not output.exists()
     printed = horizon("score", model, source, "-o", output, "--skip-bad-rows")
     assert "scored 2 rows" in printed and "skipped 3 bad rows" in printed
-    assert "line 3: state feature '0' is 'high'" in printed
+    assert "line 3: state feature '0': expected a number, found 'high'" in printed
     assert "line 4: possible action(s) ['7']" in printed
     assert len(read_decisions(output).rows) == 2
 

@@ -18,7 +18,7 @@ from typing import IO, TYPE_CHECKING, Any
 from pydantic import Field
 
 from horizon_engine.builtin.gym_source import GymSource
-from horizon_engine.components import DataSource, SourceBatch, SourceConfig
+from horizon_engine.components import DataSource, PathPatterns, SourceBatch, SourceConfig
 from horizon_engine.errors import HorizonError
 from horizon_engine.hookspecs import hookimpl
 from horizon_engine.json_lines import BadLine, parse_json_line, strip_bom
@@ -113,7 +113,7 @@ def read_lines(path: Path) -> Iterator[tuple[int, bytes]]:
 
 
 class JsonlSourceConfig(SourceConfig):
-    path: str | list[str] = Field(min_length=1)
+    path: PathPatterns = Field(min_length=1)
     """A file, folder or glob pattern (or a list of them); ``.bz2`` and ``.gz`` are read too."""
 
 
@@ -182,7 +182,7 @@ def _shaped_batch(shaper: Any, pending: list[tuple[str, Any]], invalid: list) ->
 
 
 class ParquetSourceConfig(SourceConfig):
-    path: str | list[str] = Field(min_length=1)
+    path: PathPatterns = Field(min_length=1)
     """A Parquet file, a folder of them, or a glob pattern (or a list of them)."""
 
 
