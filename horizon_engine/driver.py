@@ -246,7 +246,18 @@ def set_up_trainer(
     state = preprocessor("state_features", description.feature_ids)
     action = preprocessor("action_features", description.action_feature_ids)
     problem = description.problem(state, action, device)
-    trainer.setup(problem)
+    try:
+        trainer.setup(problem)
+    except (MemoryError, RuntimeError) as exc:
+        # The config check refuses layers beyond the machine's memory; this is the allocation
+        # that failed anyway (memory taken by others, a GPU's smaller memory).
+        if isinstance(exc, RuntimeError) and "allocate" not in str(exc):
+            raise
+        reason = (str(exc) or type(exc).__name__).splitlines()[0]
+        raise HorizonError(
+            f"[{choice.section}] kind = {choice.component.name!r}: its networks do not fit in "
+            f"the memory of {device} ({reason}); use smaller layers"
+        ) from None
     return trainer, problem
 
 

@@ -217,4 +217,9 @@ def read_manifest(path: Path) -> dict[str, Any]:
         raise HorizonError(f"{path}: not a run's manifest ({exc})") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict):
         raise HorizonError(f"{path}: not a run's manifest (no config in it)")
+    pipeline = manifest["config"].get("pipeline", {})
+    if not isinstance(pipeline, dict):
+        raise HorizonError(
+            f"{path}: config.pipeline is {json.dumps(pipeline)[:80]}, not a table of options"
+        )
     return manifest

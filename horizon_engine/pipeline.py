@@ -41,7 +41,7 @@ from horizon_engine.errors import (
     StageInputError,
 )
 from horizon_engine.evaluation import CPE_EPOCHS_FILE, CPE_FILE, run_evaluation_stage
-from horizon_engine.files import remove_path, staged_outputs, write_json
+from horizon_engine.files import staged_outputs, write_json
 from horizon_engine.import_clock import import_clock
 from horizon_engine.normalization import NORMALIZATION_FILE
 from horizon_engine.plugins import PluginHost, get_plugin_host
@@ -54,6 +54,7 @@ from horizon_engine.run_folder import (
     matches,
     read_earlier_run,
     record_failure,
+    remove_inside,
     take_over,
 )
 from horizon_engine.training import CHECKPOINTS
@@ -522,6 +523,7 @@ STAGES: tuple[Stage, ...] = (
             PROBLEM_FILE,
             CHECK_ROWS_FILE,
             CPE_EPOCHS_FILE,
+            "tensorboard/events.out.tfevents.*",
         ),
         ("timeline/timeline.json", NORMALIZATION_FILE),
         run_train_stage,
@@ -864,7 +866,7 @@ class Engine:
             outputs |= set(existing_claims(run.output_dir, stage.claims))
         for path in sorted(outputs):
             if not (continued and matches(path, stage.resumes_from)):
-                remove_path(run.output_dir / path)
+                remove_inside(run.output_dir, path, f"{MANIFEST}: stage '{stage.name}'")
         manifest["stages"].pop(stage.name, None)
         manifest["running_stage"] = stage.name
         write_json(run.output_dir / MANIFEST, manifest)

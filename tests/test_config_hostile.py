@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from horizon_engine import preflight
 from horizon_engine.cli import main
-from horizon_engine.errors import ConfigError
+from horizon_engine.errors import ConfigError, HorizonError
 from horizon_engine.pipeline import Engine
 from horizon_engine.plugins import PluginHost
 
@@ -184,3 +184,20 @@ def test_horizon_validate_prints_the_problem_in_one_line(tmp_path):
     assert f"{path}:2: [pipeline] output_dir = '/proc/self' (that is /proc/" in result.output
     assert "is in /proc, a folder of the operating system" in result.output
     assert "Traceback" not in result.output
+
+
+def test_networks_that_fail_to_allocate_are_a_clear_error(trainer_host, tmp_path, monkeypatch):
+    """Layers the config check let through (memory taken by others since, a smaller GPU) fail
+    where the trainer allocates them: one message naming the section, not torch's traceback."""
+    from test_training import pipeline
+
+    def allocate_too_much(self, problem):
+        raise RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory: "
+            "you tried to allocate 40000000000 bytes."
+        )
+
+    trainer = trainer_host.pm.get_plugin("mean_reward").MeanReward
+    monkeypatch.setattr(trainer, "setup", allocate_too_much)
+    with pytest.raises(HorizonError, match=r"\[trainer\] kind = 'mean_reward': its networks"):
+        Engine(plugins=trainer_host, show_progress=False).run(pipeline(tmp_path / "run"))

@@ -178,3 +178,25 @@ def test_inside_path_accepts_paths_inside_and_links_that_stay_inside(tmp_path):
     assert inside_path(tmp_path, "timeline/train", "test") == tmp_path / "timeline" / "train"
     assert inside_path(tmp_path, "alias/train", "test") == tmp_path / "alias" / "train"
     assert inside_path(Path(os.path.relpath(tmp_path)), "./a/b", "test").name == "b"
+
+
+def test_horizon_export_of_a_manifest_whose_pipeline_is_no_table(tmp_path):
+    run = tmp_path / "copied"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps({"config": {"pipeline": "runs/x"}}))
+    result = CliRunner().invoke(main, ["export", str(run)])
+    assert result.exit_code == 1
+    assert 'config.pipeline is "runs/x", not a table of options' in result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_linked_tensorboard_folder_leading_out_is_refused(engine, tmp_path):
+    """The TensorBoard reporter writes event files under the train stage's tensorboard/."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "tensorboard").symlink_to(elsewhere)
+    with pytest.raises(UnsafePathError, match="stage 'train', which writes tensorboard/"):
+        engine.run(pipeline(run))
+    assert list(elsewhere.iterdir()) == []
