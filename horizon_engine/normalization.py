@@ -233,13 +233,21 @@ def _continuous(mean: float, stddev: float, low: float, high: float) -> Normaliz
 def _boxcox(
     values: np.ndarray, config: NormalizationConfig
 ) -> tuple[NormalizationParameters, np.ndarray]:
-    """Box-Cox parameters (shifting to positive values first) and the transformed sample."""
+    """Box-Cox parameters (shifting to positive values first) and the transformed sample.
+
+    A sample of one value (an override's, identify never asks) has no best lambda: it gets
+    lambda 1, Box-Cox's identity up to a shift, rather than scipy's error.
+    """
     import numpy as np
     from scipy import stats
 
     low, high = float(values.min()), float(values.max())
     shift = BOXCOX_MARGIN - low if low <= 0 else 0.0
-    transformed, lambda_ = stats.boxcox(np.maximum(values + shift, EPSILON))
+    positive = np.maximum(values + shift, EPSILON)
+    if positive.min() == positive.max():
+        transformed, lambda_ = positive - 1.0, 1.0
+    else:
+        transformed, lambda_ = stats.boxcox(positive)
     parameters = NormalizationParameters(
         feature_type=FeatureType.BOXCOX,
         boxcox_lambda=float(lambda_),
