@@ -137,7 +137,7 @@ def test_local_engine_builds_a_valid_table_from_any_source_rows(tmp_path_factory
     assert len(rejected) == sum(result.rejected.values())
 
 
-SPARK_EXAMPLES = 4
+SPARK_EXAMPLES = 3
 """Spark runs a few jobs per build, seconds each: few examples, each of many episodes."""
 
 
