@@ -154,5 +154,24 @@ def test_failed_spark_tasks_are_retried_and_the_timeline_is_complete_and_unique(
     assert timeline["rows_out"] == len(failing["train"]) + len(failing["eval"])
 
 
+def test_spark_writing_fewer_partitions_than_planned_is_an_error(tmp_path, spark, monkeypatch):
+    """The files go to their split by the partition that wrote them: a plan Spark writes in
+    one partition (here coalesced; a deterministic Python filter after the window did it too)
+    once put every eval row in train while the counts said otherwise."""
+    from horizon_engine.errors import HorizonError
+    from horizon_plugins_spark import timeline as spark_timeline
+
+    rows = tmp_path / "rows.jsonl"
+    write_rows(rows)
+    n_step = spark_timeline._TimelinePlan.n_step
+    monkeypatch.setattr(
+        spark_timeline._TimelinePlan,
+        "n_step",
+        lambda plan, labelled: n_step(plan, labelled).coalesce(1),
+    )
+    with pytest.raises(HorizonError, match="Spark did not write the partitions the plan made"):
+        Engine(show_progress=False).run(pipeline(rows, tmp_path / "run", "spark"))
+
+
 if __name__ == "__main__":
     build_with_failing_tasks(Path(sys.argv[1]), Path(sys.argv[2]))
