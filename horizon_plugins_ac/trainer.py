@@ -362,6 +362,24 @@ class DeterministicActorCritic(ActorCriticTrainer):
         """No Ornstein-Uhlenbeck process yet: the first exploration module starts it."""
         self.noise_state: NoiseState | None = None
 
+    def state_dict(self) -> dict[str, Any]:
+        """The shared state plus the Ornstein-Uhlenbeck process's current value while one runs:
+        ``horizon gym train --resume`` continues mid-episode with the same noise."""
+        state = super().state_dict()
+        if self.noise_state is not None and self.noise_state.value is not None:
+            state["exploration_noise"] = self.noise_state.value.clone()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The shared state, and the process's value when the checkpoint holds one."""
+        from horizon_plugins_ac.networks import NoiseState
+
+        super().load_state_dict(state)
+        noise = state.get("exploration_noise")
+        if noise is not None:
+            self.noise_state = self.noise_state or NoiseState()
+            self.noise_state.value = noise.to(next(self.actor.parameters()).device)
+
     def build_actor(self, state_width: int, action_width: int) -> torch.nn.Module:
         from horizon_plugins_ac.networks import DeterministicActor
 

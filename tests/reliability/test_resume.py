@@ -200,23 +200,3 @@ def test_a_warm_start_from_the_runs_own_folder_is_refused_by_validate(tmp_path, 
     config["trainer"]["warm_start_from"] = str(tmp_path / "run" / ".")
     with pytest.raises(ConfigError, match=r"is this run's own output_dir.*--resume"):
         Engine(show_progress=False).validate(config)
-
-
-def test_ctrl_c_stops_horizon_gym_train_cleanly_and_says_it_does_not_resume(tmp_path, monkeypatch):
-    from horizon_engine.builtin.gym.runner import OnlineRun
-
-    def interrupted(run: OnlineRun, episode: int) -> bool:
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(OnlineRun, "_evaluate", interrupted)
-    gym_toml = tmp_path / "gym.toml"
-    gym_toml.write_text(
-        '[gym]\nenv = "CartPole-v1"\nepisodes = 3\ntrain_after_ts = 30\ntest_every_ts = 40\n'
-        '[trainer]\nkind = "dqn"\nlayers = [16]\nactivations = ["relu"]\nminibatch_size = 16\n'
-    )
-    result = CliRunner().invoke(main, ["gym", "train", str(gym_toml), "-o", str(tmp_path / "g")])
-
-    assert result.exit_code == 130
-    assert "horizon gym train does not resume" in result.output
-    manifest = json.loads((tmp_path / "g" / "manifest.json").read_text())
-    assert (manifest["status"], manifest["failed_stage"]) == ("interrupted", "training")

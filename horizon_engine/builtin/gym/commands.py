@@ -7,6 +7,7 @@ line through ``horizon_register_commands``; ``train`` carries the ``[gym]`` sect
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -135,6 +136,12 @@ def _check_env_option(env_id: str) -> None:
     type=click.Path(file_okay=False, path_type=Path),
     help="The run's folder (default: [gym] output_dir).",
 )
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Finish the folder's killed, interrupted or failed run from its last complete "
+    "evaluation, to the uninterrupted run's result (the same config and -f file).",
+)
 @_user_errors
 def gym_train(
     gym_toml: Path,
@@ -143,9 +150,11 @@ def gym_train(
     reward_history: Path | None,
     rows: Path | None,
     output_dir: Path | None,
+    resume: bool,
 ) -> None:
     """Train a policy online in a Gymnasium environment, as GYM_TOML (a gym.toml) says."""
     from horizon_engine.builtin.gym.runner import train_gym
+    from horizon_engine.pipeline import NothingToResume
 
     settings = list(overrides)
     if score_bar is not None:
@@ -156,13 +165,19 @@ def gym_train(
     spec = load_gym_spec(gym_toml, plugins, settings)
     try:
         with _interrupts_as_keyboard_interrupt():
-            result = train_gym(spec, plugins, rows, reward_history, sys.stdout.isatty())
+            result = train_gym(spec, plugins, rows, reward_history, sys.stdout.isatty(), resume)
+    except NothingToResume as exc:
+        click.echo(str(exc))
+        return
     except KeyboardInterrupt:
-        click.echo(
-            f"interrupted: {spec.gym.output_dir}/manifest.json says so; horizon gym train "
-            "does not resume, run it again to train from the start",
-            err=True,
-        )
+        command = ["horizon", "gym", "train", str(gym_toml)]
+        command += [f"--set={value}" for value in overrides]
+        if score_bar is not None:
+            command += ["--score-bar", repr(score_bar)]
+        for option, path in (("-r", reward_history), ("-f", rows), ("-o", output_dir)):
+            if path is not None:
+                command += [option, str(path)]
+        click.echo(f"interrupted; continue this run with: {shlex.join(command)} --resume", err=True)
         sys.exit(INTERRUPTED_EXIT_STATUS)
     for line in result.report(spec.gym.avg_over_num_episodes, (rows, reward_history)):
         click.echo(line)

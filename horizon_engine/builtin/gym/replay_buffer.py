@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,6 +37,21 @@ class ReplayBuffer:
     (all ones, but ``next_action_presence`` all zeros where there is no next action: after a
     termination, as the timeline's terminal rows have none), no possible-action masks.
     """
+
+    ARRAYS: tuple[str, ...] = (
+        "state",
+        "next_state",
+        "action",
+        "next_action",
+        "next_action_presence",
+        "reward",
+        "not_terminal",
+        "action_probability",
+        "episode_end",
+        "episode_id",
+        "step",
+    )
+    """The ring arrays: what a batch gathers from, and what ``state_dict`` holds."""
 
     def __init__(
         self,
@@ -74,25 +89,32 @@ class ReplayBuffer:
         self.episode_step = 0
         self.generator = torch.Generator().manual_seed(seed)
         # Tensors sharing the arrays' memory: sampling gathers from them without copying all.
-        self._tensors = {
-            name: torch.from_numpy(getattr(self, name))
-            for name in (
-                "state",
-                "next_state",
-                "action",
-                "next_action",
-                "next_action_presence",
-                "reward",
-                "not_terminal",
-                "action_probability",
-                "episode_end",
-                "episode_id",
-                "step",
-            )
-        }
+        self._tensors = {name: torch.from_numpy(getattr(self, name)) for name in self.ARRAYS}
 
     def __len__(self) -> int:
         return self.size
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything later samples depend on, for a checkpoint: the filled slots of each ring
+        array (the others still hold their initial values), the write position, the episode
+        counters and the sampling generator's state."""
+        import torch
+
+        filled = {
+            name: torch.from_numpy(getattr(self, name)[: self.size].copy()) for name in self.ARRAYS
+        }
+        return {
+            "arrays": filled,
+            "counters": [self.position, self.size, self.episode, self.episode_step],
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned, into the arrays the batches share."""
+        self.position, self.size, self.episode, self.episode_step = state["counters"]
+        for name in self.ARRAYS:
+            getattr(self, name)[: self.size] = state["arrays"][name].numpy()
+        self.generator.set_state(state["generator"])
 
     @property
     def newest(self) -> int:

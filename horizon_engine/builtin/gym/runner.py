@@ -7,8 +7,9 @@ import json
 import time
 import uuid
 from contextlib import ExitStack
+from dataclasses import asdict
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,14 +21,24 @@ from horizon_engine.builtin.gym.results import (
     GymTrainingResult,
     write_reward_history,
 )
+from horizon_engine.builtin.gym.resume import (
+    Position,
+    RowsWriter,
+    check_resumable,
+    prune_online_states,
+    read_online_state,
+    rows_writer,
+    save_online_state,
+)
 from horizon_engine.builtin.gym_source import pre_timeline_row
 from horizon_engine.config import PipelineSection, PipelineSpec
 from horizon_engine.driver import CHECK_ROWS, ProblemDescription, TrainingDriver
 from horizon_engine.errors import HorizonError
-from horizon_engine.files import atomic_output, write_json
+from horizon_engine.files import write_json
 from horizon_engine.normalization import NORMALIZATION_FILE, NormalizationConfig
 from horizon_engine.run_folder import record_failure
 from horizon_engine.schema import ActionType
+from horizon_engine.training import CHECKPOINTS
 
 if TYPE_CHECKING:
     import gymnasium
@@ -76,6 +87,7 @@ def train_gym(
     rows: Path | None = None,
     reward_history: Path | None = None,
     show_progress: bool = False,
+    resume: bool = False,
 ) -> GymTrainingResult:
     """Play, train and evaluate as ``spec`` says; write the run's files.
 
@@ -85,18 +97,39 @@ def train_gym(
     ``checkpoints/``: one per evaluation, ``latest.pt`` the last; ``check_rows.pt``: greedy-play
     states to check an export on), ``tensorboard/`` (through ``horizon_on_epoch_end``, one
     "epoch" per evaluation), ``manifest.json`` and, with ``[export]``, the exported model.
+    ``resume`` continues the output folder's interrupted run (``OnlineRun``) to the result the
+    uninterrupted run would have had.
     """
     from horizon_engine.plugins import get_plugin_host
 
     host = plugins or get_plugin_host()
-    return OnlineRun(spec, host, show_progress).run(rows, reward_history)
+    return OnlineRun(spec, host, show_progress).run(rows, reward_history, resume)
 
 
 class OnlineRun:
     """The state of one ``train_gym`` call: environments, replay buffer, training driver,
     counters. The driver trains the ``[trainer]`` as the pipeline's train stage does; this
     class plays, fills the buffer, and tells the driver when to train and when an "epoch"
-    (an evaluation) ends."""
+    (an evaluation) ends.
+
+    Resuming (``--resume``): each evaluation, once its step's row is written, is a point the
+    run can continue from exactly. The driver's epoch checkpoint holds the trainer (networks,
+    targets, optimizers, a td3/ddpg Ornstein-Uhlenbeck process's value) and torch's
+    generators; beside it, written just before, the runner's own state
+    (``resume.online_state_path``): the replay buffer and its generator, the numpy generators
+    of exploration and evaluation, the step count, the acting copy of the policy and when it
+    was taken (epsilon is a function of the step count), the evaluations, warnings and
+    outputs so far, the ``ds`` of the rows, the length of the ``-f`` rows written, and the
+    ``Position`` in the episode. Evaluations fall mid-episode and a Gymnasium environment
+    cannot be saved in general, so the training environment is restored by replay: the
+    episode's reset is repeated (with the seed for episode 1, else from the environment's
+    generator state recorded before the reset) and its actions so far are played again, which
+    brings any environment whose episodes depend only on its generator and the actions
+    (classic control, Box2D, MuJoCo) to the same state; the replayed observation must equal
+    the recorded one, or the resume is refused. The evaluation environments are reset with a
+    fresh seed each time and carry nothing over. A kill before the first evaluation leaves
+    nothing to continue from: the resumed run starts over.
+    """
 
     def __init__(self, spec: GymSpec, plugins: PluginHost, show_progress: bool) -> None:
         from horizon_engine.run_context import RunContext
@@ -121,12 +154,22 @@ class OnlineRun:
         """A Box action space: actions are vectors, ``_choose`` returns them."""
         self.refreshed_at = 0
         self.steps = 0
+        self.ds = self.config.ds or dt.date.today().isoformat()
+        """The ``ds`` of the ``-f`` rows: a resumed run keeps the interrupted run's."""
+        self.episode_actions: list[Any] = []
+        """The actions of the training episode under way (as plain data), for a replay."""
+        self.episode_random: str | None = None
+        """The training environment's generator state (JSON) before this episode's reset."""
+        self.rows_path: Path | None = None
         self.evaluations: list[Evaluation] = []
         self.warnings: list[str] = []
         self.outputs: list[str] = []
 
-    def run(self, rows: Path | None, reward_history: Path | None) -> GymTrainingResult:
-        """Play and train, record the result, then export.
+    def run(
+        self, rows: Path | None, reward_history: Path | None, resume: bool = False
+    ) -> GymTrainingResult:
+        """Play and train (with ``resume``, from the folder's interrupted run: ``_resume``),
+        record the result, then export.
 
         Training's record does not depend on the export: the ``-r`` history, the manifest's
         ``result``, ``outputs`` and ``seconds`` are written once training ends. A failed export
@@ -134,12 +177,19 @@ class OnlineRun:
         its ``error`` beside that result, and raises ``ExportAfterTrainingError`` (the training
         report, then the export's error) for a ``HorizonError``, or the exporter's own
         exception otherwise. A failure before that records ``"failed_stage": "training"``.
+        The runner's resume state is removed once the manifest says the run succeeded.
         """
         import torch
 
         started = time.perf_counter()
+        earlier = check_resumable(self.spec) if resume else None
         self.output_dir.mkdir(parents=True, exist_ok=True)
         manifest = self._start_manifest()
+        if earlier is not None:
+            continued = earlier.manifest.get("continued_runs")
+            earlier_runs = continued if isinstance(continued, list) else []
+            manifest["continued_runs"] = [earlier.run_id, *map(str, earlier_runs)]
+        self.rows_path = Path(rows).resolve() if rows is not None else None
         manifest["rows_file"] = str(rows) if rows is not None else None
         manifest["reward_history_file"] = str(reward_history) if reward_history else None
         threads = torch.get_num_threads()  # the driver sets [trainer] threads once set up
@@ -152,12 +202,11 @@ class OnlineRun:
         try:
             with ExitStack() as envs:
                 self._open_envs(envs)
-                with ExitStack() as files:
-                    handle = None
-                    if rows is not None:
-                        temporary = files.enter_context(atomic_output(Path(rows)))
-                        handle = files.enter_context(temporary.open("w", encoding="utf-8"))
-                    episodes = self._play(handle)
+                position, offset = self._resume() if resume else (None, None)
+                if position is not None:
+                    manifest["resumed_after_evaluation"] = self.driver.epoch
+                with rows_writer(rows, offset) as writer:
+                    episodes = self._play(writer, position)
                 if reward_history is not None:
                     write_reward_history(reward_history, self.evaluations)
                 result = self._result(episodes, started)
@@ -180,6 +229,7 @@ class OnlineRun:
         if exported is not None:
             manifest["export"] = exported
         self._finish(manifest)
+        prune_online_states(self.output_dir, None)
         return result
 
     def _result(self, episodes: int, started: float) -> GymTrainingResult:
@@ -254,15 +304,19 @@ class OnlineRun:
         self.rng = np.random.default_rng(config.seed)
         self.eval_rng = np.random.default_rng([config.seed, 1])
 
-    def _play(self, rows: IO[str] | None) -> int:
-        """The training episodes, then a last evaluation unless one was just made; returns
-        how many episodes were played."""
+    def _play(self, rows: RowsWriter | None, position: Position | None) -> int:
+        """The training episodes (from a resumed run's ``position`` on), then a last
+        evaluation unless one was just made; returns how many episodes were played."""
         config = self.config
-        ds = config.ds or dt.date.today().isoformat()
-        episode = 0
+        episode, first = 0, 1
+        if position is not None:
+            episode = position.episode
+            first = config.episodes + 1 if position.stopped else episode + int(position.ended)
         with self.run_context.progress(f"{config.env} episodes", config.episodes) as advance:
-            for episode in range(1, config.episodes + 1):
-                if self._episode(episode, rows, ds):
+            advance(first - 1)
+            for episode in range(first, config.episodes + 1):
+                resumed = position if position is not None and episode == position.episode else None
+                if self._episode(episode, rows, resumed):
                     break
                 advance(1)
         if self.driver is None:
@@ -272,21 +326,27 @@ class OnlineRun:
             )
             return episode
         if not self.evaluations or self.evaluations[-1].timestep != self.steps:
-            self._evaluate(episode)
+            finished = Position(episode, 0, True, True, [], None, 0.0, [], None)
+            self._end_epoch(self._evaluation(episode), finished, rows)
         self._save_check_rows()
         self.outputs += self.driver.outputs
         return episode
 
-    def _episode(self, episode: int, rows: IO[str] | None, ds: str) -> bool:
-        """Play one training episode; True when an evaluation reached the score bar."""
+    def _episode(self, episode: int, rows: RowsWriter | None, resumed: Position | None) -> bool:
+        """Play one training episode, or the rest of a resumed run's episode from its step;
+        True when an evaluation reached the score bar. An evaluation's checkpoint comes once
+        its step's row is written: the run can continue from there (``Position``)."""
         config, env = self.config, self.env
-        observation, _ = env.reset(seed=config.seed if episode == 1 else None)
-        state = self._flatten(observation)
-        self._reset_exploration()
-        action, probability = self._choose(state)
-        step = 0
+        if resumed is None:
+            state, action, probability = self._start_episode(episode)
+            step = 0
+        else:
+            state = np.asarray(resumed.state, dtype=np.float64)
+            action, probability = self._action_from(resumed.action), resumed.probability
+            step = resumed.step
         while True:
             observation, reward, terminated, truncated, _ = env.step(self._env_action(action))
+            self.episode_actions.append(np.asarray(action).tolist())
             next_state = self._flatten(observation)
             step += 1
             self.steps += 1
@@ -294,7 +354,7 @@ class OnlineRun:
             self.buffer.add(state, action, probability, reward, next_state, terminated, ended)
             logged, possible = self._logged(action)
             row = pre_timeline_row(
-                ds, episode - 1, step - 1, state, logged, probability, reward, possible
+                self.ds, episode - 1, step - 1, state, logged, probability, reward, possible
             )
             if self.driver is None and self.steps == config.train_after_ts:
                 self._set_up()
@@ -304,21 +364,140 @@ class OnlineRun:
                 # truncation it is drawn for SARSA's sake but not played.
                 action, probability = self._choose(next_state)
                 self.buffer.set_next_action(action)
-            reached = False
+            evaluation = None
             if self.driver is not None:
                 self._train()
-                reached = self.steps % config.test_every_ts == 0 and self._evaluate(episode)
+                if self.steps % config.test_every_ts == 0:
+                    evaluation = self._evaluation(episode)
+            reached = evaluation is not None and self._reaches_bar(evaluation)
             if rows is not None:
                 # An episode cut by a time limit, or stopped here by the score bar, did not
                 # end: its last row says so, and the timeline makes no terminal row of it.
                 if not terminated and (ended or reached):
                     row["truncated"] = True
-                rows.write(json.dumps(row) + "\n")
+                rows.write(json.dumps(row))
+            if evaluation is not None:
+                position = Position(
+                    episode,
+                    step,
+                    ended,
+                    reached,
+                    next_state.tolist(),
+                    np.asarray(action).tolist(),
+                    probability,
+                    list(self.episode_actions),
+                    self.episode_random,
+                )
+                self._end_epoch(evaluation, position, rows)
             if reached:
                 return True
             if ended:
                 return False
             state = next_state
+
+    def _start_episode(self, episode: int) -> tuple[np.ndarray, Any, float]:
+        """Reset the training environment (with the seed for episode 1, recording its
+        generator's state before a later reset), restart the exploration; the first state and
+        the action chosen in it."""
+        random = self.env.unwrapped.np_random.bit_generator.state if episode > 1 else None
+        self.episode_random = json.dumps(random) if random is not None else None
+        self.episode_actions = []
+        observation, _ = self.env.reset(seed=self.config.seed if episode == 1 else None)
+        state = self._flatten(observation)
+        self._reset_exploration()
+        action, probability = self._choose(state)
+        return state, action, probability
+
+    def _replay(self, position: Position) -> None:
+        """Bring the fresh training environment to ``position``: reset it as its episode was
+        reset, play the episode's actions again, and check that it arrives at the recorded
+        observation (an environment that depends on more than its generator would not)."""
+        env = self.env
+        if position.env_random is None:
+            observation, _ = env.reset(seed=self.config.seed)
+        else:
+            env.unwrapped.np_random.bit_generator.state = json.loads(position.env_random)
+            observation, _ = env.reset()
+        for action in position.actions:
+            observation, *_ = env.step(self._env_action(self._action_from(action)))
+        if not np.array_equal(self._flatten(observation), np.asarray(position.state)):
+            raise HorizonError(
+                f"--resume: [gym] env = {self.config.env!r} did not come back to the recorded "
+                f"observation when its episode {position.episode} was replayed to step "
+                f"{position.step}: its episodes depend on more than its seed and the actions "
+                "played, so the run cannot continue as it would have; train again without "
+                "--resume"
+            )
+        self.episode_random = position.env_random
+        self.episode_actions = list(position.actions)
+
+    def _action_from(self, saved: Any) -> Any:
+        """An action as ``Position`` and ``episode_actions`` hold it (plain data), as played."""
+        return np.asarray(saved, dtype=np.float64) if self.continuous else int(saved)
+
+    def _resume(self) -> tuple[Position | None, int | None]:
+        """Continue the folder's interrupted run from its last complete evaluation: the
+        training driver as it was then (``TrainingDriver.resume``), the runner's state of the
+        same evaluation, the training environment replayed to where it stood. Returns the
+        ``Position`` to play on from and the byte length of the ``-f`` rows then, or
+        ``(None, None)`` when no evaluation was complete: the run starts over."""
+        from horizon_engine.normalization import read_normalization
+        from horizon_engine.training import last_epoch_checkpoint
+
+        if last_epoch_checkpoint(self.output_dir / CHECKPOINTS) is None:
+            return None, None
+        self._start_driver(read_normalization(self.output_dir / NORMALIZATION_FILE))
+        self.driver.resume()
+        state = read_online_state(self.output_dir, self.driver.epoch)
+        self._check_rows_file(state["rows_file"])
+        self.steps, self.refreshed_at = int(state["steps"]), int(state["refreshed_at"])
+        self.ds = str(state["ds"])
+        self.evaluations = [Evaluation(**evaluation) for evaluation in state["evaluations"]]
+        self.warnings, self.outputs = list(state["warnings"]), list(state["outputs"])
+        self.rng.bit_generator.state = json.loads(state["rng"])
+        self.eval_rng.bit_generator.state = json.loads(state["eval_rng"])
+        self.buffer.load_state_dict(state["buffer"])
+        refreshed_at = self.refreshed_at
+        self._refresh()
+        self.acting.load_state_dict(state["acting"])
+        self.refreshed_at = refreshed_at
+        position = Position(**state["position"])
+        if not position.stopped:
+            self._replay(position)
+        return position, state["rows_offset"]
+
+    def _check_rows_file(self, recorded: str | None) -> None:
+        """A resumed run appends to the interrupted run's ``-f`` rows: the same file."""
+        if recorded == (str(self.rows_path) if self.rows_path is not None else None):
+            return
+        if recorded is None:
+            raise HorizonError(
+                f"--resume: the interrupted run wrote no -f rows, so it cannot give "
+                f"{self.rows_path} all of them; resume without -f"
+            )
+        raise HorizonError(
+            f"--resume: the interrupted run wrote its -f rows to {recorded}; resume with "
+            f"-f {recorded}, where the rows so far wait to be continued"
+        )
+
+    def _online_state(self, position: Position, rows: RowsWriter | None) -> dict[str, Any]:
+        """What the rest of the run depends on besides the driver's checkpoint (the class
+        docstring lists it), as tensors and plain data."""
+        return {
+            "position": asdict(position),
+            "steps": self.steps,
+            "refreshed_at": self.refreshed_at,
+            "ds": self.ds,
+            "evaluations": [asdict(evaluation) for evaluation in self.evaluations],
+            "warnings": list(self.warnings),
+            "outputs": list(self.outputs),
+            "rng": json.dumps(self.rng.bit_generator.state),
+            "eval_rng": json.dumps(self.eval_rng.bit_generator.state),
+            "buffer": self.buffer.state_dict(),
+            "acting": self.acting.state_dict(),
+            "rows_file": str(self.rows_path) if self.rows_path is not None else None,
+            "rows_offset": rows.offset() if rows is not None else None,
+        }
 
     def _flatten(self, observation: Any) -> np.ndarray:
         import gymnasium
@@ -411,8 +590,6 @@ class OnlineRun:
         """At the end of the warm-up: fit (or, for a warm start, read) the normalization,
         write it, and start the training driver (which sets the trainer up, from the earlier
         run's checkpoint for a warm start), on ``[trainer] threads`` from here on."""
-        import torch
-
         from horizon_engine.normalization import read_normalization, write_normalization
 
         trainer_config = self.spec.trainer.config
@@ -427,16 +604,22 @@ class OnlineRun:
             normalization = self._identify(self.spec.normalization_config)
         write_normalization(self.output_dir / NORMALIZATION_FILE, normalization)
         self.outputs.append(NORMALIZATION_FILE)
-        self.driver = TrainingDriver(
-            self.run_context, self.spec.trainer, self._problem(), normalization
-        )
-        torch.set_num_threads(self.driver.threads)  # for training and acting; run() restores
+        self._start_driver(normalization)
         if "epochs" in trainer_config.model_fields_set:
             self.warnings.append(
                 "[trainer] epochs is not used online: [gym] episodes and the score bar say "
                 "how long to train"
             )
         self._refresh()
+
+    def _start_driver(self, normalization: Normalization) -> None:
+        """The training driver of this environment's problem, on ``[trainer] threads``."""
+        import torch
+
+        self.driver = TrainingDriver(
+            self.run_context, self.spec.trainer, self._problem(), normalization
+        )
+        torch.set_num_threads(self.driver.threads)  # for training and acting; run() restores
 
     def _check_features(self, normalization: dict[str, dict[str, Any]], where: str) -> None:
         """Normalization read from a file must describe this environment's observations (and,
@@ -554,29 +737,42 @@ class OnlineRun:
         if self.steps - self.refreshed_at >= config.policy_refresh_ts:
             self._refresh()
 
-    def _evaluate(self, episode: int) -> bool:
-        """Greedy episodes, then the driver's end of an "epoch" with their figures (a
-        checkpoint, the epoch hook); True when the bar is reached."""
+    def _evaluation(self, episode: int) -> Evaluation:
+        """Greedy episodes of the trained policy, added to the evaluations."""
         returns = self._greedy_returns(self.driver.trainer.policy())
         evaluation = Evaluation(self.steps, episode, returns)
         self.evaluations.append(evaluation)
+        return evaluation
+
+    def _reaches_bar(self, evaluation: Evaluation) -> bool:
+        bar = self.config.score_bar
+        return bar is not None and evaluation.mean_return >= bar
+
+    def _end_epoch(
+        self, evaluation: Evaluation, position: Position, rows: RowsWriter | None
+    ) -> None:
+        """The driver's end of an "epoch" with the evaluation's figures (the epoch hook, a
+        checkpoint), the runner's state at ``position`` written just before it, and the
+        previous evaluation's runner state removed once the checkpoint is in place."""
+        returns = evaluation.returns
         metrics = {
             "Evaluation/mean_return": evaluation.mean_return,
             "Evaluation/min_return": float(min(returns)),
             "Evaluation/max_return": float(max(returns)),
             "Gym/timestep": float(self.steps),
-            "Gym/episode": float(episode),
+            "Gym/episode": float(evaluation.episode),
         }
         if not self.continuous:
             metrics["Gym/epsilon"] = epsilon_at(self.steps, self.config)
         checkpoint = {
             "timestep": self.steps,
-            "episode": episode,
+            "episode": evaluation.episode,
             "mean_return": evaluation.mean_return,
         }
+        epoch = self.driver.epoch + 1
+        save_online_state(self.output_dir, epoch, self._online_state(position, rows))
         self.driver.end_epoch(metrics, checkpoint=checkpoint)
-        bar = self.config.score_bar
-        return bar is not None and evaluation.mean_return >= bar
+        prune_online_states(self.output_dir, epoch)
 
     def _greedy_returns(self, policy: torch.nn.Module) -> list[float]:
         """One greedy episode in each evaluation environment (for a Box space: the actions of
@@ -677,8 +873,8 @@ class OnlineRun:
         self.plugins.on_run_end(self.run_context, manifest)
 
     def _interrupted(self, manifest: dict[str, Any]) -> None:
-        """``_finish`` for a run stopped by Ctrl-C (or SIGTERM): ``"status": "interrupted"``.
-        An online run does not resume (its environments' states are not checkpointed)."""
+        """``_finish`` for a run stopped by Ctrl-C (or SIGTERM): ``"status": "interrupted"``,
+        which ``--resume`` continues from its last complete evaluation."""
         manifest["status"] = "interrupted"
-        manifest["error"] = "interrupted (Ctrl-C or SIGTERM)"
+        manifest["error"] = "interrupted (Ctrl-C or SIGTERM); continue it with --resume"
         self._finish(manifest)
