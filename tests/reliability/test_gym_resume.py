@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from horizon_engine.builtin.gym.config import load_gym_spec
@@ -250,7 +251,21 @@ def test_ctrl_c_stops_cleanly_and_prints_the_command_that_resumes(
     assert_same_online_result(uninterrupted("dqn"), tmp_path)
 
 
-def test_a_changed_config_or_another_rows_file_is_refused(tmp_path, monkeypatch):
+def test_a_run_stopped_in_its_warm_up_starts_over_to_the_same_result(
+    tmp_path, uninterrupted, monkeypatch
+):
+    config = gym_config(tmp_path / "run")
+    with monkeypatch.context() as patch, pytest.raises(InjectedCrash):
+        patch.setattr(OnlineRun, "_set_up", crash_instead)
+        train(config, tmp_path)
+    assert (tmp_path / ".rows.jsonl.partial").stat().st_size > 0
+
+    train(config, tmp_path, resume=True)
+
+    assert_same_online_result(uninterrupted("dqn"), tmp_path)
+
+
+def test_a_changed_config_another_rows_file_or_a_crafted_state_is_refused(tmp_path, monkeypatch):
     config = gym_config(tmp_path / "run")
     with monkeypatch.context() as patch, pytest.raises(InjectedCrash):
         crash_after_second_evaluation(patch)
@@ -263,6 +278,10 @@ def test_a_changed_config_or_another_rows_file_is_refused(tmp_path, monkeypatch)
     spec = load_gym_spec(config, PluginHost())
     with pytest.raises(HorizonError, match=r"wrote its -f rows to .*rows\.jsonl; resume with"):
         train_gym(spec, rows=tmp_path / "other.jsonl", resume=True)
+    state = tmp_path / "run" / "checkpoints" / "online-0002.pt"
+    torch.save({"position": {}, "rows_file": str((tmp_path / "rows.jsonl").resolve())}, state)
+    with pytest.raises(HorizonError, match=r"online-0002\.pt does not hold the runner state"):
+        train(config, tmp_path, resume=True)
 
 
 def test_nothing_to_resume_in_a_finished_run_or_an_empty_folder(tmp_path, uninterrupted):

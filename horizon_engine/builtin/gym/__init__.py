@@ -45,12 +45,17 @@ Decisions:
   replay buffer, whose n-step window is ``[gym] n_step``) and ends an "epoch" at each
   evaluation. The run folder then describes itself (``problem.json``, and ``check_rows.pt``:
   greedy-play states), so ``horizon export`` re-exports a gym run as it does any trained run.
+- ``--resume`` continues a killed or interrupted run from its last evaluation to the result of
+  the uninterrupted run, to the bit on a CPU: the runner's state is saved beside each
+  evaluation's checkpoint, and the training environment, which Gymnasium cannot save, is
+  brought back by replaying its episode (``runner.OnlineRun`` says how).
 
 torch and gymnasium are imported where they are used, as everywhere in the core: loading this
 plugin (``horizon --help``, ``horizon plugins``) imports neither.
 
 Modules: ``commands`` (the ``gym`` group), ``config`` (gym.toml), ``replay_buffer``,
-``runner`` (playing, training, evaluating) and ``results`` (evaluations and the reward history).
+``runner`` (playing, training, evaluating), ``resume`` (what ``--resume`` reads and checks) and
+``results`` (evaluations and the reward history).
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from horizon_engine.builtin.gym.resume import (
     Position,
     RowsWriter,
     check_resumable,
+    online_state_path,
     prune_online_states,
     read_online_state,
     rows_writer,
@@ -449,7 +450,22 @@ class OnlineRun:
         self._start_driver(read_normalization(self.output_dir / NORMALIZATION_FILE))
         self.driver.resume()
         state = read_online_state(self.output_dir, self.driver.epoch)
-        self._check_rows_file(state["rows_file"])
+        self._check_rows_file(state.get("rows_file"))
+        try:
+            position, offset = self._restore(state)
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            path = online_state_path(self.output_dir, self.driver.epoch)
+            raise HorizonError(
+                f"--resume: {path} does not hold the runner state of this run "
+                f"({type(exc).__name__}: {exc}); train again without --resume"
+            ) from None
+        if not position.stopped:
+            self._replay(position)
+        return position, offset
+
+    def _restore(self, state: dict[str, Any]) -> tuple[Position, int | None]:
+        """The runner as ``_online_state`` recorded it; the ``Position`` it stood at and the
+        length of the ``-f`` rows then (None without -f)."""
         self.steps, self.refreshed_at = int(state["steps"]), int(state["refreshed_at"])
         self.ds = str(state["ds"])
         self.evaluations = [Evaluation(**evaluation) for evaluation in state["evaluations"]]
@@ -461,10 +477,8 @@ class OnlineRun:
         self._refresh()
         self.acting.load_state_dict(state["acting"])
         self.refreshed_at = refreshed_at
-        position = Position(**state["position"])
-        if not position.stopped:
-            self._replay(position)
-        return position, state["rows_offset"]
+        offset = None if self.rows_path is None else int(state["rows_offset"])
+        return Position(**state["position"]), offset
 
     def _check_rows_file(self, recorded: str | None) -> None:
         """A resumed run appends to the interrupted run's ``-f`` rows: the same file."""
