@@ -34,9 +34,8 @@ LOGGED_ACTIONS = [*ACTIONS, "c"]
 LAYOUT = RowLayout(RowFormat.PRE_TIMELINE, ActionType.DISCRETE)
 KEYS = [("mdp_id", "ascending"), ("sequence_number", "ascending")]
 
-numbers = st.one_of(
-    st.floats(-1e6, 1e6), st.sampled_from([math.nan, math.inf, -math.inf, 0.0, 1e300])
-)
+finite = st.floats(-1e6, 1e6)
+numbers = st.one_of(finite, st.sampled_from([math.nan, math.inf, -math.inf, 0.0, 1e300]))
 sequence_numbers = st.one_of(
     st.integers(0, 20), st.integers(0, 2**62), st.sampled_from([0, 2**31, 2**53 + 1])
 )
@@ -49,16 +48,24 @@ def logged_rows(draw: st.DrawFn, max_episodes: int = 6) -> list[dict[str, Any]]:
     rows = []
     for mdp_id in draw(st.lists(mdp_ids, max_size=max_episodes, unique=True)):
         for step in draw(st.lists(sequence_numbers, max_size=6)):
+            # One row in four may hold non-finite values (which the source refuses): the others
+            # pass, so that the engine has episodes to build.
+            values = draw(st.sampled_from([finite, finite, finite, numbers]))
             row: dict[str, Any] = {
                 "mdp_id": mdp_id,
                 "sequence_number": step,
-                "state_features": draw(st.dictionaries(st.sampled_from("012"), numbers)),
-                "action": draw(st.sampled_from(LOGGED_ACTIONS)),
+                "state_features": draw(st.dictionaries(st.sampled_from("012"), values)),
+                "action": draw(st.sampled_from([*ACTIONS, *LOGGED_ACTIONS])),
                 "action_probability": draw(st.floats(0.01, 1.0)),
-                "reward": draw(st.one_of(st.none(), numbers)),
-                "metrics": draw(st.dictionaries(st.sampled_from(["clicks", "cost"]), numbers)),
+                "reward": draw(st.one_of(values, values, values, st.none())),
+                "metrics": draw(st.dictionaries(st.sampled_from(["clicks", "cost"]), values)),
                 "possible_actions": draw(
-                    st.one_of(st.none(), st.lists(st.sampled_from(LOGGED_ACTIONS), unique=True))
+                    st.one_of(
+                        st.none(),
+                        st.lists(st.sampled_from(ACTIONS), unique=True),
+                        st.lists(st.sampled_from(ACTIONS), unique=True),
+                        st.lists(st.sampled_from(LOGGED_ACTIONS), unique=True),
+                    )
                 ),
                 "truncated": draw(st.one_of(st.none(), st.booleans())),
             }
