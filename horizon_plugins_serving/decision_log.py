@@ -58,7 +58,33 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from horizon_engine import HorizonError, detect_layout
+
+UUID4_CLEARED = ~((0xC000 << 48) | (0xF000 << 64))
+UUID4_SET = (0x8000 << 48) | (4 << 76)
+"""The variant and version bits of a random UUID, as ``uuid.uuid4`` sets them."""
+
+
+def decision_ids(count: int) -> list[str]:
+    """``count`` random (version 4) UUIDs as 32 hex digits, what ``uuid.uuid4().hex`` gives,
+    from one ``os.urandom`` call, in a quarter of uuid4's time."""
+    randomness = os.urandom(16 * count)
+    return [
+        f"{int.from_bytes(randomness[start : start + 16]) & UUID4_CLEARED | UUID4_SET:032x}"
+        for start in range(0, 16 * count, 16)
+    ]
+
+
+def json_line(record: Mapping[str, Any]) -> bytes:
+    """A record as one line of compact JSON (UTF-8, newline-ended): by orjson, or by Python's
+    ``json`` for what orjson refuses (an integer beyond 64 bits, which a feature value of up to
+    float32's 39 digits may be)."""
+    try:
+        return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+    except orjson.JSONEncodeError:
+        return (json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
 
 
 def decision_rows(
@@ -79,10 +105,9 @@ def decision_rows(
     timestamp = now.isoformat()
     ds = timestamp[:10]  # the date, as strftime("%Y-%m-%d") gives it in a tenth of the time
     rows = []
-    for row, (state, action, propensity) in enumerate(
-        zip(states, actions, propensities, strict=True)
+    for row, (state, action, propensity, decision_id) in enumerate(
+        zip(states, actions, propensities, decision_ids(len(states)), strict=True)
     ):
-        decision_id = uuid.uuid4().hex
         possible = possible_actions[row] if possible_actions is not None else None
         mdp_id = mdp_ids[row] if mdp_ids is not None else None
         record = {
@@ -124,9 +149,9 @@ class DecisionLog:
     def append(self, rows: Iterable[Mapping[str, Any]]) -> None:
         """Write the rows, complete lines, with one system call (after the rows of an earlier
         failed write, which are written first)."""
-        lines = [json.dumps(row, separators=(",", ":")) + "\n" for row in rows]
+        lines = [json_line(row) for row in rows]
         if lines:
-            self._unwritten += "".join(lines).encode("utf-8")
+            self._unwritten += b"".join(lines)
             self.pending += len(lines)
             self.flush()
 

@@ -1,0 +1,69 @@
+"""``horizon serve``'s fast paths read and write what the exact ones did: orjson's reading of a
+body gives way to Python's ``json`` where the two would differ (integers beyond 64 bits), the
+log's lines and the answers fall back to ``json`` for what orjson cannot write, decision ids
+are uuid4's, and POST /decisions, answered outside Starlette's routing, keeps its 405, 401
+and 422."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from starlette.testclient import TestClient
+from test_serve_hostile import tiny_model
+
+from horizon_plugins_serving.decision_log import (
+    DecisionLog,
+    decision_ids,
+    json_line,
+    read_decisions,
+)
+from horizon_plugins_serving.predictor import Predictor
+from horizon_plugins_serving.request_body import decode_body
+from horizon_plugins_serving.server import build_app
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory):
+    return tiny_model(tmp_path_factory.mktemp("tiny") / "model.onnx")
+
+
+@pytest.mark.parametrize(
+    "number", [-(2**63) - 1, -(2**63), 2**63, 2**64 - 1, 2**64, 10**30, -(10**39)]
+)
+def test_integers_near_and_beyond_64_bits_are_read_exactly(number):
+    assert decode_body(b'{"value": %d}' % number) == {"value": number}
+
+
+def test_decision_ids_are_distinct_uuid4_hex():
+    ids = decision_ids(1000)
+    assert len(set(ids)) == 1000
+    for text in ids:
+        parsed = uuid.UUID(hex=text)
+        assert (parsed.version, parsed.variant, parsed.hex) == (4, uuid.RFC_4122, text)
+
+
+def test_a_log_line_orjson_cannot_write_is_written_by_json(tmp_path):
+    rows = [{"state_features": {"big": 10**38, "café": 0.5}, "mdp_id": "é"}]
+    assert json_line(rows[0]).endswith(b"\n")
+    with DecisionLog(tmp_path / "log.jsonl") as log:
+        log.append(rows)
+    assert read_decisions(tmp_path / "log.jsonl").rows == rows
+
+
+def test_decisions_outside_starlettes_routing_keep_their_statuses(model, tmp_path):
+    app = build_app(Predictor(model), DecisionLog(tmp_path / "d.jsonl"), token="tok")
+    bearer = {"authorization": "Bearer tok"}
+    with TestClient(app) as client:
+        assert client.get("/decisions").status_code == 405
+        refused = client.post("/decisions", json={"rows": []})
+        assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
+        too_big = {"state_features": {"0": 1.0}, "sequence_number": 2**64}
+        answer = client.post("/decisions", json={"rows": [too_big]}, headers=bearer)
+        assert answer.status_code == 422
+        assert "expected a 64-bit integer, found 18446744073709551616" in answer.json()["error"]
+        big_feature = {"state_features": {"0": 10**30}}
+        answer = client.post("/decisions", json={"rows": [big_feature]}, headers=bearer)
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["content-type"] == "application/json"
+    assert read_decisions(tmp_path / "d.jsonl").rows[0]["state_features"] == {"0": 10**30}
