@@ -33,6 +33,7 @@ from horizon_engine.errors import HorizonError
 from horizon_engine.pipeline import NothingToResume
 from horizon_engine.plugins import PluginHost
 from tests.reliability.conftest import assert_same_result, toml_text
+from tests.test_training import scalars
 
 pytestmark = pytest.mark.reliability
 
@@ -111,10 +112,12 @@ def crash_instead(run: OnlineRun) -> None:
     raise InjectedCrash
 
 
-def assert_same_online_result(expected: Path, found: Path) -> None:
+def assert_same_online_result(expected: Path, found: Path, killed: bool = False) -> None:
     """``found`` holds the uninterrupted run's result: the run folders' files (checkpoints,
     normalization, check rows) byte-identical, the final tensors equal, the same model and
-    outputs, the same -f rows and -r history, and the manifest's evaluations."""
+    outputs, the same -f rows and -r history, the manifest's evaluations and, unless the run
+    was ``killed`` (TensorBoard's writer may not have written a queued evaluation yet, and the
+    resumed run does not tell it again), TensorBoard's scalars."""
     assert_same_result(expected / "run", found / "run")
     for name in ("rows.jsonl", "history.csv"):
         assert (found / name).read_bytes() == (expected / name).read_bytes(), name
@@ -129,6 +132,18 @@ def assert_same_online_result(expected: Path, found: Path) -> None:
     assert got["result"] == want["result"]
     assert got["outputs"] == want["outputs"]
     assert not list((found / "run" / "checkpoints").glob("online-*.pt"))
+    if not killed:
+        assert evaluation_scalars(found / "run") == evaluation_scalars(expected / "run")
+
+
+def evaluation_scalars(run_dir: Path) -> dict[str, dict[int, float]]:
+    """TensorBoard's scalars over every event file of the run (the interrupted run's too),
+    by tag and evaluation; an evaluation told twice must have the same figures."""
+    found: dict[str, dict[int, float]] = {}
+    for tag, points in scalars(run_dir / "tensorboard").items():
+        for step, value in points:
+            assert found.setdefault(tag, {}).setdefault(step, value) == value
+    return found
 
 
 @pytest.mark.parametrize("kind", ["dqn", "td3"])
@@ -223,7 +238,7 @@ def test_a_sigkilled_horizon_gym_train_resumes_to_the_uninterrupted_result(tmp_p
     result = CliRunner().invoke(main, [*arguments, "--resume"])
 
     assert result.exit_code == 0, result.output
-    assert_same_online_result(uninterrupted("dqn"), tmp_path)
+    assert_same_online_result(uninterrupted("dqn"), tmp_path, killed=True)
     again = CliRunner().invoke(main, [*arguments, "--resume"])
     assert (again.exit_code, again.output.startswith("nothing to resume")) == (0, True)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from horizon_engine.errors import HorizonError
-from horizon_engine.files import atomic_output, remove_path
+from horizon_engine.files import WRITE_REFUSED, atomic_output, remove_path
 from horizon_engine.pipeline import NothingToResume, config_changes
 from horizon_engine.run_folder import MANIFEST, EarlierRun, read_earlier_run
 from horizon_engine.training import CHECKPOINTS, read_checkpoint
@@ -176,6 +176,12 @@ def rows_writer(rows: Path | None, offset: int | None) -> Iterator[RowsWriter | 
         handle = partial.open("r+b")
         handle.truncate(offset)
         handle.seek(offset)
-    with handle:
-        yield RowsWriter(handle)
+    try:
+        with handle:
+            yield RowsWriter(handle)
+    except OSError as exc:
+        # A full or read-only disk met by a write names no file: name the one the user gave.
+        if exc.errno in WRITE_REFUSED and exc.filename in (None, str(partial)):
+            raise OSError(exc.errno, os.strerror(exc.errno), str(rows)) from exc
+        raise
     os.replace(partial, rows)

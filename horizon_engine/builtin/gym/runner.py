@@ -453,14 +453,14 @@ class OnlineRun:
         self._check_rows_file(state.get("rows_file"))
         try:
             position, offset = self._restore(state)
+            if not position.stopped:
+                self._replay(position)
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             path = online_state_path(self.output_dir, self.driver.epoch)
             raise HorizonError(
                 f"--resume: {path} does not hold the runner state of this run "
                 f"({type(exc).__name__}: {exc}); train again without --resume"
             ) from None
-        if not position.stopped:
-            self._replay(position)
         return position, offset
 
     def _restore(self, state: dict[str, Any]) -> tuple[Position, int | None]:
