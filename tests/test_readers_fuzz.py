@@ -152,7 +152,8 @@ def test_jsonl_reader_on_truncated_compressed_files(lines, cut, compression):
         except HorizonError as exc:
             assert str(exc).startswith(str(path))
             return
-        check_batches(batches, len(lines), path)
+        # Cut to nothing, the file is an empty one; cut less, it is whole or refused.
+        check_batches(batches, len(lines) if cut < len(packed) else 0, path)
 
 
 def test_an_empty_jsonl_file_yields_no_rows(tmp_path):
