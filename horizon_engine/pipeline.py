@@ -82,7 +82,8 @@ class Stage:
     and ``resume=True`` for a stage that continues from ``resumes_from`` on ``--resume``."""
     resumes_from: tuple[str, ...] = ()
     """Outputs (claims) an interrupted run of the stage leaves for ``--resume`` to continue
-    from, rather than to remove: the train stage's epoch checkpoints."""
+    from, rather than to remove: the train stage's epoch checkpoints and the event files of
+    the epochs they hold."""
 
     def configured(self, spec: PipelineSpec) -> bool:
         return (
@@ -527,7 +528,11 @@ STAGES: tuple[Stage, ...] = (
         ),
         ("timeline/timeline.json", NORMALIZATION_FILE),
         run_train_stage,
-        resumes_from=(f"{CHECKPOINTS}/latest.pt", f"{CHECKPOINTS}/epoch-*.pt"),
+        resumes_from=(
+            f"{CHECKPOINTS}/latest.pt",
+            f"{CHECKPOINTS}/epoch-*.pt",
+            "tensorboard/events.out.tfevents.*",
+        ),
     ),
     Stage(
         "evaluation",
