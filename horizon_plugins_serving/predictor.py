@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -249,6 +250,7 @@ class Predictor:
             if self.continuous
             else ["scores"]
         )
+        self.one_row = OneRowBinding.for_model(self)
         self.exploration = exploration or Exploration()
         self.rng = np.random.default_rng(seed)
         self.strict_features = strict_features
@@ -275,6 +277,9 @@ class Predictor:
     def _count_featureless(self, presence: np.ndarray) -> None:
         """Count the rows of a batch that the model sees as all-absent, and say so in the log
         at the 1st, 10th, 100th, ... such row: a model decides on them, but on its defaults."""
+        rows, width = presence.shape
+        if np.count_nonzero(presence) > (rows - 1) * width:
+            return  # more present features than all rows but one can hold: none is empty
         count = int((presence.sum(axis=1) == 0).sum()) if presence.size else len(presence)
         if not count:
             return
@@ -335,7 +340,12 @@ class Predictor:
     # -- scoring --------------------------------------------------------------------------
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        """The session on prepared inputs, fetching only what the Predictor needs."""
+        """The session on prepared inputs, fetching only what the Predictor needs (one row of
+        a discrete model through its ``OneRowBinding``)."""
+        if self.one_row is not None and len(feeds) == 2 and len(feeds["features"]) == 1:
+            scores = self.one_row.run(feeds["features"], feeds["presence"])
+            if scores is not None:
+                return [scores]
         return self.session.run(self.fetch, feeds)
 
     def scores(
@@ -454,6 +464,68 @@ class Predictor:
             controller.update(sent)
         propensities = np.where(sent, p_send, 1.0 - p_send)
         return Predictions([send if s else drop for s in sent], propensities, scores)
+
+
+class OneRowBinding:
+    """A discrete model's session bound to preallocated one-row ``features``, ``presence``
+    and ``scores`` arrays: a batch of one row, what ``horizon serve`` mostly gets, then costs
+    no new input or output arrays and none of ``InferenceSession.run``'s checks of the feeds,
+    a fifth of the call's time.
+
+    One caller at a time: ``run`` takes a lock without waiting, and answers None (run the
+    session the usual way) while another thread holds it."""
+
+    def __init__(self, session: Any, width: int, actions: int) -> None:
+        import onnxruntime
+
+        self.session = session
+        self.features = np.zeros((1, width), np.float32)
+        self.presence = np.zeros((1, width), np.float32)
+        self.scores = np.zeros((1, actions), np.float32)
+        self.binding = session.io_binding()
+        self.values = {
+            name: onnxruntime.OrtValue.ortvalue_from_numpy(array)  # shares the array's memory
+            for name, array in (
+                ("features", self.features),
+                ("presence", self.presence),
+                ("scores", self.scores),
+            )
+        }
+        self.binding.bind_ortvalue_input("features", self.values["features"])
+        self.binding.bind_ortvalue_input("presence", self.values["presence"])
+        self.binding.bind_ortvalue_output("scores", self.values["scores"])
+        self.lock = threading.Lock()
+
+    @classmethod
+    def for_model(cls, predictor: Predictor) -> OneRowBinding | None:
+        """The binding of a discrete model whose inputs are ``features`` and ``presence``
+        and whose ``scores`` have a column per action, by its declared shapes; else None."""
+        session = predictor.session
+        inputs = {node.name: node.shape for node in session.get_inputs()}
+        outputs = {node.name: node.shape for node in session.get_outputs()}
+        width, actions = len(predictor.feature_ids), len(predictor.actions)
+        shapes = (inputs.get("features"), inputs.get("presence"), outputs.get("scores"))
+        if (
+            predictor.continuous
+            or predictor.parametric
+            or set(inputs) != {"features", "presence"}
+            or any(shape is None or len(shape) != 2 for shape in shapes)
+            or [shape[1] for shape in shapes] != [width, width, actions]
+        ):
+            return None
+        return cls(session, width, actions)
+
+    def run(self, features: np.ndarray, presence: np.ndarray) -> np.ndarray | None:
+        """The scores of one row, or None while another thread runs the binding."""
+        if not self.lock.acquire(blocking=False):
+            return None
+        try:
+            self.features[...] = features
+            self.presence[...] = presence
+            self.session.run_with_iobinding(self.binding)
+            return self.scores.copy()
+        finally:
+            self.lock.release()
 
 
 def _sample(names: Any, shown: int = 5) -> str:

@@ -1,13 +1,16 @@
 """``horizon serve``'s fast paths read and write what the exact ones did: orjson's reading of a
 body gives way to Python's ``json`` where the two would differ (integers beyond 64 bits), the
 log's lines and the answers fall back to ``json`` for what orjson cannot write, decision ids
-are uuid4's, and POST /decisions, answered outside Starlette's routing, keeps its 405, 401
-and 422."""
+are uuid4's (and a forked child's are its own), a one-row batch scored through the
+preallocated binding scores as a plain run does, and POST /decisions, answered outside
+Starlette's routing, keeps its 405, 401 and 422."""
 
 from __future__ import annotations
 
+import os
 import uuid
 
+import numpy as np
 import pytest
 from starlette.testclient import TestClient
 from test_serve_hostile import tiny_model
@@ -41,6 +44,34 @@ def test_decision_ids_are_distinct_uuid4_hex():
     for text in ids:
         parsed = uuid.UUID(hex=text)
         assert (parsed.version, parsed.variant, parsed.hex) == (4, uuid.RFC_4122, text)
+
+
+def test_a_forked_child_makes_decision_ids_of_its_own():
+    decision_ids(1)  # the pool holds bytes the child must not hand out again
+    reading, writing = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.write(writing, "".join(decision_ids(100)).encode())
+        os._exit(0)
+    os.close(writing)
+    os.waitpid(child, 0)
+    with os.fdopen(reading, "rb") as pipe:
+        theirs = pipe.read().decode()
+    ours = "".join(decision_ids(100))
+    assert len(theirs) == len(ours) == 3200 and theirs != ours
+
+
+def test_one_row_through_the_binding_scores_as_a_plain_run(model):
+    predictor = Predictor(model)
+    assert predictor.one_row is not None
+    states = [{"0": 0.5, "1": -2.0, "3": 1.0}, {"2": 3.0}, {}]
+    expected = predictor.session.run(
+        ["scores"], dict(zip(("features", "presence"), predictor.state_arrays(states), strict=True))
+    )[0]
+    for row, state in enumerate(states):
+        np.testing.assert_array_equal(predictor.predict([state]).scores, expected[row : row + 1])
+    with predictor.one_row.lock:  # another thread scoring: the plain run answers
+        np.testing.assert_array_equal(predictor.predict(states[:1]).scores, expected[:1])
 
 
 def test_a_log_line_orjson_cannot_write_is_written_by_json(tmp_path):
