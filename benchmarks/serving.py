@@ -22,10 +22,14 @@ scoring, logging and our JSON cost over the HTTP stack itself. The load: 8 keep-
 connections on 127.0.0.1 from one asyncio loop, each sending its next request when its answer
 has come, a fixed number of requests in all, at batch 1 and at batch 64, the two servers taking
 turns in 5 rounds.
-Decisions per second (rows answered over wall time) and each request's latency (p50, p99). The
-client shares the machine's cores with the server, as a client on the same host would. Then
-memory: a fresh ``horizon serve``'s resident set (``VmRSS``) after 10,000 batch-1 requests and
-after ``--memory-requests`` (100,000; 20,000 with ``--quick``), which the issue wants equal.
+Decisions per second (rows answered over wall time), each request's latency (p50, p99), and
+each server's CPU time per request (user and system, from ``/proc/PID/stat``), which other work
+on the machine sways far less than the rates. The client is the same for both servers (one
+Python process, asyncio streams) and shares the machine's cores with them, as a client on the
+same host would: on 2 cores it costs some 50 microseconds a request, less than either server.
+Then memory: a fresh ``horizon serve``'s resident set (``VmRSS``) after 10,000 batch-1
+requests and after ``--memory-requests`` (100,000; 20,000 with ``--quick``), which the issue
+wants equal. ``--http-only`` skips the Predictor's figures and the memory run.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import signal
 import subprocess
@@ -167,6 +172,11 @@ class HttpServer:
             sys.exit(f"{command[0]} did not start: {first!r}")
         self.host, self.port = found[1].removeprefix("http://"), int(found[2])
 
+    def cpu_seconds(self) -> float:
+        """The server's user and system CPU time so far."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def rss_mib(self) -> float:
         status = Path(f"/proc/{self.process.pid}/status").read_text()
         return int(re.search(r"VmRSS:\s+(\d+) kB", status)[1]) / 1024
@@ -234,32 +244,49 @@ def measure_http(model: Path, folder: Path, requests: int, memory_requests: int)
             load(ours, bodies[: CLIENTS * 10])  # warm up
             load(baseline, bodies[: CLIENTS * 10])
             seconds = {"ours": 0.0, "bare": 0.0}
+            cpu = {"ours": 0.0, "bare": 0.0}
             latencies: dict[str, list[float]] = {"ours": [], "bare": []}
             for round_ in range(ROUNDS):
                 sides = [("ours", ours), ("bare", baseline)]
                 for name, server in sides if round_ % 2 == 0 else sides[::-1]:
+                    before = server.cpu_seconds()
                     elapsed, times = load(server, bodies)
+                    cpu[name] += server.cpu_seconds() - before
                     seconds[name] += elapsed
                     latencies[name] += times
-            report_http(batch, len(bodies) * ROUNDS, seconds, latencies)
+            report_http(batch, len(bodies) * ROUNDS, seconds, cpu, latencies)
     finally:
         ours.stop()
         baseline.stop()
-    measure_memory([*serve, "--log", str(folder / "memory.jsonl")], memory_requests)
+    if memory_requests:
+        measure_memory([*serve, "--log", str(folder / "memory.jsonl")], memory_requests)
 
 
 def report_http(
-    batch: int, count: int, seconds: dict[str, float], latencies: dict[str, list[float]]
+    batch: int,
+    count: int,
+    seconds: dict[str, float],
+    cpu: dict[str, float],
+    latencies: dict[str, list[float]],
 ) -> None:
     rates = {name: count * batch / seconds[name] for name in seconds}
+    cpu_us = {name: cpu[name] / count * 1e6 for name in cpu}
     print(f"HTTP batch {batch}, {count:,} requests each over {CLIENTS} keep-alive connections:")
     for name in rates:
         p50, p99 = np.percentile(latencies[name], [50, 99])
-        print(f"  {name:12s} {rates[name]:10,.0f} decisions/s  p50 {p50:8.1f}us  p99 {p99:8.1f}us")
+        print(
+            f"  {name:12s} {rates[name]:10,.0f} decisions/s  p50 {p50:8.1f}us  "
+            f"p99 {p99:8.1f}us  server CPU {cpu_us[name]:6.1f}us a request"
+        )
+    print(f"  ours at {rates['ours'] / rates['bare']:.2f}x the bare server's rate")
     print(
         f"RESULT name=serving_http_b{batch} ours_rows_per_s={rates['ours']:.0f} "
         f"baseline=bare_starlette baseline_rows_per_s={rates['bare']:.0f} "
         f"ratio={rates['bare'] / rates['ours']:.2f}"
+    )
+    print(
+        f"RESULT name=serving_http_cpu_b{batch} ours={cpu_us['ours']:.1f}us "
+        f"baseline={cpu_us['bare']:.1f}us ratio={cpu_us['ours'] / cpu_us['bare']:.2f}"
     )
     for q in (50, 99):
         a, b = (np.percentile(latencies[name], q) for name in ("ours", "bare"))
@@ -328,6 +355,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20_000, help="HTTP requests at batch 1")
     parser.add_argument("--memory-requests", type=int, default=100_000)
     parser.add_argument("--model", type=Path, help="an exported model.onnx to measure")
+    parser.add_argument(
+        "--http-only", action="store_true", help="only the HTTP figures: no Predictor, no memory"
+    )
     parser.add_argument("--bare-http-server", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.bare_http_server:
@@ -339,8 +369,9 @@ def main() -> None:
     memory_requests = 20_000 if args.quick else args.memory_requests
     with tempfile.TemporaryDirectory() as folder:
         model = args.model or train_model(Path(folder))
-        measure(model, calls, big_calls)
-        measure_http(model, Path(folder), requests, memory_requests)
+        if not args.http_only:
+            measure(model, calls, big_calls)
+        measure_http(model, Path(folder), requests, 0 if args.http_only else memory_requests)
 
 
 if __name__ == "__main__":
