@@ -12,6 +12,8 @@ replaces them instead of plotting beside them.
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from horizon_engine.hookspecs import hookimpl
@@ -22,8 +24,35 @@ if TYPE_CHECKING:
 TENSORBOARD = "tensorboard"
 """The run's folder of event files."""
 
-_writers: dict[str, Any] = {}
-"""Open writers by run id: a run's epochs append to one event file."""
+
+class _EventFile:
+    """One run's event file, written synchronously: an epoch's scalars are in the file when
+    ``horizon_on_epoch_end`` returns, before the epoch's checkpoint is written. tensorboardX's
+    ``SummaryWriter`` queues events for a background thread that its ``flush`` does not wait
+    for, so a run killed just after an epoch lost that epoch's scalars, and ``--resume``
+    continues after the epoch."""
+
+    def __init__(self, folder: Path, run_id: str) -> None:
+        from tensorboardX.event_file_writer import EventsWriter
+
+        folder.mkdir(parents=True, exist_ok=True)
+        self._events = EventsWriter(str(folder / "events"), f".{run_id}")
+
+    def write(self, metrics: dict[str, float], step: int) -> None:
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.summary import scalar
+
+        for name, value in metrics.items():
+            summary = scalar(name, value)
+            self._events.write_event(Event(wall_time=time.time(), step=step, summary=summary))
+        self._events.flush()
+
+    def close(self) -> None:
+        self._events.close()
+
+
+_writers: dict[str, _EventFile] = {}
+"""Open event files by run id: a run's epochs append to one event file."""
 _listed: set[str] = set()
 """Run ids whose event file is listed already, among the outputs of the stage that began it."""
 
@@ -32,15 +61,8 @@ _listed: set[str] = set()
 def horizon_on_epoch_end(run: RunContext, epoch: int, metrics: dict[str, float]) -> None:
     writer = _writers.get(run.run_id)
     if writer is None:
-        from tensorboardX import SummaryWriter
-
-        writer = SummaryWriter(
-            logdir=str(run.output_dir / TENSORBOARD), filename_suffix=f".{run.run_id}"
-        )
-        _writers[run.run_id] = writer
-    for name, value in metrics.items():
-        writer.add_scalar(name, value, epoch)
-    writer.flush()
+        writer = _writers[run.run_id] = _EventFile(run.output_dir / TENSORBOARD, run.run_id)
+    writer.write(metrics, epoch)
 
 
 @hookimpl
