@@ -244,6 +244,16 @@ def _holds_a_run(folder: Path) -> bool:
     return isinstance(manifest, dict) and isinstance(manifest.get("stages"), dict)
 
 
+def _current_and_above() -> tuple[Path, ...]:
+    """The current folder and the folders above it; none when the current folder was removed
+    (a process may outlive the folder it started in)."""
+    try:
+        current = Path.cwd()
+    except FileNotFoundError:
+        return ()
+    return (current, *current.parents)
+
+
 def _shared_folder(path: Path) -> str | None:
     """Why ``path`` is a folder a run may not take over, or None."""
     try:
@@ -258,7 +268,7 @@ def _shared_folder(path: Path) -> str | None:
         return f"{shown}is in {system}, a folder of the operating system"
     if _holds_a_run(path):
         return None
-    if resolved in (Path.cwd(), *Path.cwd().parents):
+    if resolved in _current_and_above():
         return f"{shown}is the current folder or one above it"
     if (resolved / ".git").exists():
         return f"{shown}is the top of a git work tree (a project's checkout)"

@@ -201,3 +201,14 @@ def test_networks_that_fail_to_allocate_are_a_clear_error(trainer_host, tmp_path
     monkeypatch.setattr(trainer, "setup", allocate_too_much)
     with pytest.raises(HorizonError, match=r"\[trainer\] kind = 'mean_reward': its networks"):
         Engine(plugins=trainer_host, show_progress=False).run(pipeline(tmp_path / "run"))
+
+
+def test_an_output_dir_is_checked_when_the_current_folder_was_removed(
+    engine, tmp_path, monkeypatch
+):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    config = {"pipeline": {"output_dir": str(tmp_path / "run")}, "source": {"kind": "gym"}}
+    assert engine.validate(config).pipeline.output_dir == str(tmp_path / "run")
