@@ -2,7 +2,8 @@
 body gives way to Python's ``json`` where the two would differ (integers beyond 64 bits), the
 log's lines and the answers fall back to ``json`` for what orjson cannot write, decision ids
 are uuid4's (and a forked child's are its own), a one-row batch scored through the
-preallocated binding scores as a plain run does, and POST /decisions, answered outside
+preallocated binding scores as a plain run does, a model's nodes that the fetched outputs do
+not need are left out of the session, and POST /decisions, answered outside
 Starlette's routing, keeps its 405, 401 and 422."""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from horizon_plugins_serving.decision_log import (
     json_line,
     read_decisions,
 )
-from horizon_plugins_serving.predictor import Predictor
+from horizon_plugins_serving.predictor import Predictor, file_digest
 from horizon_plugins_serving.request_body import decode_body
 from horizon_plugins_serving.server import build_app
 
@@ -72,6 +73,27 @@ def test_one_row_through_the_binding_scores_as_a_plain_run(model):
         np.testing.assert_array_equal(predictor.predict([state]).scores, expected[row : row + 1])
     with predictor.one_row.lock:  # another thread scoring: the plain run answers
         np.testing.assert_array_equal(predictor.predict(states[:1]).scores, expected[:1])
+
+
+def test_nodes_the_fetched_scores_do_not_need_are_left_out(model, tmp_path):
+    import onnx
+    import onnxruntime
+    from onnx import helper
+
+    full = onnx.load(str(model))
+    full.graph.node.append(helper.make_node("Softmax", ["scores"], ["probabilities"]))
+    full.graph.output.append(
+        helper.make_tensor_value_info("probabilities", onnx.TensorProto.FLOAT, ["rows", 2])
+    )
+    onnx.save(full, str(tmp_path / "two_outputs.onnx"))
+    predictor = Predictor(tmp_path / "two_outputs.onnx")
+    assert [output.name for output in predictor.session.get_outputs()] == ["scores"]
+    states = [{"0": 0.5, "1": -2.0}, {"2": 3.0, "3": 1.0}]
+    feeds = dict(zip(("features", "presence"), predictor.state_arrays(states), strict=True))
+    unpruned = onnxruntime.InferenceSession(str(tmp_path / "two_outputs.onnx"))
+    expected = unpruned.run(["scores"], feeds)[0]
+    np.testing.assert_array_equal(predictor.predict(states).scores, expected)
+    assert predictor.model_id == file_digest(tmp_path / "two_outputs.onnx")[:16]
 
 
 def test_a_log_line_orjson_cannot_write_is_written_by_json(tmp_path):
