@@ -4,10 +4,13 @@ log's lines and the answers fall back to ``json`` for what orjson cannot write, 
 are uuid4's (and a forked child's are its own), a one-row batch scored through the
 preallocated binding scores as a plain run does, a model's nodes that the fetched outputs do
 not need are left out of the session, and POST /decisions, answered outside
-Starlette's routing, keeps its 405, 401 and 422."""
+Starlette's routing, keeps its 405, 401 and 422; requests that arrive together are decided in
+one run of at most ``max_batch`` rows, each answered its own decisions, logged first."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import uuid
 
@@ -120,3 +123,81 @@ def test_decisions_outside_starlettes_routing_keep_their_statuses(model, tmp_pat
         assert answer.status_code == 200, answer.text
         assert answer.headers["content-type"] == "application/json"
     assert read_decisions(tmp_path / "d.jsonl").rows[0]["state_features"] == {"0": 10**30}
+
+
+async def post_together(app, bodies: list[bytes]) -> list[object]:
+    """POST each body to ``app`` (an ASGI app) from tasks started in the same turn of the
+    event loop; each one's (status, JSON answer), or the exception its request raised."""
+
+    async def post(body: bytes) -> tuple[int, object]:
+        sent = []
+
+        async def receive():
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/decisions", "headers": []}
+        await app(scope, receive, send)
+        return sent[0]["status"], json.loads(sent[1]["body"])
+
+    app.service.writer.start()
+    try:
+        return await asyncio.gather(*map(post, bodies), return_exceptions=True)
+    finally:
+        await app.service.writer.stop()
+
+
+def counting_decide(service) -> list[int]:
+    """Replace ``service.decide`` by a wrapper that records each call's number of rows."""
+    calls: list[int] = []
+    decide = service.decide
+
+    def counted(rows):
+        calls.append(len(rows))
+        return decide(rows)
+
+    service.decide = counted
+    return calls
+
+
+def rows_body(count: int) -> bytes:
+    return json.dumps(
+        {"rows": [{"state_features": {"0": float(i)}} for i in range(count)]}
+    ).encode()
+
+
+def test_requests_arriving_together_are_decided_in_one_run_and_logged_before_answers(
+    model, tmp_path
+):
+    app = build_app(Predictor(model), DecisionLog(tmp_path / "d.jsonl"))
+    calls = counting_decide(app.service)
+    answers = asyncio.run(post_together(app, [rows_body(n) for n in (1, 3, 2, 1)]))
+    assert calls == [7]
+    assert [status for status, _ in answers] == [200] * 4
+    assert [len(answer["decisions"]) for _, answer in answers] == [1, 3, 2, 1]
+    answered = [d["decision_id"] for _, answer in answers for d in answer["decisions"]]
+    logged = read_decisions(tmp_path / "d.jsonl").rows
+    assert [row["decision_id"] for row in logged] == answered
+    assert [row["state_features"] for row in logged][1:4] == [{"0": i} for i in (0.0, 1.0, 2.0)]
+
+
+def test_a_batch_of_requests_stays_within_max_batch_rows(model, tmp_path):
+    app = build_app(Predictor(model), DecisionLog(tmp_path / "d.jsonl"), max_batch=3)
+    calls = counting_decide(app.service)
+    answers = asyncio.run(post_together(app, [rows_body(n) for n in (2, 1, 2, 3)]))
+    assert calls == [3, 2, 3]
+    assert [len(answer["decisions"]) for _, answer in answers] == [2, 1, 2, 3]
+
+
+def test_an_error_deciding_a_batch_fails_its_requests_and_logs_nothing(model, tmp_path):
+    app = build_app(Predictor(model), DecisionLog(tmp_path / "d.jsonl"))
+
+    def broken(rows):
+        raise RuntimeError("the model broke")
+
+    app.service.decide = broken
+    answers = asyncio.run(post_together(app, [rows_body(1), rows_body(2)]))
+    assert [str(answer) for answer in answers] == ["the model broke"] * 2
+    assert read_decisions(tmp_path / "d.jsonl").rows == []
