@@ -88,6 +88,17 @@ def line_problem(text: str | bytes, check: Callable[[Any], str | None]) -> str |
     return check(row) or timestamp_problem(row["timestamp"])
 
 
+def decision_line_problem(line: bytes) -> str | None:
+    """What is wrong with a whole decision line, as the local engine's reader words it: a line
+    that is JSON but not one the next run can take (not UTF-8, a lone surrogate, too deep) by
+    the parser's reason alone; a line that is not JSON is torn, not bad (None)."""
+    try:
+        row = parse_json_line(line)
+    except BadLine as exc:
+        return None if exc.kind == "invalid_json" else exc.reason
+    return decision_problem(row) or timestamp_problem(row["timestamp"])
+
+
 def bad_metrics(metrics: Any) -> str | None:
     """What is wrong with a reward row's ``metrics``, or None: each value follows the rule
     of every row's values (``horizon_engine.number_problem``), so that the joined row is one

@@ -6,14 +6,17 @@ one exception. The join runs on the executors as SQL expressions, without Python
 executor needs nothing but Spark; what reaches the driver is counts, the few ids and lines the
 report names, and the bad rows it shows, whose reasons the local engine's own checks word.
 
-The rows and counts are the local engine's (``tests/test_join.py`` holds the two to that). A
-decision_id given as a number fails both engines; Spark's JSON reader would take it as its
-text, so Spark finds it by a pattern on the line (``STRING_ID``).
+The rows and counts are the local engine's (``tests/test_join.py`` and
+``tests/test_join_spark_hostile.py`` hold the two to that). Where Spark's reader would take a
+line the local one refuses, a pattern on the line's text finds it first: a decision_id given
+as a number (Spark would take it as its text: ``STRING_ID``), bytes that are not UTF-8 (Spark
+would read each as U+FFFD) and a lone surrogate escape (Spark would read it as ``?``:
+``lone_surrogate``). A bad row's reason is worded by the local engine's checks, from the
+line's bytes as they are in the file.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import shutil
@@ -21,13 +24,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from horizon_engine import HorizonError, atomic_output
+from horizon_engine import FLOAT32_MAX, HorizonError, atomic_output, number_problem
 from horizon_plugins_serving.join_readers import ignored_files, is_parquet, parquet_files
 from horizon_plugins_serving.join_report import SHOWN, BadRows, JoinReport
 from horizon_plugins_serving.join_rows import (
     JOINED_ALREADY,
     MISSING_ID,
-    decision_problem,
+    decision_line_problem,
     line_problem,
     reward_problem,
     timestamp_problem,
@@ -42,6 +45,15 @@ ZONE = r"(Z|z|[+-][0-9]{2}(:?[0-9]{2})?)$"
 
 STRING_ID = r'"decision_id"\s*:\s*"'
 """A line whose decision_id is a JSON string: Spark's reader would take a number as its text."""
+
+ESCAPES = (
+    r"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}"  # a surrogate pair
+    r"|\\u[0-9a-fA-F]{4}|\\."  # any other escape, an escaped backslash included
+)
+"""A JSON line's escapes, one match each, read left to right (so that ``\\\\ud800`` is an escaped
+backslash and text): a surrogate escape matched alone is a lone surrogate."""
+
+LONE_SURROGATE = r"^\\u[dD][89a-fA-F][0-9a-fA-F]{2}$"
 
 FILE_SHIFT = 40
 """A Parquet row's position: its file's order times 2**40 plus its row in the file."""
@@ -82,6 +94,16 @@ def micros(text: Column) -> Column:
 
     parsed = F.unix_micros(F.try_to_timestamp(text))
     return F.when(text.rlike(ZONE), parsed)
+
+
+def lone_surrogate(text: Column) -> Column:
+    """Whether a JSON line escapes a lone surrogate (``json_lines``' ``bad_text``), which
+    Spark's reader would take as ``?``. Only a line with a surrogate escape is looked at."""
+    from pyspark.sql import functions as F
+
+    escapes = F.regexp_extract_all(text, F.lit(ESCAPES), 0)
+    lone = F.exists(escapes, lambda escape: escape.rlike(LONE_SURROGATE))
+    return F.when(text.rlike(r"\\u[dD][89a-fA-F]"), lone).otherwise(F.lit(False))
 
 
 # --- reading ----------------------------------------------------------------------------------
@@ -169,7 +191,10 @@ class Checked:
 
         rejected = self.frame.filter(F.col("status") == "bad")
         shown = 2 * SHOWN if bad.skip else 1
-        examples = rejected.orderBy("position").limit(shown).collect()
+        examples = rejected.orderBy("position").limit(shown)
+        if "text" in self.frame.columns:  # the line's bytes, as the local engine reads them
+            examples = examples.withColumn("raw", F.col("text").cast("binary"))
+        examples = examples.collect()
         for row in examples:
             bad.found(self.where(row), self.reason(row), self.kind, row.position)
         bad.flush()
@@ -195,15 +220,22 @@ def check_jsonl_decisions(spark: SparkSession, path: Path, report: JoinReport) -
         "decision_id string, timestamp string, metrics string, torn string",
         {"columnNameOfCorruptRecord": "torn"},
     )
-    whole = F.col("row.torn").isNull() & F.ltrim("text").startswith("{")
+    json = F.col("row.torn").isNull()
+    whole = json & F.ltrim("text").startswith("{")
     if torn_last is not None:
         whole = whole & (F.col("line") != torn_last)
     frame = lines.select(
-        F.col("line").alias("position"), "text", parsed.alias("row"), whole.alias("whole")
+        F.col("line").alias("position"),
+        "text",
+        parsed.alias("row"),
+        whole.alias("whole"),
+        # Not a row the next run can take, whole or not (as ``json_lines`` finds it).
+        (~F.is_valid_utf8("text") | (json & lone_surrogate(F.col("text")))).alias("bad_text"),
     ).select(
         "position",
         "text",
         "whole",
+        "bad_text",
         F.col("row.decision_id").alias("decision_id"),
         micros(F.col("row.timestamp")).alias("micros"),
         F.col("row.metrics").isNotNull().alias("has_metrics"),
@@ -214,12 +246,17 @@ def check_jsonl_decisions(spark: SparkSession, path: Path, report: JoinReport) -
         | F.col("micros").isNull()
         | F.col("has_metrics")
     )
-    status = F.when(~F.col("whole"), "torn").when(bad, "bad").otherwise("good")
+    status = (
+        F.when(F.col("bad_text"), "bad")
+        .when(~F.col("whole"), "torn")
+        .when(bad, "bad")
+        .otherwise("good")
+    )
     checked = Checked(
-        frame.withColumn("status", status).drop("whole", "has_metrics"),
+        frame.withColumn("status", status).drop("whole", "bad_text", "has_metrics"),
         "decision",
         lambda row: f"{path}:{row.position}",
-        lambda row: line_problem(row.text, decision_problem) or "rejected by Spark's reader",
+        lambda row: decision_line_problem(bytes(row.raw)) or "rejected by Spark's reader",
     )
     torn = checked.frame.filter(F.col("status") == "torn").select("position")
     report.torn_lines = torn.count()
@@ -262,25 +299,36 @@ def check_parquet_decisions(spark: SparkSession, path: Path) -> Checked:
 METRICS = "map<string,double>"
 
 
-def check_rewards(spark: SparkSession, path: Path) -> Checked:
-    """Reward rows as (position, decision_id, micros, metrics map), classified good or bad."""
+def check_rewards(spark: SparkSession, path: Path, report: JoinReport) -> Checked:
+    """Reward rows as (position, decision_id, micros, metrics map), classified good, bad or
+    torn (a JSONL file's last line, cut by a crash mid-write: counted in the report)."""
     from pyspark.sql import functions as F
 
     frame, where, reason = (check_parquet_rewards if is_parquet(path) else check_jsonl_rewards)(
         spark, path
-    )
-    finite = F.forall(
-        F.map_values("metrics"), lambda value: ~F.isnan(value) & (F.abs(value) != float("inf"))
     )
     good = (
         F.col("whole")
         & (F.coalesce(F.col("decision_id"), F.lit("")) != "")
         & F.col("micros").isNotNull()
         & F.col("metrics").isNotNull()
-        & finite
+        & F.forall(F.map_values("metrics"), holdable)
     )
-    status = F.when(F.coalesce(good, F.lit(False)), "good").otherwise("bad")
-    return Checked(frame.withColumn("status", status), "reward", where, reason)
+    status = (
+        F.when(F.col("torn"), "torn").when(F.coalesce(good, F.lit(False)), "good").otherwise("bad")
+    )
+    checked = Checked(frame.withColumn("status", status).drop("torn"), "reward", where, reason)
+    if not is_parquet(path):
+        report.torn_reward_lines = checked.frame.filter(F.col("status") == "torn").count()
+    return checked
+
+
+def holdable(value: Column) -> Column:
+    """The rule of every row's values (``horizon_engine.number_problem``) for a number Spark
+    read as a double: finite, and within float32 (null, NaN and infinities are not)."""
+    from pyspark.sql import functions as F
+
+    return F.coalesce(F.abs(value) <= FLOAT32_MAX, F.lit(False))
 
 
 Located = tuple["DataFrame", Callable[["Row"], str], Callable[["Row"], str]]
@@ -290,21 +338,27 @@ Located = tuple["DataFrame", Callable[["Row"], str], Callable[["Row"], str]]
 def check_jsonl_rewards(spark: SparkSession, path: Path) -> Located:
     from pyspark.sql import functions as F
 
-    lines, _ = numbered_lines(spark, path)
+    lines, torn_last = numbered_lines(spark, path)
     schema = f"decision_id string, timestamp string, metrics {METRICS}, bad string"
     parsed = F.from_json("text", schema, {"columnNameOfCorruptRecord": "bad"})
+    json = F.col("row.bad").isNull()
+    utf8 = F.is_valid_utf8("text")
+    torn = F.lit(False) if torn_last is None else (F.col("position") == torn_last) & utf8 & ~json
     frame = lines.select(F.col("line").alias("position"), "text", parsed.alias("row")).select(
         "position",
         "text",
         F.col("row.decision_id").alias("decision_id"),
         micros(F.col("row.timestamp")).alias("micros"),
         F.col("row.metrics").alias("metrics"),
-        (F.col("row.bad").isNull() & F.col("text").rlike(STRING_ID)).alias("whole"),
+        (json & F.col("text").rlike(STRING_ID) & utf8 & ~lone_surrogate(F.col("text"))).alias(
+            "whole"
+        ),
+        torn.alias("torn"),
     )
     return (
         frame,
         lambda row: f"{path}:{row.position}",
-        lambda row: line_problem(row.text, reward_problem) or "rejected by Spark's reader",
+        lambda row: line_problem(bytes(row.raw), reward_problem) or "rejected by Spark's reader",
     )
 
 
@@ -327,6 +381,7 @@ def check_parquet_rewards(spark: SparkSession, path: Path) -> Located:
         timestamp_micros(frame).alias("micros"),
         metrics.cast(METRICS).alias("metrics"),
         F.lit(True).alias("whole"),
+        F.lit(False).alias("torn"),
     )
 
     def reason(row: Row) -> str:
@@ -335,8 +390,10 @@ def check_parquet_rewards(spark: SparkSession, path: Path) -> Located:
         if row.metrics is None:
             return "metrics is missing"
         for name, value in row.metrics.items():
-            if value is None or not math.isfinite(value):
-                return f"metric {name!r} is {value!r}, expected a finite number"
+            if value is None or number_problem(value) is not None:
+                return (
+                    f"metric {name!r}: {number_problem(value) if value is not None else 'missing'}"
+                )
         return timestamp_problem(row.timestamp_text) or "rejected by Spark's reader"
 
     return frame, lambda row: parquet_location(files, row.position), reason
@@ -371,9 +428,9 @@ def join_spark(
         log = check_parquet_decisions(spark, decisions)
     else:
         log = check_jsonl_decisions(spark, decisions, report)
-    rewards = check_rewards(spark, rewards_path)
+    rewards = check_rewards(spark, rewards_path, report)
     try:
-        _join(spark, log.good(bad), rewards.good(bad), report, output, decisions)
+        _join(spark, log.good(bad), rewards.good(bad), bad, output, decisions)
     finally:
         log.unpersist()
         rewards.unpersist()
@@ -384,13 +441,14 @@ def _join(
     spark: SparkSession,
     rows: DataFrame,
     rewards: DataFrame,
-    report: JoinReport,
+    bad: BadRows,
     output: Path,
     decisions: Path,
 ) -> None:
     """Count, sum and write, as ``plan_join`` and ``join_local`` do; fills ``report``."""
     from pyspark.sql import functions as F
 
+    report = bad.report
     defaults = report.default_metrics
 
     groups = (
@@ -438,12 +496,18 @@ def _join(
     report.unknown_ids = [row.decision_id for row in unknown.collect()]
 
     attached = matched.filter("inside")
-    sums = (
+    summed = (
         attached.select("decision_id", F.explode("metrics").alias("metric", "value"))
         .groupBy("decision_id", "metric")
         .agg(F.sum("value").alias("value"))
-        .groupBy("decision_id")
-        .agg(F.array_sort(F.collect_list(F.struct("metric", "value"))).alias("entries"))
+        .persist()
+    )
+    unholdable = _unholdable_sums(summed, firsts, bad)
+    if unholdable is not None:
+        firsts = firsts.join(unholdable, "decision_id", "left_anti")
+        attached = attached.join(unholdable, "decision_id", "left_anti")
+    sums = summed.groupBy("decision_id").agg(
+        F.array_sort(F.collect_list(F.struct("metric", "value"))).alias("entries")
     )
     rewarded = (
         attached.select(F.col("first_position").alias("position"), "decision_id")
@@ -480,6 +544,36 @@ def _join(
     write_joined(spark, joined, decisions, output)
     groups.unpersist()
     matched.unpersist()
+    summed.unpersist()
+
+
+def _unholdable_sums(summed: DataFrame, firsts: DataFrame, bad: BadRows) -> DataFrame | None:
+    """The decisions whose summed metric training's float32 cannot hold (each reward fits,
+    their sum does not), as ``join``'s ``_drop_unholdable_sums`` finds them: each such sum is a
+    bad decision row, named as the local engine names it; the decisions' ids, or None if none.
+    The report's counts of decisions leave them out."""
+    from pyspark.sql import functions as F
+
+    over = summed.filter(~holdable(F.col("value"))).join(firsts, "decision_id")
+    shown = 2 * SHOWN if bad.skip else 1
+    examples = over.orderBy("first_position", "metric").limit(shown).collect()
+    if not examples:
+        return None
+    for row in examples:
+        bad.found(
+            f"decision {row.decision_id!r}",
+            f"metric {row.metric!r} summed over its rewards: {number_problem(row.value)}",
+            "decision",
+            row.first_position,
+        )
+    bad.flush()
+    report = bad.report
+    report.bad_decision_rows += over.count() - len(examples)
+    decisions = over.select("decision_id").distinct()
+    count = decisions.count()
+    report.decisions -= count
+    report.decision_rows -= count
+    return decisions
 
 
 def write_joined(spark: SparkSession, joined: DataFrame, decisions: Path, output: Path) -> None:
