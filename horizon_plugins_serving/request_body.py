@@ -9,10 +9,10 @@ nesting deeper than the parser's recursion allows, and a lone UTF-16 surrogate m
 training run that reads the logged row), named by its path in the body: ``rows[0].mdp_id``.
 
 Two readers: orjson first, which takes a well-formed body in about a microsecond and refuses
-everything above but huge integers (it reads an integer beyond 64 bits as a float); then, for a
-body orjson refuses or one with a run of 19 digits (``LONG_DIGITS``), Python's ``json`` with the
-checks above, which says what is wrong and where, or reads it (an integer of 20 to 40 digits,
-a number too large for a double, which the row check then refuses by name).
+everything above but huge integers (it reads an integer beyond 64 bits as a float); then, for
+a body orjson refuses or one with an integer of 19 digits (``LONG_DIGITS``), Python's ``json``
+with the checks above, which says what is wrong and where, or reads it (an integer of 20 to 40
+digits, a number too large for a double, which the row check then refuses by name).
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ MAX_INTEGER_DIGITS = 40
 SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 """The only way JSON text makes a surrogate; bodies without one need no deeper look."""
 
-LONG_DIGITS = re.compile(rb"\d{19}")
-"""Nineteen digits in a row: an integer orjson may read as a float (below -2**63 or above
-2**64 - 1) could be there, so the body goes to the exact reader."""
+LONG_DIGITS = re.compile(rb"(?<![.\d])\d{19}(?![.eE])")
+"""An integer of 19 digits or more (a run of digits not after a decimal point, nor before one
+or an exponent): orjson reads one below -2**63 or above 2**64 - 1 as a float, so the body
+goes to the exact reader. A float's long fraction does not count."""
 
 
 class BodyError(ValueError):

@@ -42,6 +42,13 @@ def test_integers_near_and_beyond_64_bits_are_read_exactly(number):
     assert decode_body(b'{"value": %d}' % number) == {"value": number}
 
 
+@pytest.mark.parametrize(
+    "text", ["0.00123456789012345678901", "-12345678901234567890.5", "1234567890123456789e3"]
+)
+def test_floats_with_long_runs_of_digits_read_as_python_reads_them(text):
+    assert decode_body(b"[%s, %s]" % (text.encode(), text.encode())) == json.loads(f"[{text}]") * 2
+
+
 def test_decision_ids_are_distinct_uuid4_hex():
     ids = decision_ids(1000)
     assert len(set(ids)) == 1000
