@@ -16,7 +16,8 @@ The rule:
 
 Each check comes as a scalar function on one parsed value, returning a ``ValueProblem`` or
 None, and, for the number rule, as Arrow predicates that flag whole columns at once
-(``is_non_finite``, ``is_beyond_float32``).
+(``is_non_finite``, ``is_beyond_float32``); for the text rule, ``invalid_text_rows`` finds the
+rows of a column read from Parquet (whose writers need not check UTF-8) that break it.
 """
 
 from __future__ import annotations
@@ -169,3 +170,37 @@ def is_non_finite(values: pa.Array) -> pa.Array:
 def is_beyond_float32(values: pa.Array) -> pa.Array:
     """Arrow's form of the rule's ``out_of_range``: true for finite values beyond float32."""
     return pc.greater(pc.abs(values), FLOAT32_MAX)
+
+
+def invalid_text_rows(array: pa.Array) -> set[int]:
+    """The rows of a column holding a string (a value, a map key or value, a list item, a
+    struct field) that is not valid UTF-8. Arrow checks the whole column at once; rows are
+    looked at only if it fails."""
+    from horizon_engine.schema import list_entries, map_entries
+
+    try:
+        array.validate(full=True)
+        return set()
+    except pa.ArrowInvalid:
+        pass
+    if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
+        texts = array.cast(pa.binary()).to_pylist()
+        return {row for row, text in enumerate(texts) if text is not None and not _utf8(text)}
+    if pa.types.is_map(array.type):
+        parents, keys, values = map_entries(array)
+        entries = invalid_text_rows(keys) | invalid_text_rows(values)
+        return {int(parents[entry]) for entry in entries}
+    if pa.types.is_list(array.type):
+        parents, values = list_entries(array)
+        return {int(parents[entry]) for entry in invalid_text_rows(values)}
+    if pa.types.is_struct(array.type):
+        return set().union(*(invalid_text_rows(field) for field in array.flatten()))
+    return set()
+
+
+def _utf8(text: bytes) -> bool:
+    try:
+        text.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True

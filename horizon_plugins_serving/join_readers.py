@@ -17,6 +17,7 @@ from horizon_engine import (
     FLOAT32_MAX,
     BadLine,
     HorizonError,
+    invalid_text_rows,
     number_problem,
     parse_json_line,
     strip_bom,
@@ -152,7 +153,27 @@ def is_parquet(path: Path) -> bool:
 
 
 KEY_COLUMNS = ("decision_id", "timestamp", "metrics")
-"""The columns of a Parquet log that the key pass reads: the keys and what the checks look at."""
+"""The columns of a Parquet log that the key pass reads: the keys and what the checks look at
+(and every column that holds text, which ``bad_text_rows`` checks)."""
+
+
+def holds_text(data_type: pa.DataType) -> bool:
+    """Whether a column of this type holds strings, at any depth (a map's keys, a list's items)."""
+    import pyarrow as pa
+
+    if pa.types.is_string(data_type) or pa.types.is_large_string(data_type):
+        return True
+    return any(holds_text(data_type.field(i).type) for i in range(data_type.num_fields))
+
+
+def bad_text_rows(batch: pa.RecordBatch) -> dict[int, str]:
+    """Why each row of a Parquet batch holding a string that is not valid UTF-8 is a bad row
+    (Parquet's writers need not check), worded as the Parquet source words it."""
+    problems: dict[int, str] = {}
+    for name, column in zip(batch.schema.names, batch.columns, strict=True):
+        for index in sorted(invalid_text_rows(column)):
+            problems.setdefault(index, f"column '{name}' ({column.type}): not valid UTF-8")
+    return problems
 
 
 class DecisionLogReader:
@@ -249,12 +270,18 @@ class DecisionLogReader:
                     raise HorizonError(f"{part}: no {name} column in the decision log")
             columns = None
             if keys_only:
-                columns = [name for name in KEY_COLUMNS if name in names]
+                columns = [
+                    field.name
+                    for field in parquet.schema_arrow
+                    if field.name in KEY_COLUMNS or holds_text(field.type)
+                ]
             first = 0
             for batch in parquet.iter_batches(batch_size=self.chunk_rows, columns=columns):
                 ids = batch.column("decision_id").cast(pa.string())
                 no_id = pc.fill_null(pc.equal(ids, ""), True).to_numpy(zero_copy_only=False)
-                problems = dict.fromkeys(np.flatnonzero(no_id).tolist(), MISSING_ID)
+                problems = bad_text_rows(batch)
+                for index in np.flatnonzero(no_id).tolist():
+                    problems.setdefault(index, MISSING_ID)
                 if "metrics" in batch.schema.names:
                     joined = batch.column("metrics").is_valid().to_numpy(zero_copy_only=False)
                     for index in np.flatnonzero(joined).tolist():
@@ -483,7 +510,7 @@ def _parquet_rewards(path: Path, bad: BadRows) -> Iterator[tuple[pa.Table, pa.Ta
             located = Locations(f"{part}:row ", numbers)
             ids = batch.column("decision_id").cast(pa.string())
             parents, names, values = _metric_entries(batch.column("metrics"), str(part))
-            problems: dict[int, str] = {}
+            problems = bad_text_rows(batch.select(["decision_id", "timestamp", "metrics"]))
             no_id = pc.fill_null(pc.equal(ids, ""), True).to_numpy(zero_copy_only=False)
             for index in np.flatnonzero(no_id):
                 problems.setdefault(index, MISSING_ID)
@@ -491,6 +518,8 @@ def _parquet_rewards(path: Path, bad: BadRows) -> Iterator[tuple[pa.Table, pa.Ta
                 problems.setdefault(index, "metrics is missing")
             holdable = pc.fill_null(_holdable(values), False).to_numpy(zero_copy_only=False)
             for entry in np.flatnonzero(~holdable):
+                if int(parents[entry]) in problems:
+                    continue
                 name, value = names[entry].as_py(), values[entry].as_py()
                 problem = f"metric {name!r}: {number_problem(value) or 'missing'}"
                 problems.setdefault(int(parents[entry]), problem)

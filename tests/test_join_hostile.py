@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from tests.test_join import decision, failing, horizon, read_joined, reward, write_jsonl
@@ -110,3 +112,48 @@ def test_a_byte_order_mark_costs_no_decision(tmp_path):
     join(decisions, rewards, output)
     assert report_of(output)["torn_lines"] == 0
     assert read_joined(output)[0]["metrics"] == {"clicks": 1.0}
+
+
+def not_utf8(texts: list[str], bad: int) -> pa.Array:
+    """A string array whose row ``bad`` holds a byte that is not UTF-8 (Parquet's writers do
+    not check)."""
+    raw = [text.encode() + (b"\xff" if row == bad else b"") for row, text in enumerate(texts)]
+    return pa.array(raw, pa.binary()).view(pa.string())
+
+
+def test_parquet_strings_that_are_not_utf8_are_bad_rows(tmp_path):
+    decisions = tmp_path / "d.parquet"
+    log = pa.Table.from_pylist([decision("a"), decision("b"), decision("c")])
+    keys = pa.array([["0"], ["0"], ["0"]], pa.list_(pa.string()))
+    features = pa.MapArray.from_arrays([0, 1, 2, 3], not_utf8(["0", "0", "0"], 2), [0.5] * 3)
+    log = log.set_column(
+        log.schema.get_field_index("mdp_id"), "mdp_id", not_utf8(["a", "b", "c"], 1)
+    )
+    log = log.set_column(log.schema.get_field_index("state_features"), "state_features", features)
+    log = log.set_column(log.schema.get_field_index("possible_actions"), "possible_actions", keys)
+    pq.write_table(log, decisions)
+    rewards = tmp_path / "r.parquet"
+    metrics = pa.MapArray.from_arrays([0, 1, 2, 3], not_utf8(["clicks"] * 3, 2), [1.0, 2.0, 3.0])
+    pq.write_table(
+        pa.table(
+            {
+                "decision_id": not_utf8(["a", "a", "a"], 1),
+                "timestamp": [reward("a", 1.0)["timestamp"]] * 3,
+                "metrics": metrics,
+            }
+        ),
+        rewards,
+    )
+    output = tmp_path / "joined.jsonl"
+    message = failing("join", decisions, rewards, "-o", output, "--window", "48h")
+    assert f"{decisions}:row 1: column 'mdp_id' (string): not valid UTF-8" in message
+    join(decisions, rewards, output, "--skip-bad-rows")
+    report = report_of(output)
+    assert report["bad_decision_rows"] == 2 and report["bad_reward_rows"] == 2
+    assert (
+        report["bad_rows"][2] == f"{rewards}:row 1: column 'decision_id' (string): not valid UTF-8"
+    )
+    assert report["bad_rows"][3].startswith(f"{rewards}:row 2: column 'metrics' (map<string")
+    assert [row["metrics"] for row in read_joined(output)] == [{"clicks": 1.0}]
+    manifest = run_source(tmp_path / "run", "jsonl", output)
+    assert manifest["stages"]["source"]["rows_out"] == 1

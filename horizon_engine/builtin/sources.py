@@ -22,6 +22,7 @@ from horizon_engine.components import DataSource, PathPatterns, SourceBatch, Sou
 from horizon_engine.errors import HorizonError
 from horizon_engine.hookspecs import hookimpl
 from horizon_engine.json_lines import BadLine, parse_json_line, strip_bom
+from horizon_engine.row_values import invalid_text_rows
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -330,7 +331,7 @@ def _conformer(
             arrays.append(cast)
             for index, reason in failed.items():
                 bad.setdefault(index, f"{found}: {reason}")
-            for index in _invalid_text_rows(cast):
+            for index in invalid_text_rows(cast):
                 bad.setdefault(index, f"{found}: not valid UTF-8")
         table = pa.Table.from_arrays(arrays, schema=target)
         kept = [index for index in range(batch.num_rows) if index not in bad]
@@ -361,38 +362,6 @@ def _cast_rows(column: pa.Array, target: pa.DataType) -> tuple[pa.Array, dict[in
     tail, tail_failed = _cast_rows(column.slice(half), target)
     failed = head_failed | {half + index: reason for index, reason in tail_failed.items()}
     return pa.concat_arrays([head, tail]), failed
-
-
-def _invalid_text_rows(array: pa.Array) -> set[int]:
-    """The rows of a column holding a string (a value, a map key, a list item) that is not
-    valid UTF-8. Arrow checks the whole column at once; rows are looked at only if it fails."""
-    import pyarrow as pa
-
-    from horizon_engine.schema import list_entries, map_entries
-
-    try:
-        array.validate(full=True)
-        return set()
-    except pa.ArrowInvalid:
-        pass
-    if pa.types.is_string(array.type):
-        texts = array.cast(pa.binary()).to_pylist()
-        return {row for row, text in enumerate(texts) if text is not None and not _utf8(text)}
-    if pa.types.is_map(array.type):
-        parents, keys, _ = map_entries(array)
-        return {int(parents[entry]) for entry in _invalid_text_rows(keys)}
-    if pa.types.is_list(array.type):
-        parents, values = list_entries(array)
-        return {int(parents[entry]) for entry in _invalid_text_rows(values)}
-    return set()
-
-
-def _utf8(text: bytes) -> bool:
-    try:
-        text.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 def _structs_as_maps(column: pa.Array, target: pa.DataType) -> pa.Array:
