@@ -48,7 +48,8 @@ def _user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
 def _refused_write(exc: OSError) -> str:
     """A full or unwritable disk, in one line: where, why, and what to do. A pipeline stage
     writes its outputs aside and moves them into place once whole, so the stages that finished
-    keep theirs, and the failed one is recorded (``failed_stage`` in manifest.json)."""
+    keep theirs, and ``--resume`` runs the failed one (``failed_stage`` in manifest.json) and
+    those after it."""
     import errno
     import os
 
@@ -57,9 +58,8 @@ def _refused_write(exc: OSError) -> str:
     remedy = "free space there" if full else "make it writable"
     return (
         f"{where}: {os.strerror(exc.errno)}. Nothing half-written was kept; {remedy} (or set "
-        "another output_dir), then run again: a pipeline continues from the stage that failed "
-        "with --stages (manifest.json's failed_stage and the stages after it), the stages that "
-        "finished keep their outputs"
+        "another output_dir), then run again: `horizon run PIPELINE --resume` continues a "
+        "pipeline from the stage that failed, the stages that finished keep their outputs"
     )
 
 

@@ -322,6 +322,7 @@ def write_split(
     from concurrent.futures import ThreadPoolExecutor
 
     import numpy as np
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     jobs = []
@@ -332,21 +333,28 @@ def write_split(
             jobs.append((output / split / f"part-{number:05d}.parquet", chunk))
 
     def write(job: tuple[Path, np.ndarray]) -> None:
+        # The file is opened here, not by the writer: a writer whose close fails (a full disk)
+        # leaves the file it opened open, and a deleted file's space is not freed while it is,
+        # so the manifest could not record the failure.
         path, positions = job
         groups = max(1, -(-len(positions) // ROW_GROUP_ROWS))
         writer = None
-        try:
-            for group in np.array_split(positions, groups):
-                table = rows_at(group)
-                if writer is None:
-                    flat = [field.name for field in table.schema if not _is_nested(field.type)]
-                    writer = pq.ParquetWriter(
-                        path, table.schema, use_dictionary=["ds", "mdp_id"], write_statistics=flat
-                    )
-                writer.write_table(table)
-        finally:
-            if writer is not None:
-                writer.close()
+        with pa.OSFile(str(path), "wb") as sink:
+            try:
+                for group in np.array_split(positions, groups):
+                    table = rows_at(group)
+                    if writer is None:
+                        flat = [field.name for field in table.schema if not _is_nested(field.type)]
+                        writer = pq.ParquetWriter(
+                            sink,
+                            table.schema,
+                            use_dictionary=["ds", "mdp_id"],
+                            write_statistics=flat,
+                        )
+                    writer.write_table(table)
+            finally:
+                if writer is not None:
+                    writer.close()
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         list(pool.map(write, jobs))

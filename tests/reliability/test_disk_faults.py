@@ -3,7 +3,7 @@
 A stage writes its outputs aside and moves them into place once whole, so a disk that fills
 up during a stage must leave the stages that finished as they were (outputs and manifest
 records), record the failing one as failed, leave nothing half-written that looks whole, and
-let ``horizon run ... --stages`` continue once there is room again, to the same outputs as a
+let ``horizon run ... --resume`` continue once there is room again, to the same outputs as a
 run that never met the fault.
 
 A real full disk needs a small file system: a tmpfs of a few MiB, mounted where this process
@@ -152,7 +152,7 @@ def test_full_disk_during_a_stage_keeps_finished_stages_and_continues(
 
     failed = horizon_run(pipeline, "--stages", DATA_STAGES)
 
-    assert_one_line_error(failed, f"{run / 'timeline'}: No space left on device", "--stages")
+    assert_one_line_error(failed, f"{run / 'timeline'}: No space left on device", "--resume")
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["status"] == "failed" and manifest["failed_stage"] == "timeline"
     assert "timeline" in manifest["incomplete_stages"]
@@ -162,12 +162,15 @@ def test_full_disk_during_a_stage_keeps_finished_stages_and_continues(
     assert (run / "source" / "rows.parquet").read_bytes() == source_rows
 
     ballast.unlink()
-    continued = horizon_run(pipeline, "--stages", DATA_STAGES)
+    continued = horizon_run(pipeline, "--resume")
     assert continued.exit_code == 0, continued.output
+    assert "source: not run" in continued.output
     assert outputs_of(run) == uninterrupted
 
 
-def test_disk_without_a_byte_left_changes_nothing_in_the_run_folder(tmp_path, small_disk):
+def test_disk_without_a_byte_left_changes_nothing_in_the_run_folder(
+    tmp_path, small_disk, uninterrupted
+):
     run = small_disk / "run"
     pipeline = pipeline_file(tmp_path, run)
     assert horizon_run(pipeline, "--stages", "source").exit_code == 0
@@ -180,7 +183,10 @@ def test_disk_without_a_byte_left_changes_nothing_in_the_run_folder(tmp_path, sm
     assert_one_line_error(failed, f"{run / 'manifest.json'}: No space left on device")
     assert files_of(run) == before
     ballast.unlink()
-    assert horizon_run(pipeline, "--stages", DATA_STAGES).exit_code == 0
+    resumed = horizon_run(pipeline, "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    assert "source: not run" in resumed.output
+    assert outputs_of(run) == uninterrupted
 
 
 def test_read_only_output_folder_is_one_line_and_changes_nothing(
@@ -199,7 +205,7 @@ def test_read_only_output_folder_is_one_line_and_changes_nothing(
     assert_one_line_error(failed, f"{run / 'manifest.json'}: Read-only file system")
     assert "make it writable" in failed.output
     assert files_of(run) == before
-    assert horizon_run(pipeline, "--stages", DATA_STAGES).exit_code == 0
+    assert horizon_run(pipeline, "--resume").exit_code == 0
     assert outputs_of(run) == uninterrupted
 
 
@@ -238,5 +244,5 @@ def test_full_disk_as_arrow_reports_it_keeps_finished_stages(tmp_path, monkeypat
     assert {name: data for name, data in files_of(run).items() if name != "manifest.json"} == {
         name: data for name, data in before.items() if name != "manifest.json"
     }
-    assert horizon_run(pipeline, "--stages", DATA_STAGES).exit_code == 0
+    assert horizon_run(pipeline, "--resume").exit_code == 0
     assert outputs_of(run) == uninterrupted
