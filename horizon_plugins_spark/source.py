@@ -5,6 +5,14 @@ ends included) and the conversion to the row schema; the rows then come to the d
 partition by partition, because the source stage writes them to one local Parquet file. That
 stage is the one place where a Spark pipeline's rows pass through the driver: the timeline,
 where the work is, runs on the executors.
+
+Where Spark would read a row differently from the JSONL and Parquet sources, the row is a bad
+row here, with the JSONL source's reason (``_checks``): a JSON line Spark's reader cannot take
+(bytes that are not UTF-8, text that is not JSON) arrives as its corrupt record, and a
+fractional value in an integer column (a ``sequence_number`` of 1.5), which Spark's cast would
+truncate, is caught before the cast. Not caught: a lone surrogate escape (``"\\ud800"``) in a
+JSON file, which Spark's reader takes as ``?`` before any check can see it; that row is read
+with ``?`` in its place.
 """
 
 from __future__ import annotations
@@ -14,7 +22,17 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
-from horizon_engine import DataSource, HorizonError, PathPatterns, SourceBatch, SourceConfig
+from horizon_engine import (
+    BadLine,
+    BadRow,
+    DataSource,
+    HorizonError,
+    PathPatterns,
+    SourceBatch,
+    SourceConfig,
+    integer_problem,
+    parse_json_line,
+)
 from horizon_plugins_spark.session import SparkOptions, spark_session
 
 if TYPE_CHECKING:
@@ -23,6 +41,9 @@ if TYPE_CHECKING:
     from horizon_engine import RowLayout, RunContext
 
 BATCH_ROWS = 10_000
+
+CORRUPT = "_corrupt_record"
+"""The column in which Spark's JSON reader keeps a line it could not read, as its bytes."""
 
 
 class SparkTableConfig(SourceConfig):
@@ -71,7 +92,7 @@ class SparkTableSource(DataSource):
         layout = detect_layout(
             first[0].asDict(recursive=True), self.config.row_format, self.config.action_type
         )
-        frame, ignored = _conform(frame, layout, origin)
+        frame, ignored, checks = _conform(frame, layout, origin)
         names = layout.schema.names
         key = names.index("mdp_id"), names.index("sequence_number")
         pending: list[Any] = []
@@ -79,12 +100,12 @@ class SparkTableSource(DataSource):
             for row in frame.toLocalIterator(prefetchPartitions=True):
                 pending.append(row)
                 if len(pending) == BATCH_ROWS:
-                    yield _batch(pending, layout, origin, key, ignored)
+                    yield _batch(pending, layout, origin, key, ignored, checks)
                     pending = []
         except PySparkException as exc:
             raise HorizonError(f"[source] spark_table {origin}: {_first_line(exc)}") from None
         if pending:
-            yield _batch(pending, layout, origin, key, ignored)
+            yield _batch(pending, layout, origin, key, ignored, checks)
 
     def _origin(self) -> str:
         if self.config.table is not None:
@@ -106,7 +127,10 @@ class SparkTableSource(DataSource):
         if self.config.table is not None:
             frame = spark.table(self.config.table)
         else:
-            frame = spark.read.format(self.config.format).load(self.config.path)
+            reader = spark.read.format(self.config.format)
+            if self.config.format == "json":
+                reader = reader.option("columnNameOfCorruptRecord", CORRUPT)
+            frame = reader.load(self.config.path)
         if self.config.start_ds is None and self.config.end_ds is None:
             return frame
         if "ds" not in frame.columns:
@@ -121,9 +145,12 @@ class SparkTableSource(DataSource):
         return frame
 
 
-def _conform(frame: DataFrame, layout: RowLayout, origin: str) -> tuple[DataFrame, list[str]]:
+def _conform(
+    frame: DataFrame, layout: RowLayout, origin: str
+) -> tuple[DataFrame, list[str], list[str]]:
     """Select the layout's columns in its order, cast by Spark to the row schema's types; the
-    names of the columns left out, for the source stage's warnings.
+    names of the columns left out, for the source stage's warnings; and after the layout's
+    columns, one for each of ``_checks``, whose names it returns last.
 
     A feature map read from JSON arrives as a struct with one field per feature id; Spark
     cannot cast a struct to a map, so such a column goes through JSON text, which drops the
@@ -135,7 +162,10 @@ def _conform(frame: DataFrame, layout: RowLayout, origin: str) -> tuple[DataFram
 
     types = dict(frame.dtypes)
     columns = []
-    used = set()
+    used = {CORRUPT}
+    checks = {}
+    if CORRUPT in types:
+        checks[CORRUPT] = F.col(CORRUPT).cast("binary")
     for column in layout.columns:
         found = next((n for n in (column.name, *column.aliases) if n in types), None)
         used.add(found)
@@ -153,27 +183,76 @@ def _conform(frame: DataFrame, layout: RowLayout, origin: str) -> tuple[DataFram
         elif "struct<" in types[found] and "map<" in target:
             columns.append(F.from_json(F.to_json(F.col(found)), target).alias(column.name))
         else:
+            fractional = types[found] in FRACTIONS or types[found].startswith("decimal")
+            if target in INTEGERS and fractional:
+                value = F.col(found).cast("double")
+                checks[column.name] = F.when(value != F.floor(value), value)
             columns.append(F.col(found).cast(target).alias(column.name))
     try:
-        return frame.select(*columns), [name for name in types if name not in used]
+        conformed = frame.select(*columns, *[check.alias(name) for name, check in checks.items()])
     except PySparkException as exc:
         raise HorizonError(f"[source] spark_table {origin}: {_first_line(exc)}") from None
+    return conformed, [name for name in types if name not in used], list(checks)
+
+
+INTEGERS = {"tinyint", "smallint", "int", "bigint"}
+FRACTIONS = {"float", "double"}
+
+
+def _checks(values: Sequence[Any], names: list[str]) -> tuple[str, str] | None:
+    """Why a row Spark read is a bad row, by the checks ``_conform`` added (their values and
+    names), as the JSONL source words it: its kind and reason; None if it is not."""
+    for name, value in zip(names, values, strict=True):
+        if value is None:
+            continue
+        if name == CORRUPT:
+            try:
+                parse_json_line(bytes(value))
+            except BadLine as exc:
+                return exc.kind, exc.reason
+            return "wrong_type", "not a row Spark's JSON reader takes"
+        problem = integer_problem(value)
+        return problem.kind, f"field '{name}': {problem}"
+    return None
 
 
 def _batch(
-    rows: list[Any], layout: RowLayout, origin: str, key: tuple[int, int], ignored: list[str]
+    rows: list[Any],
+    layout: RowLayout,
+    origin: str,
+    key: tuple[int, int],
+    ignored: list[str],
+    checks: list[str],
 ) -> SourceBatch:
-    """Rows Spark already gave the schema's types, as an Arrow table (maps arrive as dicts)."""
+    """Rows Spark already gave the schema's types, as an Arrow table (maps arrive as dicts),
+    less those ``_checks`` finds bad."""
     import pyarrow as pa
 
     schema = layout.schema
-    columns = list(zip(*rows, strict=True))
+    width = len(schema)
+    bad_rows = []
+    if checks:
+        good = []
+        for row in rows:
+            problem = _checks(row[width:], checks)
+            if problem is None:
+                good.append(row[:width])
+                continue
+            kind, reason = problem
+            content = row.asDict(recursive=True)
+            where = f"{origin}: mdp_id {content.get('mdp_id')!r} sequence_number "
+            where += str(content.get("sequence_number"))
+            record = content.get(CORRUPT)
+            shown = bytes(record).decode("utf-8", "backslashreplace") if record else content
+            bad_rows.append(BadRow(where, reason, kind, shown))
+        rows = good
+    columns = list(zip(*rows, strict=True)) or [() for _ in schema]
     table = pa.Table.from_arrays(
         [pa.array(values, type=field.type) for values, field in zip(columns, schema, strict=True)],
         schema=schema,
     )
     locations = _KeyLocations(origin, columns[key[0]], columns[key[1]])
-    return SourceBatch(table, layout, locations, [], dict.fromkeys(ignored, len(rows)))
+    return SourceBatch(table, layout, locations, bad_rows, dict.fromkeys(ignored, len(rows)))
 
 
 class _KeyLocations(Sequence[str]):
