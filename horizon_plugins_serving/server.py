@@ -66,8 +66,11 @@ Requests whose bodies arrive in the same turn of the event loop are decided toge
 (``DecisionService._decide_waiting``): one model run, one log write and one set of numpy calls
 for all of them, at most ``--max-batch`` rows at a time, the log written before any of them
 answers. POST /decisions bypasses Starlette's routing (``DecisionApp``), and JSON is read and
-written by orjson. Together these took ``benchmarks/serving.py``'s batch-1 throughput with the
-log on from about 0.4x to about 0.8x a bare Starlette app answering a constant.
+written by orjson. With the Predictor's pruned graph and one-row binding, these took
+``benchmarks/serving.py``'s batch-1 throughput with the JSONL log on (8 keep-alive clients, 2
+shared cores) from 0.44x a bare Starlette app answering a constant to 0.82x (the median of 9
+runs, which ranged from 0.50x to 1.00x with the machine's other work), and the server's CPU
+time a request from about 300 microseconds to 126 (the bare app's: 92).
 
 Send/drop models: ``--target-send-rate R --send-action NAME`` decides a two-action model by
 the paper's rule (``Predictor.send_or_drop``) instead of ``--policy``; a
