@@ -70,7 +70,8 @@ written by orjson. With the Predictor's pruned graph and one-row binding, these 
 ``benchmarks/serving.py``'s batch-1 throughput with the JSONL log on (8 keep-alive clients, 2
 shared cores) from 0.44x a bare Starlette app answering a constant to 0.82x (the median of 9
 runs, which ranged from 0.50x to 1.00x with the machine's other work), and the server's CPU
-time a request from about 300 microseconds to 126 (the bare app's: 92).
+time a request from about 310 microseconds to 111 (the bare app's: 79; medians of the same
+runs).
 
 Send/drop models: ``--target-send-rate R --send-action NAME`` decides a two-action model by
 the paper's rule (``Predictor.send_or_drop``) instead of ``--policy``; a
