@@ -252,9 +252,12 @@ class Predictor:
         )
         pruned = fetched_only(self.path, self.fetch)
         if pruned is not None:
-            self.session = onnxruntime.InferenceSession(
-                pruned, options, providers=["CPUExecutionProvider"]
-            )
+            try:
+                self.session = onnxruntime.InferenceSession(
+                    pruned, options, providers=["CPUExecutionProvider"]
+                )
+            except Exception:  # pruning only saves time: a model it breaks is run whole
+                logger.debug("%s: pruned to %s, onnxruntime refused it", self.path, self.fetch)
         self.one_row = OneRowBinding.for_model(self)
         self.exploration = exploration or Exploration()
         self.rng = np.random.default_rng(seed)
@@ -487,7 +490,10 @@ def fetched_only(path: Path, fetch: Sequence[str]) -> bytes | None:
 
     if path.stat().st_size > PRUNED_MODEL_BYTES:
         return None
-    model = onnx.load(str(path))
+    try:
+        model = onnx.load(str(path))
+    except Exception:  # onnxruntime read it: whatever onnx cannot, is run whole
+        return None
     graph = model.graph
     if any(
         attribute.g.node or attribute.graphs for node in graph.node for attribute in node.attribute

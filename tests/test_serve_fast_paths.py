@@ -106,6 +106,18 @@ def test_nodes_the_fetched_scores_do_not_need_are_left_out(model, tmp_path):
     assert predictor.model_id == file_digest(tmp_path / "two_outputs.onnx")[:16]
 
 
+def test_a_model_onnx_cannot_read_again_is_run_whole(model, monkeypatch):
+    import onnx
+
+    def unreadable(path):
+        raise OSError("gone")
+
+    monkeypatch.setattr(onnx, "load", unreadable)
+    predictor = Predictor(model)
+    assert [output.name for output in predictor.session.get_outputs()] == ["scores"]
+    assert predictor.predict([{"0": 1.0}]).actions == ["0"]
+
+
 def test_a_log_line_orjson_cannot_write_is_written_by_json(tmp_path):
     rows = [{"state_features": {"big": 10**38, "café": 0.5}, "mdp_id": "é"}]
     assert json_line(rows[0]).endswith(b"\n")
