@@ -30,9 +30,6 @@ import click
 
 from horizon_engine import BadLine, HorizonError, atomic_output, parse_json_line, strip_bom
 
-# server.py checks a request's rows with check_row, which lives with the Predictor now.
-from horizon_plugins_serving.predictor import check_row as check_row
-
 if TYPE_CHECKING:
     from horizon_plugins_serving.predictor import Exploration
 
@@ -78,6 +75,15 @@ def exploration_options(command: Callable[..., None]) -> Callable[..., None]:
     return command
 
 
+strict_features_option = click.option(
+    "--strict-features",
+    is_flag=True,
+    help="Refuse a row none of whose state features the model uses (empty or all unknown) "
+    "instead of deciding on the model's defaults (such rows are counted and warned about).",
+)
+"""``horizon score`` and ``horizon serve`` alike: ``Predictor(strict_features=...)``."""
+
+
 def exploration(policy: str, epsilon: float, temperature: float) -> Exploration:
     """The ``Exploration`` the options name (``--epsilon`` counts for epsilon_greedy only)."""
     from horizon_plugins_serving.predictor import Exploration
@@ -100,12 +106,7 @@ def exploration(policy: str, epsilon: float, temperature: float) -> Exploration:
 @click.option(
     "--skip-bad-rows", is_flag=True, help="Count and skip bad input rows instead of failing."
 )
-@click.option(
-    "--strict-features",
-    is_flag=True,
-    help="Refuse a row none of whose state features the model uses (empty or all unknown) "
-    "instead of deciding on the model's defaults.",
-)
+@strict_features_option
 def score_command(
     model: Path,
     rows: Path,
@@ -267,6 +268,7 @@ def score_command(
     is_flag=True,
     help="Serve a host other than loopback without a token (a network you trust).",
 )
+@strict_features_option
 def serve_command(
     model: Path,
     host: str,
@@ -285,6 +287,7 @@ def serve_command(
     keep_alive_timeout: int,
     token_file: Path | None,
     insecure: bool,
+    strict_features: bool,
 ) -> None:
     """Serve MODEL's decisions over HTTP (POST /decisions, GET /health), each one logged.
 
@@ -315,6 +318,7 @@ def serve_command(
         keep_alive_timeout=keep_alive_timeout,
         token=token,
         insecure=insecure,
+        strict_features=strict_features,
     )
 
 

@@ -21,7 +21,10 @@ TOKEN``; a ``--host`` that is not loopback needs one, or ``--insecure``.
 The endpoints:
 
 - ``GET /health`` -> ``{"status": "ok", "model_id", "action_type", "actions", "policy",
-  "decisions_logged"}`` (and ``action_feature_ids`` for a parametric or continuous model).
+  "decisions_logged", "featureless_rows"}`` (and ``action_feature_ids`` for a parametric or
+  continuous model). ``featureless_rows`` counts the rows decided on the model's defaults
+  alone, none of their state features being one the model uses (``--strict-features``
+  refuses them with 422 instead).
   ``decisions_logged`` counts the decisions the writer has handed to the log; answered ones
   still queued are not counted yet. When the log has failed: 503 with ``"status": "failed"``.
 - ``POST /decisions`` with ``{"rows": [ROW, ...]}``, each ROW a ``horizon score`` input line:
@@ -35,7 +38,7 @@ The endpoints:
   body is over ``--max-body-bytes`` (by its Content-Length before reading, else while reading
   it: an oversized body is never held whole) or has more rows than ``--max-batch``; 422 the
   body is not ``{"rows": [...]}`` or a row is bad, named by its index in ``rows`` (from 0):
-  ``row 3: state feature 'x' is 'a', expected a finite number`` (``commands.check_row``);
+  ``row 3: state feature 'x': found 'a', expected a number`` (``Predictor.row_problem``);
   503 the decision log failed (its error given), so no more decisions are made.
 
 In Python (the closed loop's tests and examples run it this way)::
@@ -106,7 +109,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from horizon_engine import HorizonError
-from horizon_plugins_serving.commands import MAX_BATCH, MAX_BODY_BYTES, check_row
+from horizon_plugins_serving.commands import MAX_BATCH, MAX_BODY_BYTES
 from horizon_plugins_serving.connections import (
     BACKLOG,
     KEEP_ALIVE_TIMEOUT,
@@ -370,6 +373,7 @@ class DecisionService:
             "actions": predictor.actions,
             "policy": self.policy,
             "decisions_logged": self.writer.logged,
+            "featureless_rows": predictor.featureless_rows,
         }
         if predictor.action_feature_ids:
             body["action_feature_ids"] = predictor.action_feature_ids
@@ -501,7 +505,7 @@ class DecisionService:
             )
         predictor = self.predictor
         for number, row in enumerate(rows):
-            problem = check_row(row, predictor.actions, predictor.action_type)
+            problem = predictor.row_problem(row)
             if (
                 problem is None
                 and self.send_drop
@@ -730,6 +734,7 @@ def serve(
     keep_alive_timeout: int = KEEP_ALIVE_TIMEOUT,
     token: str | None = None,
     insecure: bool = False,
+    strict_features: bool = False,
 ) -> None:
     """``horizon serve``: serve MODEL on ``host:port`` until SIGINT or SIGTERM, then exit
     once the requests in flight are answered and every answered decision is in the log
@@ -748,7 +753,7 @@ def serve(
         limits = ConnectionLimits(
             request_timeout, connection_cap(max_connections, raise_file_limit()), keep_alive_timeout
         )
-        predictor = Predictor(model, exploration, seed=seed)
+        predictor = Predictor(model, exploration, seed=seed, strict_features=strict_features)
         send_rate = None
         if target_send_rate is not None:
             send_rate = SendRateController(target_send_rate)
@@ -777,6 +782,7 @@ def serve(
         f"limits: {limits.max_connections} connections, {limits.request_timeout:g} s to send "
         f"a request, {max_body_bytes} bytes and {max_batch} rows a request; "
         + ("bearer token required" if token else "no token")
+        + ("; rows without a known feature refused" if strict_features else "")
     )
     handlers = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     stopped_by = "the server's end"

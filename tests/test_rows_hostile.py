@@ -326,3 +326,21 @@ def test_score_skips_and_counts_hostile_lines_instead_of_a_traceback(model, tmp_
     assert "line 3: not JSON (not UTF-8: byte 0xff at column 28)" in printed
     strict = horizon("score", model, source, "-o", output, "--skip-bad-rows", "--strict-features")
     assert "scored 2 rows" in strict and "line 4: none of the state features" in strict
+
+
+def test_serve_counts_rows_without_a_known_feature_and_refuses_them_when_strict(model, tmp_path):
+    rows = [{"state_features": {"speed": 1.0}}, {"state_features": {"0": 0.1}}]
+    app = build_app(Predictor(model), open_decision_log(tmp_path / "log.jsonl"))
+    with BackgroundServer(app) as server:
+        status, answer = http_json(server.url, "POST", "/decisions", {"rows": rows})
+        _, health = http_json(server.url, "GET", "/health")
+    assert (status, len(answer["decisions"]), health["featureless_rows"]) == (200, 2, 1)
+
+    strict = build_app(
+        Predictor(model, strict_features=True), open_decision_log(tmp_path / "strict.jsonl")
+    )
+    with BackgroundServer(strict) as server:
+        status, answer = http_json(server.url, "POST", "/decisions", {"rows": rows})
+    assert status == 422
+    assert answer["error"].startswith("row 0: none of the state features ['speed'] is one")
+    assert (tmp_path / "strict.jsonl").read_text() == ""

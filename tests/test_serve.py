@@ -87,6 +87,7 @@ def test_health_names_the_model_and_counts_the_decisions_logged(model, tmp_path)
             "actions": ["0", "1"],
             "policy": "greedy",
             "decisions_logged": 0,
+            "featureless_rows": 0,
         }
         assert client.post("/decisions", json={"rows": request_rows(3)}).status_code == 200
         deadline = time.monotonic() + 30  # the writer runs beside the answers
