@@ -133,3 +133,14 @@ def test_boxcox_forced_on_a_constant_feature_is_finite():
     parameters = apply_override(identified, "boxcox", sample, NormalizationConfig())
     assert parameters.boxcox_lambda == 1.0
     assert_finite_transform(parameters, sample)
+
+
+def test_continuous_action_over_the_whole_float32_range_is_finite():
+    """Found by the long profile: the width of [-3.4e38, 3.4e38] is infinite in float32, and
+    every action became NaN."""
+    sample = np.array([-FLOAT32_MAX, FLOAT32_MAX])
+    parameters, _ = identify(sample, NormalizationConfig(min_samples=1), FEATURE, action=True)
+    assert_finite_transform(parameters, sample)
+    preprocessor = build_preprocessor([FEATURE], {FEATURE: parameters})
+    middle = torch.tensor([[0.0]])
+    assert preprocessor(middle, torch.ones_like(middle, dtype=torch.bool)).item() == 0.0

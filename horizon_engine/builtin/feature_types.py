@@ -247,6 +247,10 @@ class ContinuousAction(FeatureTransform):
     where an actor's tanh can reach it. A constant action (min == max) maps to 0. The module
     has an inverse (``Preprocessor.inverse``): an actor's action in [-1, 1] back to [min, max],
     the user's units (a constant action's inverse spans [value - 1, value + 1]).
+
+    The range is held as its middle and half its width, both within float32 whenever min and
+    max are: the width itself may not be ([-3e38, 3e38] is 6e38, infinite in float32, which
+    made every action NaN).
     """
 
     name = FeatureType.CONTINUOUS_ACTION.value
@@ -264,30 +268,30 @@ class ContinuousAction(FeatureTransform):
         self, parameters: list[NormalizationParameters], max_feature_value: float
     ) -> FeatureModule:
         low = _stack(parameters, "min_value")
-        span = _stack(parameters, "max_value") - low
-        constant = span == 0
+        high = _stack(parameters, "max_value")
+        half_width = high / 2.0 - low / 2.0
+        # A constant action is mapped as if its range were [value - 1, value + 1].
         return feature_module(
             _continuous_action,
             inverse=_continuous_action_inverse,
-            # A constant action is mapped as if its range were [value - 1, value + 1].
-            low=np.where(constant, low - 1.0, low),
-            span=np.where(constant, 2.0, span),
+            middle=low + half_width,
+            half_width=np.where(half_width == 0, 1.0, half_width),
             scale=1.0 - ACTION_EPSILON,
         )
 
 
 def _continuous_action(
-    x: torch.Tensor, low: torch.Tensor, span: torch.Tensor, scale: float
+    x: torch.Tensor, middle: torch.Tensor, half_width: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    return (((x - low) / span * 2.0 - 1.0) * scale).clamp(-scale, scale)
+    return ((x - middle) / half_width * scale).clamp(-scale, scale)
 
 
 def _continuous_action_inverse(
-    y: torch.Tensor, low: torch.Tensor, span: torch.Tensor, scale: float
+    y: torch.Tensor, middle: torch.Tensor, half_width: torch.Tensor, scale: float
 ) -> torch.Tensor:
     """The action in the user's units whose normalized value is ``y``: ``y`` clamped to
     [-scale, scale] first, so that any value an actor emits in [-1, 1] lands in [min, max]."""
-    return low + (y.clamp(-scale, scale) / scale + 1.0) * 0.5 * span
+    return middle + y.clamp(-scale, scale) / scale * half_width
 
 
 class DoNotPreprocess(FeatureTransform):
