@@ -5,7 +5,8 @@ enforce), shaped to meet the rules' edges: constants, two values, huge ranges, h
 tiny samples, enum-like integers; and non-finite ones, which must be a clear error naming the
 feature. The parameters identified (or forced by an override of each built-in type) must build
 a preprocessor whose output is finite on the sample and beyond it: values far outside the
-sample's range are what a better policy meets in states the logs never reached.
+sample's range are what a better policy meets in states the logs never reached. A type
+forced where it cannot hold its parameters in float32 must be refused, naming the feature.
 """
 
 from __future__ import annotations
@@ -113,7 +114,11 @@ def test_every_built_in_type_forced_on_any_sample_is_finite(values, config, forc
         return
     identified, _ = identify(sample, NormalizationConfig(min_samples=1), FEATURE)
     parameters = apply_override(identified, forced.value, sample, config)
-    assert_finite_transform(parameters, sample)
+    try:
+        assert_finite_transform(parameters, sample)
+    except HorizonError as error:
+        # Forced where it does not fit (Box-Cox of a huge, heavy-tailed sample): refused.
+        assert f"feature '{FEATURE}'" in str(error) and forced is FeatureType.BOXCOX
 
 
 @given(
@@ -144,3 +149,13 @@ def test_continuous_action_over_the_whole_float32_range_is_finite():
     preprocessor = build_preprocessor([FEATURE], {FEATURE: parameters})
     middle = torch.tensor([[0.0]])
     assert preprocessor(middle, torch.ones_like(middle, dtype=torch.bool)).item() == 0.0
+
+
+def test_boxcox_beyond_float32_is_refused_naming_the_feature():
+    """Found by the long profile: Box-Cox forced on a huge heavy-tailed sample has a mean past
+    float32, and the network made every value NaN."""
+    sample = np.random.default_rng(2).standard_cauchy(126) * 1e30
+    identified, _ = identify(sample, NormalizationConfig(min_samples=1), FEATURE)
+    parameters = apply_override(identified, "boxcox", sample, NormalizationConfig())
+    with pytest.raises(HorizonError, match=f"feature '{FEATURE}'.*beyond float32"):
+        build_preprocessor([FEATURE], {FEATURE: parameters})

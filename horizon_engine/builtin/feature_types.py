@@ -120,6 +120,18 @@ class BoxCox(FeatureTransform):
     def check(self, parameters: NormalizationParameters, feature: str) -> None:
         super().check(parameters, feature)
         _check_stddev(parameters, feature, self.name)
+        # A Box-Cox of a sample far from normal can reach past float32 (identify then picks
+        # another type; an override or a brought file may not), and the network computes in
+        # float32: every value would be NaN.
+        largest = float(np.finfo(np.float32).max)
+        for field in self.required:
+            value = getattr(parameters, field)
+            if not abs(value) <= largest:
+                raise HorizonError(
+                    f"feature {feature!r}: normalization type 'boxcox' has {field} = {value}, "
+                    "beyond float32, which the network computes in; use 'continuous' or "
+                    "'quantile' for this feature"
+                )
 
     def module(
         self, parameters: list[NormalizationParameters], max_feature_value: float
