@@ -273,11 +273,18 @@ def _quantile(values: np.ndarray, config: NormalizationConfig) -> NormalizationP
     )
 
 
+NORMALTEST_MIN_SAMPLES = 8
+"""The fewest values scipy's normality test takes (its skew test's minimum); a smaller sample
+(``min_samples`` below 8) says nothing about its shape and stays plain continuous."""
+
+
 def _continuous_kind(values: np.ndarray, config: NormalizationConfig) -> NormalizationParameters:
     """Box-Cox where it makes the sample much more normal, else quantile or plain continuous."""
     import numpy as np
     from scipy import stats
 
+    if len(values) < NORMALTEST_MIN_SAMPLES:
+        return fit(values, FeatureType.CONTINUOUS, config)
     k2_before = float(stats.normaltest(values).statistic)
     boxcox, transformed = _boxcox(values, config)
     spread = float(np.std(transformed))

@@ -20,7 +20,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from horizon_engine.errors import HorizonError
-from horizon_engine.normalization import FeatureType, NormalizationConfig, apply_override, identify
+from horizon_engine.normalization import (
+    FeatureType,
+    NormalizationConfig,
+    NormalizationParameters,
+    apply_override,
+    identify,
+)
 from horizon_engine.preprocessor import build_preprocessor
 
 pytestmark = pytest.mark.fuzz
@@ -149,6 +155,15 @@ def test_continuous_action_over_the_whole_float32_range_is_finite():
     preprocessor = build_preprocessor([FEATURE], {FEATURE: parameters})
     middle = torch.tensor([[0.0]])
     assert preprocessor(middle, torch.ones_like(middle, dtype=torch.bool)).item() == 0.0
+
+
+def test_quantiles_across_the_whole_float32_range_are_finite():
+    """Found by the long profile: a segment from -3.4e38 to 3.4e38 is wider than float32 holds;
+    its slope was 0, and 0 times the infinite distance from its lower end is NaN."""
+    parameters = NormalizationParameters(
+        feature_type="quantile", quantiles=[-FLOAT32_MAX, FLOAT32_MAX]
+    )
+    assert_finite_transform(parameters, np.array([-FLOAT32_MAX, 0.0, FLOAT32_MAX]))
 
 
 def test_boxcox_beyond_float32_is_refused_naming_the_feature():

@@ -199,9 +199,12 @@ class Quantile(FeatureTransform):
         for row, (feature, count) in enumerate(zip(parameters, counts, strict=True)):
             # The boundaries as the float32 model sees them. Two that round to one float32 make
             # a zero-width segment; its slope is capped, so it becomes a step rather than 0/0.
+            # Widths are taken in float64: a segment across most of float32's range is wider
+            # than float32 holds, and a slope of 0 would meet an infinite x - lower (NaN).
             boundaries = np.asarray(feature.quantiles, dtype=np.float32)
             lower[row, :count] = boundaries[:-1]
-            slope[row, :count] = 1.0 / np.maximum(np.diff(boundaries).astype(np.float64), 1e-30)
+            widths = np.diff(boundaries.astype(np.float64))
+            slope[row, :count] = 1.0 / np.maximum(widths, 1e-30)
         return feature_module(
             _quantile,
             lower=lower,
