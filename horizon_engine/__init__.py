@@ -13,7 +13,8 @@ names, and an import-linter contract run by ``make test`` holds them to it.
   (``RowLayout``, ``RowFormat``, ``RowShaper``, ``ActionType``, ``BadRow``, ``detect_layout``);
 - everything that reads rows from outside (sources, ``serve``, ``score``, ``join``): the one
   rule for a row's values (``ValueProblem``, ``number_problem``, ``integer_problem``,
-  ``text_problem``, ``feature_map_problem``, ``json_text_problem``, ``FLOAT32_MAX``) and the
+  ``text_problem``, ``feature_map_problem``, ``json_text_problem``, ``invalid_text_rows``,
+  ``FLOAT32_MAX``) and the
   one JSON line parser (``parse_json_line``, ``BadLine``, ``strip_bom``);
 - timeline engines: ``TimelineTransform``, ``TimelineConfig``, ``TimelineResult``,
   ``timeline_schema``, ``eval_split_value``;
