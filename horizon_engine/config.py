@@ -25,6 +25,7 @@ from pydantic import Field, ValidationError, field_validator
 from horizon_engine.components import Component, ComponentConfig, DistinctNames
 from horizon_engine.errors import ConfigError, PluginError
 from horizon_engine.plugins import PluginHost, RegisteredComponent
+from horizon_engine.row_values import text_problem
 
 
 class PipelineSection(ComponentConfig):
@@ -593,7 +594,7 @@ def unreadable_values(raw: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str
         if key is not None and not isinstance(key, str):
             found.setdefault(path[:2], f"holds the key {key!r}, which is not a string")
             continue
-        if isinstance(key, str) and not _valid_unicode(key):
+        if isinstance(key, str) and text_problem(key):
             found.setdefault(path[:2], "holds a key that is not valid Unicode")
             continue
         if depth > MAX_NESTING:
@@ -602,19 +603,11 @@ def unreadable_values(raw: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str
             pending += [((*path, str(k)), k, item, depth + 1) for k, item in value.items()]
         elif isinstance(value, list | tuple):
             pending += [((*path, str(i)), None, item, depth + 1) for i, item in enumerate(value)]
-        elif isinstance(value, str) and not _valid_unicode(value):
+        elif isinstance(value, str) and text_problem(value):
             found.setdefault(path[:2], "holds a string that is not valid Unicode")
         elif isinstance(value, float) and math.isnan(value):
             found.setdefault(path[:2], "holds nan, which is no option's value")
     return sorted(found.items())
-
-
-def _valid_unicode(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _option_problems(

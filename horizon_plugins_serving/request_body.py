@@ -23,6 +23,8 @@ from typing import Any
 
 import orjson
 
+from horizon_engine import text_problem
+
 MAX_INTEGER_DIGITS = 40
 """More digits than float32's largest value (39) or a 64-bit integer (19) has."""
 
@@ -90,14 +92,6 @@ def _decode_exactly(body: bytes) -> Any:
     return payload
 
 
-def _has_lone_surrogate(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
 def lone_surrogate_path(payload: Any) -> str | None:
     """Where in ``payload`` (``body``, ``rows[0].mdp_id``, a key ``rows[0].state_features
     key '\\ud800'``) the first string holding a lone surrogate is, or None; walked without
@@ -106,11 +100,11 @@ def lone_surrogate_path(payload: Any) -> str | None:
     while pending:
         value, path = pending.pop()
         if isinstance(value, str):
-            if _has_lone_surrogate(value):
+            if text_problem(value):
                 return path
         elif isinstance(value, dict):
             for key, item in value.items():
-                if _has_lone_surrogate(key):
+                if text_problem(key):
                     return f"{path} key {key!r}"
                 name = key if key.isidentifier() else repr(key)
                 pending.append((item, name if path == "body" else f"{path}.{name}"))
