@@ -3,7 +3,7 @@
 
 PYTHON ?= python3
 # Test processes (pytest-xdist): the suite's learning tests train on one thread each, so two
-# workers use a two-core machine's second core (12.5 minutes serially, 9 with two).
+# workers use a two-core machine's second core (12.5 minutes serially, 8 to 9 with two).
 TEST_WORKERS ?= 2
 VENV := .venv
 BIN := $(VENV)/bin
