@@ -9,6 +9,9 @@ the size.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -195,3 +198,21 @@ def resume_config() -> Callable[..., dict[str, Any]]:
 @pytest.fixture
 def pipeline_toml() -> Callable[[dict[str, Any]], str]:
     return toml_text
+
+
+def start_paused(script: str, marker: Path, arguments: list[str], point: str) -> subprocess.Popen:
+    """``python -c script marker *arguments`` in a process of its own, once it has written
+    ``marker``: the script pauses there (at ``point``, named if it never gets there) so that a
+    signal lands where the test wants it."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", script, str(marker), *arguments],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 300
+    while not marker.exists():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, f"the run never reached {point}"
+        time.sleep(0.05)
+    return process

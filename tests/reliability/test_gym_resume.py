@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +30,7 @@ from horizon_engine.cli import main
 from horizon_engine.errors import HorizonError
 from horizon_engine.pipeline import NothingToResume
 from horizon_engine.plugins import PluginHost
-from tests.reliability.conftest import assert_same_result, toml_text
+from tests.reliability.conftest import assert_same_result, start_paused, toml_text
 from tests.test_training import scalars
 
 pytestmark = pytest.mark.reliability
@@ -210,20 +208,9 @@ def paused_run(tmp_path: Path) -> tuple[subprocess.Popen, list[str]]:
     evaluation, and its command line arguments."""
     gym_toml = tmp_path / "gym.toml"
     gym_toml.write_text(toml_text(gym_config(tmp_path / "run")), encoding="utf-8")
-    marker = tmp_path / "paused"
     arguments = ["gym", "train", str(gym_toml), "-r", str(tmp_path / "history.csv")]
     arguments += ["-f", str(tmp_path / "rows.jsonl")]
-    process = subprocess.Popen(
-        [sys.executable, "-c", PAUSED_RUN, str(marker), *arguments],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 300
-    while not marker.exists():
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, "the run never reached its second evaluation"
-        time.sleep(0.05)
+    process = start_paused(PAUSED_RUN, tmp_path / "paused", arguments, "its second evaluation")
     return process, arguments
 
 

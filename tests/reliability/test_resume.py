@@ -15,8 +15,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +24,7 @@ from horizon_engine.cli import main
 from horizon_engine.driver import TrainingDriver
 from horizon_engine.errors import ConfigError, HorizonError
 from horizon_engine.pipeline import Engine, NothingToResume
-from tests.reliability.conftest import TRAINERS
+from tests.reliability.conftest import TRAINERS, start_paused
 from tests.test_training import scalars
 
 pytestmark = pytest.mark.reliability
@@ -117,18 +115,8 @@ def paused_run(tmp_path: Path, config: dict, pipeline_toml) -> tuple[subprocess.
     """A ``horizon run`` of ``config`` (from a pipeline.toml) paused mid-epoch."""
     pipeline = tmp_path / "pipeline.toml"
     pipeline.write_text(pipeline_toml(config), encoding="utf-8")
-    marker = tmp_path / "paused"
-    process = subprocess.Popen(
-        [sys.executable, "-c", PAUSED_RUN, str(marker), "run", str(pipeline)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 300
-    while not marker.exists():
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, "the run never reached its second epoch"
-        time.sleep(0.05)
+    arguments = ["run", str(pipeline)]
+    process = start_paused(PAUSED_RUN, tmp_path / "paused", arguments, "its second epoch")
     return process, pipeline
 
 
