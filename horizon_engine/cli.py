@@ -213,15 +213,19 @@ def _echo_estimates(run_dir: Path) -> None:
 @_set_option
 @_user_errors
 def validate(pipeline: Path, overrides: tuple[str, ...]) -> None:
-    """Check PIPELINE without running it."""
-    from horizon_engine.pipeline import Engine
+    """Check PIPELINE without running it; list the stages a run executes, each with its
+    component and where its settings come from (a section of the file, or its defaults)."""
+    from horizon_engine.pipeline import Engine, planned_stages
 
     spec = Engine(_plugin_host()).validate(pipeline, overrides)
-    chosen = ", ".join(
-        f"[{name}] {choice.component.label}"
-        for name, choice in [*spec.sections.items(), *((c.section, c) for c in spec.evaluation)]
-    )
-    click.echo(f"{pipeline}: valid ({chosen})")
+    planned = planned_stages(spec)
+    click.echo(f"{pipeline}: valid; a run executes {len(planned)} stage{'s' * (len(planned) > 1)}:")
+    name_width = max(len(stage.name) for stage in planned)
+    component_width = max(len(stage.component) for stage in planned)
+    for stage in planned:
+        click.echo(
+            f"  {stage.name:<{name_width}}  {stage.component:<{component_width}}  {stage.settings}"
+        )
 
 
 @main.command()

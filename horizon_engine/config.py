@@ -94,6 +94,15 @@ STAGE_SECTIONS: dict[str, str] = {
 stages`` is checked against them when the file is loaded, so that a misspelt stage is reported
 with its line. The pipeline module implements the stages (a test keeps the two in step)."""
 
+DEFAULT_BODIES: dict[str, dict[str, Any]] = {
+    "timeline": {},
+    "normalization": {},
+    "export": {"kind": "onnx"},
+}
+"""The sections a pipeline may leave out though its stages need them, and what each runs with
+when left out (``implied_sections`` says when): its defaults, and for ``[export]`` the one
+exporter every installation has."""
+
 
 MAX_NESTING = 32
 """How deep arrays and tables may nest in a config: deeper than any option needs, and far
@@ -138,10 +147,23 @@ class PipelineSpec:
     evaluation: list[Choice] = field(default_factory=list)
     locate: _Locator | None = None
     """Finds a key's line in the file, for checks made after loading (``where``)."""
+    at_defaults: list[str] = field(default_factory=list)
+    """The sections in ``sections`` that the file leaves out, which run at their defaults
+    because the stages it configures need them (``implied_sections``)."""
 
     def where(self, section: str, key: str | None = None) -> str:
         """``file:line`` of ``key`` in ``[section]`` (or of the section), for messages."""
         return self.locate.where(section, key) if self.locate else self.origin
+
+    def settings_origin(self, section: str) -> str:
+        """Where ``[section]``'s settings come from, for ``horizon validate``: its header's
+        line in the file, the ``--set`` options that made it, or its defaults."""
+        if section in self.at_defaults:
+            return f"defaults (no [{section}] section)"
+        header = f"[[{section}]]" if SECTIONS[section].many else f"[{section}]"
+        if self.locate is None:
+            return f"{header} in {self.origin}"
+        return self.locate.origin_of(section, header)
 
     def resolved(self) -> dict[str, Any]:
         """The config as resolved, defaults filled in, as the manifest records it."""
@@ -245,6 +267,26 @@ class _Locator:
         line = self._find(section, key, index)
         return f"{self.origin}:{line}" if line else self.origin
 
+    def origin_of(self, section: str, header: str) -> str:
+        """``header`` (``[section]`` or ``[[section]]``) with the lines it is written on, or
+        the ``--set`` options that made it when the file does not hold it."""
+        lines = self._header_lines(section)
+        if lines:
+            numbers = ", ".join(str(number) for number in lines)
+            return f"{header} in {self.origin} line{'s' * (len(lines) > 1)} {numbers}"
+        made = sorted(key for key in self.overridden if key.split(".")[0] == section)
+        if made:
+            return f"{header} from " + ", ".join(f"--set {key}" for key in made)
+        return f"{header} in {self.origin}"
+
+    def _header_lines(self, section: str) -> list[int]:
+        return [
+            number
+            for number, line in enumerate(self.lines, start=1)
+            if line.strip().startswith("[")
+            and line.strip().strip("[]").split("#")[0].strip().strip("]").strip() == section
+        ]
+
     def _find(self, section: str, key: str | None, index: int | None) -> int | None:
         current, count, header_line = "", -1, None
         for number, line in enumerate(self.lines, start=1):
@@ -289,8 +331,6 @@ class ConfigBuilder:
             raise ConfigError(self.problems)
         self.check_section_names(raw, ["pipeline", *SECTIONS], "pipeline", PipelineSection)
         pipeline = self.validate("pipeline", PipelineSection, raw.get("pipeline", {}), None)
-        if pipeline is not None:
-            self.check_stages(pipeline.stages, raw)
         spec = PipelineSpec(self.origin, pipeline or PipelineSection(), locate=self.locate)
         for name, rule in SECTIONS.items():
             if name not in raw:
@@ -312,6 +352,19 @@ class ConfigBuilder:
                 choice = self.choose(name, rule, raw[name], None)
                 if choice is not None:
                     spec.sections[name] = choice
+        # Which sections are implied is known once the written ones are valid; until then a
+        # stage of a section that could be implied is not reported as lacking its section.
+        implied = implied_sections(spec) if not self.problems else list(DEFAULT_BODIES)
+        if pipeline is not None:
+            self.check_stages(pipeline.stages, [*raw, *implied])
+        if self.problems:
+            raise ConfigError(self.problems)
+        for name in implied:
+            choice = self.choose(name, SECTIONS[name], dict(DEFAULT_BODIES[name]))
+            if choice is not None:
+                spec.sections[name] = choice
+                spec.at_defaults.append(name)
+        spec.sections = {name: spec.sections[name] for name in SECTIONS if name in spec.sections}
         if self.problems:
             raise ConfigError(self.problems)
         return spec
@@ -326,9 +379,10 @@ class ConfigBuilder:
             place = f"[{section}] key" if section else "key"
             self.problems.append(f"{self.locate.where(section, key)}: {place} {key!r} {why}")
 
-    def check_stages(self, stages: list[str] | None, raw: Mapping[str, Any]) -> None:
-        """Report each name in ``[pipeline] stages`` that is not a stage, or whose section
-        ``raw`` does not configure."""
+    def check_stages(self, stages: list[str] | None, configured: Iterable[str]) -> None:
+        """Report each name in ``[pipeline] stages`` that is not a stage, or whose section is
+        not among the ``configured`` ones (written, or run at its defaults)."""
+        configured = set(configured)
         where = self.locate.where("pipeline", "stages")
         for name in stages or []:
             if name not in STAGE_SECTIONS:
@@ -338,7 +392,7 @@ class ConfigBuilder:
                     f"{where}: [pipeline] key 'stages': unknown stage '{name}'{hint} "
                     f"Stages: {', '.join(STAGE_SECTIONS)}."
                 )
-            elif STAGE_SECTIONS[name] not in raw:
+            elif STAGE_SECTIONS[name] not in configured:
                 self.problems.append(
                     f"{where}: [pipeline] key 'stages': stage '{name}' has no "
                     f"[{STAGE_SECTIONS[name]}] section; add the section or leave the stage out"
@@ -629,6 +683,32 @@ def _option_problems(
         if huge and not bounded:
             found.append((name, f"{huge[0]} is beyond any count or size (at most {INTEGER_LIMIT})"))
     return found
+
+
+def implied_sections(spec: PipelineSpec) -> list[str]:
+    """The sections of ``DEFAULT_BODIES`` that ``spec`` leaves out though its stages need them:
+    the data stages (timeline, normalization) between ``[source]`` and any later section, and
+    the export of a trainer whose model is a policy.
+
+    Without ``[source]`` the data stages are not implied: such a pipeline trains on the
+    timeline and normalization its output folder already holds (a user's own), and the
+    engine's validation names ``[source]`` when they are not there. A trainer that analyses
+    data (the world model) learns a model of the environment, not a policy, so nothing is
+    exported for it unless ``[export]`` asks.
+    """
+    configured = set(spec.sections) | ({"evaluation"} if spec.evaluation else set())
+    order = list(SECTIONS)
+    implied = [
+        name
+        for name in ("timeline", "normalization")
+        if name not in configured
+        and "source" in configured
+        and any(order.index(later) > order.index(name) for later in configured)
+    ]
+    trainer = spec.sections.get("trainer")
+    if "export" not in configured and trainer and not trainer.component.cls.analyzes_data():
+        implied.append("export")
+    return implied
 
 
 def build_spec(

@@ -2,9 +2,10 @@
 
 The timeline stage needs two things the config may not say or may say wrongly: the discrete
 action names (Horizon's own timeline rows number their actions and say how many there are in
-every ``possible_actions`` mask, so they need no ``actions`` list), and whether the metrics that
-``[timeline] reward`` weights are logged at all (a weight for a metric no row carries would
-train on rewards of zero without a word). Both are read from ``source/rows.parquet``, one
+every ``possible_actions`` mask; logged decisions name theirs, and without an ``actions`` list
+the names they log are numbered), and whether the metrics that ``[timeline] reward`` weights
+are logged at all (a weight for a metric no row carries would train on rewards of zero without
+a word). Both are read from ``source/rows.parquet``, one
 column at a time, whatever engine builds the timeline.
 """
 
@@ -75,10 +76,21 @@ def timeline_action_names(rows: Path, configured: list[str] | None, where: str) 
 
 
 def logged_action_names(rows: Path) -> list[str]:
-    """The distinct discrete action names the pre-timeline rows logged, sorted."""
+    """The distinct discrete action names the pre-timeline rows log, as actions or among
+    their ``possible_actions``: the names a timeline without ``[timeline] actions`` numbers.
+    Names that are whole numbers (a gym environment's "0", "1", ..., "10") come first, by
+    value; other names follow in alphabetical order."""
     import pyarrow.compute as pc
 
-    return sorted(str(name) for name in pc.unique(_column(rows, "action")).drop_null().to_pylist())
+    names = set(pc.unique(_column(rows, "action")).drop_null().to_pylist())
+    if "possible_actions" in _schema_names(rows):
+        listed = pc.list_flatten(_column(rows, "possible_actions"))
+        names |= set(pc.unique(listed).drop_null().to_pylist())
+    return sorted((str(name) for name in names), key=_by_value)
+
+
+def _by_value(name: str) -> tuple[int, int, str]:
+    return (0, int(name), name) if name.isdecimal() and name.isascii() else (1, 0, name)
 
 
 @dataclass(frozen=True)

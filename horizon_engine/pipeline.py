@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
 import re
 import socket
@@ -60,7 +61,8 @@ from horizon_engine.run_folder import (
 from horizon_engine.training import CHECKPOINTS
 
 if TYPE_CHECKING:
-    from horizon_engine.schema import BadRow
+    from horizon_engine.schema import BadRow, RowLayout
+    from horizon_engine.timeline import TimelineConfig, TimelineResult
 
 
 ROW_GROUP_ROWS = 256_000
@@ -264,30 +266,16 @@ def run_timeline_stage(run: RunContext, choice: Choice) -> StageReport:
     """
     import pyarrow.parquet as pq
 
-    from horizon_engine.logged_facts import logged_action_names, timeline_action_names
-    from horizon_engine.schema import ActionType, RowFormat, RowLayout
+    from horizon_engine.schema import RowFormat, RowLayout
     from horizon_engine.timeline import TimelineInfo, split_timeline_rows
 
     rows = run.output_dir / "source" / "rows.parquet"
     layout = RowLayout.from_schema(pq.read_schema(rows), str(rows))
-    config = choice.config
     quarantine = run.spec.pipeline.on_bad_rows == "quarantine"
-    where = run.spec.where("timeline", "actions")
-    actions = config.actions
+    actions, actions_from = _discrete_actions(run, rows, layout, choice.config)
+    config = choice.config.model_copy(update={"actions": actions})
     if layout.row_format is RowFormat.TIMELINE:
         engine = "none: the source rows are timeline rows already"
-        if layout.action_type is ActionType.DISCRETE:
-            actions = timeline_action_names(rows, config.actions, where)
-    elif layout.action_type is ActionType.DISCRETE and config.actions is None:
-        logged = logged_action_names(rows)
-        shown = ", ".join(repr(name) for name in logged[:20])
-        raise ConfigError(
-            [
-                f"{where}: [timeline] needs actions = [...], the discrete action names in the "
-                f"order that numbers them; the rows log {len(logged)} actions: {shown}"
-                + (" ..." if len(logged) > 20 else "")
-            ]
-        )
     else:
         engine = choice.component.engine
     warnings = _reward_weight_warnings(run, rows, config.reward) if config.reward else []
@@ -295,7 +283,7 @@ def run_timeline_stage(run: RunContext, choice: Choice) -> StageReport:
         if layout.row_format is RowFormat.TIMELINE:
             result = split_timeline_rows(rows, folder, config, run.seed)
         else:
-            transform = choice.create()
+            transform = choice.component.cls(config)
             result = transform.build(run, rows, folder, layout.action_type, quarantine)
         if result.rejected and not quarantine:
             raise bad_rows_error(result.rejected, result.examples)
@@ -321,10 +309,12 @@ def run_timeline_stage(run: RunContext, choice: Choice) -> StageReport:
         rows_out=result.train_rows + result.eval_rows,
         dropped={**result.dropped, **result.rejected},
         outputs=["timeline/train", "timeline/eval", "timeline/timeline.json"],
-        warnings=warnings,
+        warnings=[*warnings, *_eval_split_warnings(run, result, config.eval_fraction)],
         details={
             "engine": engine,
             "actions": actions,
+            **({"actions_from": actions_from} if actions_from else {}),
+            "eval_fraction": config.eval_fraction,
             "train_rows": result.train_rows,
             "eval_rows": result.eval_rows,
             "train_episodes": result.train_episodes,
@@ -334,6 +324,70 @@ def run_timeline_stage(run: RunContext, choice: Choice) -> StageReport:
     if result.rejected:
         report.outputs.append("timeline/quarantine")
     return report
+
+
+MIN_EVAL_EPISODES = 2
+"""The fewest held-out episodes the timeline stage accepts without a warning: the estimators
+and the trainer's evaluation average over episodes, and from one episode no spread (no
+interval) can be had; with none, the exported model is checked on training rows."""
+
+SUGGESTED_EVAL_EPISODES = 5
+"""The episodes the warning's suggested ``eval_fraction`` holds out on average: enough that
+fewer than ``MIN_EVAL_EPISODES`` is rare (4% of seeds or fewer: a Poisson tail, e^-5 * 6)."""
+
+
+def _eval_split_warnings(run: RunContext, result: TimelineResult, fraction: float) -> list[str]:
+    """A warning when the eval split holds fewer than ``MIN_EVAL_EPISODES`` episodes, with
+    the count, what it costs and what to change; none for ``eval_fraction = 0``, which asks
+    for no eval split (the train stage still says what its absence costs)."""
+    held_out = result.eval_episodes
+    if held_out >= MIN_EVAL_EPISODES or not fraction:  # 0: the user holds none out
+        return []
+    episodes = result.train_episodes + held_out
+    split = (
+        f"the eval split holds {held_out} of {episodes} episodes ({result.eval_rows} rows; "
+        f"[timeline] eval_fraction = {fraction}, the episodes chosen by a hash of mdp_id and "
+        "the seed)"
+    )
+    if held_out:
+        cost = "the evaluation after each epoch and the estimates rest on one episode"
+    else:
+        cost = (
+            "the exported model is checked on training rows, the trainer is not evaluated "
+            "after each epoch"
+            + (", and [[evaluation]] has nothing to estimate" if run.spec.evaluation else "")
+        )
+    suggested = math.ceil(100 * SUGGESTED_EVAL_EPISODES / episodes) / 100
+    change = (
+        f"raise [timeline] eval_fraction (eval_fraction = {suggested} holds out about "
+        f"{SUGGESTED_EVAL_EPISODES} of {episodes} episodes) or log more episodes"
+        if suggested <= 0.5
+        else "log more episodes"
+    )
+    return [f"{split}: {cost}; {change}"]
+
+
+def _discrete_actions(
+    run: RunContext, rows: Path, layout: RowLayout, config: TimelineConfig
+) -> tuple[list[str] | None, str | None]:
+    """The discrete action names the timeline numbers, and where they come from: ``[timeline]
+    actions`` when set; else the entries of timeline rows' ``possible_actions`` masks ("0",
+    "1", ...), or every name logged decisions log (``logged_facts.logged_action_names``).
+    (None, None) for parametric and continuous actions, which have no names to number."""
+    from horizon_engine.logged_facts import logged_action_names, timeline_action_names
+    from horizon_engine.schema import ActionType, RowFormat
+
+    if layout.action_type is not ActionType.DISCRETE:
+        return config.actions, None
+    if layout.row_format is RowFormat.TIMELINE:
+        where = run.spec.where("timeline", "actions")
+        actions = timeline_action_names(rows, config.actions, where)
+        if config.actions is None:
+            return actions, "the entries of the rows' possible_actions masks"
+        return actions, "[timeline] actions"
+    if config.actions is not None:
+        return config.actions, "[timeline] actions"
+    return logged_action_names(rows), "every name the rows log (whole numbers first, by value)"
 
 
 def _reward_weight_warnings(run: RunContext, rows: Path, weights: dict[str, float]) -> list[str]:
@@ -455,6 +509,7 @@ def run_train_stage(run: RunContext, choice: Choice, resume: bool = False) -> St
         rows_in=len(train),
         rows_out=len(train),
         outputs=[*driver.outputs, *driver.checkpoints, *recorded],
+        warnings=[] if len(evaluation) else [_NO_EVAL_ROWS.format(run.output_dir / "timeline")],
         details={
             "device": str(driver.device),
             "epochs": choice.config.epochs,
@@ -464,6 +519,14 @@ def run_train_stage(run: RunContext, choice: Choice, resume: bool = False) -> St
             **({"resumed_after_epoch": resumed_at} if resumed_at else {}),
         },
     )
+
+
+_NO_EVAL_ROWS = (
+    "{}/eval holds no rows: the trainer was not evaluated after each epoch, no estimator ran "
+    "per epoch, and the exported model will be checked on training rows; raise [timeline] "
+    "eval_fraction or log more episodes"
+)
+"""The train stage's warning for an empty eval split (the timeline stage's says why)."""
 
 
 def run_export_stage(run: RunContext, choice: Choice) -> StageReport:
@@ -565,9 +628,71 @@ STAGES: tuple[Stage, ...] = (
 reads only the data stages' outputs: running it again marks no training stale."""
 
 
+def select_stages(spec: PipelineSpec, names: list[str] | None = None) -> list[Stage]:
+    """The stages a run of ``spec`` executes, in pipeline order: every configured one (written
+    or run at its defaults), or those of them ``names`` (``--stages``) chooses."""
+    configured = [stage for stage in STAGES if stage.configured(spec)]
+    if not names:
+        return configured
+    by_name = {stage.name: stage for stage in STAGES}
+    problems = []
+    for name in names:
+        if name not in by_name:
+            problems.append(f"--stages: unknown stage '{name}'; stages: {', '.join(by_name)}")
+        elif by_name[name] not in configured:
+            problems.append(
+                f"--stages: stage '{name}' has no [{by_name[name].section}] section in "
+                f"{spec.origin}"
+            )
+    if problems:
+        raise ConfigError(problems)
+    return [stage for stage in configured if stage.name in names]
+
+
+@dataclass(frozen=True)
+class PlannedStage:
+    """A stage a run will execute, as ``horizon validate`` lists it."""
+
+    name: str
+    component: str
+    """The component that runs it (``dqn``; ``engine local`` for a transform)."""
+    settings: str
+    """Where its settings come from (``PipelineSpec.settings_origin``)."""
+
+
+def planned_stages(spec: PipelineSpec) -> list[PlannedStage]:
+    """Each stage a run of ``spec`` (``[pipeline] stages``, or every configured stage)
+    executes, with its component and where its settings come from."""
+
+    def component(choice: Choice) -> str:
+        rule = SECTIONS[choice.section.split("[")[0]]
+        return f"engine {choice.component.engine}" if rule.fixed_name else choice.component.name
+
+    planned = []
+    for stage in select_stages(spec, spec.pipeline.stages):
+        choice = stage.choice(spec)
+        chosen = choice if isinstance(choice, list) else [choice]
+        planned.append(
+            PlannedStage(
+                stage.name,
+                ", ".join(component(item) for item in chosen),
+                spec.settings_origin(stage.section),
+            )
+        )
+    return planned
+
+
 RESULT_NEUTRAL_OPTIONS = frozenset({"pipeline.output_dir", "pipeline.name", "pipeline.stages"})
 """Resolved config keys ``--resume`` lets differ from the interrupted run's: they change no
 result (the folder is the run's own by construction; the stages are chosen by the resume)."""
+
+
+NO_SOURCE = (
+    "{origin}: no [source] section{why}; add a [source] section naming the logged rows "
+    "(`horizon plugins` lists the kinds): the stages between it and [trainer] run at their "
+    "defaults"
+)
+"""The error of a pipeline with no rows to read, ``why`` saying what would have read them."""
 
 
 class NothingToResume(HorizonError):
@@ -696,10 +821,7 @@ class Engine:
                 "not implement analyze); kind = 'world_model' does"
             )
         if not spec.sections and not problems:
-            problems.append(
-                f"{spec.origin}: no stage is configured; a pipeline needs at least a [source] "
-                "section"
-            )
+            problems.append(NO_SOURCE.format(origin=spec.origin, why=": nothing would run"))
         normalization = spec.sections.get("normalization")
         if normalization is not None:
             from horizon_engine.normalization import FeatureType
@@ -719,7 +841,7 @@ class Engine:
                     )
         if problems:
             raise ConfigError(problems)
-        selected = self._select(spec, list(stages) if stages else spec.pipeline.stages)
+        selected = select_stages(spec, list(stages) if stages else spec.pipeline.stages)
         output_dir = Path(spec.pipeline.output_dir)
         unconfigured = {
             needed: producer
@@ -733,6 +855,10 @@ class Engine:
             for needed, producer in unconfigured.items()
             if producer.section != "trainer" and not (output_dir / needed).exists()
         }
+        if missing and "source" not in spec.sections:
+            needed = next(iter(missing.values()))
+            why = f", and {output_dir / needed} does not exist: the stages to run read it"
+            raise ConfigError([NO_SOURCE.format(origin=spec.origin, why=why)])
         if missing:
             raise ConfigError(
                 [
@@ -767,7 +893,7 @@ class Engine:
                 "--stages nor --overwrite"
             )
         spec = self.validate(config, overrides, stages)
-        selected = self._select(spec, stages or spec.pipeline.stages)
+        selected = select_stages(spec, stages or spec.pipeline.stages)
         output_dir = Path(spec.pipeline.output_dir)
         earlier = read_earlier_run(output_dir)
         plan = plan_resume(spec, earlier, selected) if resume else ResumePlan(selected, None, [])
@@ -814,24 +940,6 @@ class Engine:
         manifest["status"] = "succeeded"
         self._finish(run, manifest)
         return manifest
-
-    def _select(self, spec: PipelineSpec, names: list[str] | None) -> list[Stage]:
-        configured = [stage for stage in STAGES if stage.configured(spec)]
-        if not names:
-            return configured
-        by_name = {stage.name: stage for stage in STAGES}
-        problems = []
-        for name in names:
-            if name not in by_name:
-                problems.append(f"--stages: unknown stage '{name}'; stages: {', '.join(by_name)}")
-            elif by_name[name] not in configured:
-                problems.append(
-                    f"--stages: stage '{name}' has no [{by_name[name].section}] section in "
-                    f"{spec.origin}"
-                )
-        if problems:
-            raise ConfigError(problems)
-        return [stage for stage in configured if stage.name in names]
 
     def _check_inputs(self, run: RunContext, stage: Stage, manifest: dict[str, Any]) -> None:
         """Every file the stage reads exists and is whole: not left by an interrupted stage."""
@@ -918,6 +1026,7 @@ class Engine:
             "seed": run.seed,
             "config_file": run.spec.origin,
             "config": run.spec.resolved(),
+            "sections_at_defaults": list(run.spec.at_defaults),
             "plugins": self.plugins.versions(),
             "plugin_failures": self.plugins.load_failures(),
             "executed": [],

@@ -41,6 +41,13 @@ def preflight_problems(spec: PipelineSpec, stages: list[str]) -> list[str]:
                 f"{spec.where(stage)}: {section} needs the [trainer] section the policy was "
                 "trained with (the stage restores its latest checkpoint into that trainer)"
             )
+    timeline = spec.sections.get("timeline")
+    if {"timeline", "evaluation"} <= set(stages) and timeline and not timeline.config.eval_fraction:
+        problems.append(
+            f"{spec.where('timeline', 'eval_fraction')}: [timeline] eval_fraction = 0 holds out "
+            "no episodes, and [[evaluation]] estimates the policy's value on the held-out ones; "
+            "hold some out (the default is 0.1) or remove [[evaluation]]"
+        )
     if "trainer" in spec.sections and ({"train", "export"} & set(stages)):
         problems += _trainer_problems(spec, output_dir, "train" in stages, "timeline" in stages)
     for section, stage in (("trainer", "train"), ("analysis", "analysis")):

@@ -245,7 +245,9 @@ def test_cli_validate_good_file(tmp_path):
     path.write_text(GOOD)
     result = CliRunner().invoke(main, ["validate", str(path)])
     assert result.exit_code == 0, result.output
-    assert result.stdout == f"{path}: valid ([source] gym)\n"
+    assert result.stdout == (
+        f"{path}: valid; a run executes 1 stage:\n  source  gym  [source] in {path} line 5\n"
+    )
 
 
 def test_cli_validate_bad_file(tmp_path):

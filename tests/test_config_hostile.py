@@ -153,7 +153,8 @@ def test_a_pipeline_without_a_source_is_refused_by_validate(tmp_path, refused, e
     path, message = refused(text)
     assert message == (
         f"{path}: no [source] section, and {run}/source/rows.parquet does not exist: the stages "
-        "to run read it; add the [source] section"
+        "to run read it; add a [source] section naming the logged rows (`horizon plugins` lists "
+        "the kinds): the stages between it and [trainer] run at their defaults"
     )
     (run / "source").mkdir(parents=True)
     (run / "source" / "rows.parquet").write_bytes(b"recorded by an earlier run")

@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from horizon_engine.errors import BadRowsError, HorizonError
+from horizon_engine.errors import BadRowsError
 from horizon_engine.pipeline import Engine
 from horizon_engine.timeline import TimelineInfo, eval_split_value
 
@@ -389,9 +389,15 @@ def test_split_is_by_episode_disjoint_and_follows_the_hash(tmp_path, engine):
     assert details["eval_rows"] == 3 * len(evaluation)
 
 
-def test_discrete_timeline_needs_the_action_names(tmp_path):
-    with pytest.raises(HorizonError, match=r"\[timeline\] needs actions = \[...\]"):
-        run_timeline(tmp_path, "local", [decision("a", 0)])
+def test_discrete_timeline_without_action_names_numbers_every_name_the_rows_log(tmp_path):
+    """Logged and possible actions alike; whole numbers by value ("2" before "10")."""
+    rows = [
+        decision("a", 0, action="10", possible_actions=["2", "10", "wait"]),
+        decision("a", 1, action="2", possible_actions=["2", "10"]),
+    ]
+    manifest = run_timeline(tmp_path, "local", rows)
+    assert manifest["stages"]["timeline"]["details"]["actions"] == ["2", "10", "wait"]
+    assert pick(read_split(tmp_path), "action") == [(1,), (0,)]
 
 
 def test_eval_split_value_is_the_documented_md5():

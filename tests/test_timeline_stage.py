@@ -75,10 +75,12 @@ def test_horizons_discrete_timeline_rows_need_no_action_names(engine, tmp_path):
         engine.run(config, overwrite=True)
 
 
-def test_logged_action_names_without_actions_are_a_clear_error(engine, tmp_path):
+def test_logged_action_names_without_actions_are_the_names_the_rows_log(engine, tmp_path):
     rows = write_rows(tmp_path / "rows.jsonl")
-    with pytest.raises(ConfigError, match="the rows log 2 actions: '0', '1'"):
-        engine.run(jsonl_pipeline(rows, tmp_path / "run"))
+    manifest = engine.run(jsonl_pipeline(rows, tmp_path / "run"))
+    details = manifest["stages"]["timeline"]["details"]
+    assert details["actions"] == ["0", "1"]
+    assert details["actions_from"] == "every name the rows log (whole numbers first, by value)"
 
 
 def test_a_reward_weight_for_a_metric_no_row_carries_is_an_error(engine, tmp_path):
