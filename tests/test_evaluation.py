@@ -132,8 +132,13 @@ def test_evaluation_without_a_trainer_is_a_config_error(tmp_path):
 def test_evaluation_of_an_empty_eval_split_says_what_to_change(tmp_path):
     config = pipeline(tmp_path, {"kind": "logged_value"})
     config["timeline"]["eval_fraction"] = 0.0
+    engine = Engine(show_progress=False)
+    with pytest.raises(ConfigError, match=r"eval_fraction = 0 holds out no episodes, and \["):
+        engine.run(config)
+    # A split already built without episodes is found by the stage itself.
+    engine.run(config, stages=["source", "timeline", "normalization", "train"])
     with pytest.raises(HorizonError, match=r"eval_fraction > 0"):
-        Engine(show_progress=False).run(config)
+        engine.run(config, stages=["evaluation"])
 
 
 # --- the policy-output type ----------------------------------------------------------------------
