@@ -57,10 +57,19 @@ class Dataset:
     """Random episodes the gym source logs; 0 for a file of Horizon's rows."""
     path: Path | None = None
     parametric: bool = False
-    eval_episodes: int = 20
+    eval_episodes: int = 50
+    """Greedy episodes played, of seeds 1000, 1001, ..."""
     cut_as_terminal: bool = False
     """A control: log time-limit truncations as ends of the task (no ``truncated`` field), as
     the gym source did before it marked them."""
+    kind: str = "dqn"
+    """The trainer a setting gets unless it names its own ``kind``."""
+    logger_epochs: int = 0
+    """Above 0: ``episodes`` are logged epsilon-greedily (``logger_epsilon``) around a dqn
+    trained with its defaults for this many epochs on ``logger_rows``' random rows of the same
+    seed: a mediocre logger, whose return the table shows beside the learned policy's."""
+    logger_epsilon: float = 0.2
+    logger_rows: str = "cartpole"
 
     @property
     def timeline_rows(self) -> bool:
@@ -70,10 +79,11 @@ class Dataset:
 
 DATASETS = {
     "cartpole": Dataset("CartPole-v1", ["0", "1"], episodes=1370),
-    "acrobot": Dataset("Acrobot-v1", ["0", "1", "2"], episodes=60, eval_episodes=10),
+    "acrobot": Dataset("Acrobot-v1", ["0", "1", "2"], episodes=60),
     "acrobot_cut_as_terminal": Dataset(
-        "Acrobot-v1", ["0", "1", "2"], episodes=60, eval_episodes=10, cut_as_terminal=True
+        "Acrobot-v1", ["0", "1", "2"], episodes=60, cut_as_terminal=True
     ),
+    "cartpole_mediocre": Dataset("CartPole-v1", ["0", "1"], episodes=200, logger_epochs=3),
     "lunarlander": Dataset("LunarLander-v3", ["0", "1", "2", "3"], episodes=300),
     "horizon_discrete": Dataset(
         "CartPole-v1",
@@ -85,6 +95,13 @@ DATASETS = {
         None,
         path=REFERENCE / "reagent" / "parametric_action" / "cartpole_training.json.bz2",
         parametric=True,
+        kind="parametric_dqn",
+    ),
+    "horizon_pendulum": Dataset(
+        "Pendulum-v1",
+        None,
+        path=REFERENCE / "reagent" / "continuous_action" / "pendulum_training.json.bz2",
+        kind="sac",
     ),
 }
 
@@ -160,6 +177,43 @@ SETTINGS = {
     "e150_cql0.3": Setting(
         {"cql_alpha": 0.3, "minibatch_size": 256, "epochs": 150}, CONTINUOUS, n_step=1
     ),
+    **{
+        f"tol{tolerance}": Setting(
+            {"cql_alpha": 1.0, "cql_tolerance": tolerance, **BATCH_256}, CONTINUOUS, n_step=3
+        )
+        for tolerance in (0.0, 0.1, 0.3, 1.0)
+    },
+    **{
+        f"tol{tolerance}_e{epochs}": Setting(
+            {"cql_alpha": 1.0, "cql_tolerance": tolerance, "minibatch_size": 256, "epochs": epochs},
+            CONTINUOUS,
+            n_step=3,
+        )
+        for tolerance in (0.1, 0.3, 1.0)
+        for epochs in (60, 150)
+    },
+    **{
+        f"{kind}{suffix}": Setting({"kind": kind, **options})
+        for kind in ("sac", "td3", "ddpg")
+        for suffix, options in (("", {}), ("_bc0.2", {"bc_weight": 0.2}))
+    },
+    **{
+        f"bcq{threshold}{suffix}": Setting(
+            {"bcq_threshold": threshold, **options, **BATCH_256}, CONTINUOUS, n_step=3
+        )
+        for threshold in (0.1, 0.3)
+        for suffix, options in (
+            ("", {"cql_alpha": 0.0}),
+            ("_tol0.0", {"cql_alpha": 1.0, "cql_tolerance": 0.0}),
+        )
+    },
+    "e20": Setting({"epochs": 20}),
+    **{f"alpha{a}": Setting({"cql_alpha": a}) for a in (1.5, 3.0, 6.0)},
+    **{f"covered{c}": Setting({"cql_covered": c}) for c in (0.15, 0.2, 0.5)},
+    "alpha5": Setting({"cql_alpha": 5.0}),
+    "alpha5_e20": Setting({"cql_alpha": 5.0, "epochs": 20}),
+    "u2000": Setting({"updates": 2000}),
+    "alpha5_u2000": Setting({"cql_alpha": 5.0, "updates": 2000}),
     "n3_e60_tau0.05": Setting(
         {"cql_alpha": 0.0, "target_update_rate": 0.05, "minibatch_size": 256, "epochs": 60},
         CONTINUOUS,
@@ -175,7 +229,7 @@ def pipeline_config(
     timeline: dict[str, Any] = {"eval_fraction": 0.1}
     if dataset.actions is not None:
         timeline["actions"] = dataset.actions
-    trainer = {"kind": "parametric_dqn" if dataset.parametric else "dqn", **setting.trainer}
+    trainer = {"kind": dataset.kind, **setting.trainer}
     if setting.n_step is not None:
         n_step = 1 if dataset.timeline_rows else setting.n_step
         timeline["n_step"] = trainer["n_step"] = n_step
@@ -190,22 +244,65 @@ def pipeline_config(
 
 
 def logged_rows(name: str, dataset: Dataset, seed: int, folder: Path) -> Path:
-    """The dataset's rows as a file: Horizon's, or random play logged once per seed."""
+    """The dataset's rows as a file: Horizon's, or play logged once per seed (random, or
+    epsilon-greedy around a partly trained logger)."""
     if dataset.path is not None:
         return dataset.path
     path = folder / f"{name}-seed{seed}.jsonl"
-    if not path.exists():
-        from horizon_engine.builtin.gym_source import GymSourceConfig, collect_rows
+    if path.exists():
+        return path
+    from horizon_engine.builtin.gym_source import GymSourceConfig, collect_rows
 
-        source = GymSourceConfig(env=dataset.env, episodes=dataset.episodes, ds="2019-01-01")
-        partial = path.with_suffix(".partial")
-        with partial.open("w", encoding="utf-8") as handle:
-            for _, row in collect_rows(source, seed):
-                if dataset.cut_as_terminal:
-                    row.pop("truncated", None)
-                handle.write(json.dumps(row) + "\n")
-        partial.rename(path)
+    source = GymSourceConfig(env=dataset.env, episodes=dataset.episodes, ds="2019-01-01")
+    if dataset.logger_epochs:
+        logger = train_logger(dataset, seed, folder)
+        source = source.model_copy(
+            update={"policy": "epsilon_greedy", "epsilon": dataset.logger_epsilon, "model": logger}
+        )
+    partial = path.with_suffix(".partial")
+    returns: dict[Any, float] = {}
+    with partial.open("w", encoding="utf-8") as handle:
+        for _, row in collect_rows(source, seed):
+            if dataset.cut_as_terminal:
+                row.pop("truncated", None)
+            returns[row["mdp_id"]] = returns.get(row["mdp_id"], 0.0) + _reward(row)
+            handle.write(json.dumps(row) + "\n")
+    logger_return(path).write_text(json.dumps(statistics.fmean(returns.values())))
+    partial.rename(path)
     return path
+
+
+def _reward(row: dict[str, Any]) -> float:
+    """The environment's reward of a gym source row (its ``reward`` metric)."""
+    return float(row["metrics"]["reward"])
+
+
+def logger_return(rows: Path) -> Path:
+    """Where the mean return of the episodes in ``rows`` is kept."""
+    return rows.with_suffix(".return.json")
+
+
+def train_logger(dataset: Dataset, seed: int, folder: Path) -> str:
+    """A partly trained dqn's ``model.onnx``: ``logger_epochs`` epochs of the defaults on the
+    seed's random rows of ``logger_rows``."""
+    import torch
+
+    from horizon_engine.pipeline import Engine
+
+    rows = logged_rows(dataset.logger_rows, DATASETS[dataset.logger_rows], seed, folder)
+    output = folder / f"logger-{dataset.logger_rows}-e{dataset.logger_epochs}-seed{seed}"
+    shutil.rmtree(output, ignore_errors=True)
+    torch.set_num_threads(1)
+    config = {
+        "pipeline": {"output_dir": str(output), "seed": seed},
+        "source": {"kind": "jsonl", "path": str(rows)},
+        "timeline": {"actions": dataset.actions},
+        "normalization": {},
+        "trainer": {"kind": "dqn", "epochs": dataset.logger_epochs},
+        "export": {"kind": "onnx"},
+    }
+    Engine(show_progress=False).run(config)
+    return str(output / "model.onnx")
 
 
 def greedy_returns(model: Path, env_id: str, episodes: int) -> list[float]:
@@ -235,8 +332,10 @@ def greedy_returns(model: Path, env_id: str, episodes: int) -> list[float]:
             while not done:
                 features = np.asarray(observation, dtype=np.float32).reshape(1, -1)
                 inputs = {"features": features, "presence": np.ones_like(features), **candidates}
-                action = session.run(["action"], inputs)[0]
-                observation, reward, terminated, truncated, _ = env.step(int(action[0]))
+                action = session.run(["action"], inputs)[0][0]
+                if action.ndim == 0:  # a discrete action's index
+                    action = int(action)
+                observation, reward, terminated, truncated, _ = env.step(action)
                 total += float(reward)
                 done = terminated or truncated
             returns.append(total)
@@ -253,6 +352,8 @@ class Result:
     mean_return: float | None
     mean_q: float | None
     error: str | None = None
+    logger: float | None = None
+    """The mean return of the logged episodes (play logged by a policy, not Horizon's rows)."""
 
 
 def run_one(dataset_name: str, setting_name: str, seed: int, folder: str) -> Result:
@@ -273,7 +374,15 @@ def run_one(dataset_name: str, setting_name: str, seed: int, folder: str) -> Res
     except HorizonError as exc:
         return Result(dataset_name, setting_name, seed, None, None, str(exc).splitlines()[0])
     returns = greedy_returns(output / "model.onnx", dataset.env, dataset.eval_episodes)
-    return Result(dataset_name, setting_name, seed, float(np.mean(returns)), mean_q(manifest))
+    logged = logger_return(rows)
+    return Result(
+        dataset_name,
+        setting_name,
+        seed,
+        float(np.mean(returns)),
+        mean_q(manifest),
+        logger=json.loads(logged.read_text()) if logged.exists() else None,
+    )
 
 
 def mean_q(manifest: dict[str, Any]) -> float | None:
@@ -306,7 +415,32 @@ def table(results: Iterable[Result], datasets: list[str], settings: list[str]) -
             )
             q = f"{statistics.fmean(qs):.1f}" if qs else ""
             note = f" ({errors[0]})" if errors else ""
+            loggers = [r.logger for r in runs if r.logger is not None]
+            if loggers:
+                note += f" (logged: {', '.join(f'{value:.1f}' for value in loggers)})"
             lines.append(f"| {dataset} | {setting} | {mean} | {per_seed}{note} | {q} |")
+    return "\n".join(lines)
+
+
+def pivot(results: Iterable[Result], datasets: list[str], settings: list[str]) -> str:
+    """Markdown for the README: setting x dataset, each cell the mean return over the seeds
+    and the worst seed's in brackets."""
+    by_key: dict[tuple[str, str], list[float]] = {}
+    for result in results:
+        if result.mean_return is not None:
+            by_key.setdefault((result.dataset, result.setting), []).append(result.mean_return)
+    lines = [
+        f"| setting | {' | '.join(datasets)} |",
+        f"|---|{'---|' * len(datasets)}",
+    ]
+    for setting in settings:
+        cells = [
+            f"{statistics.fmean(scores):.0f} ({min(scores):.0f})"
+            if (scores := by_key.get((dataset, setting)))
+            else ""
+            for dataset in datasets
+        ]
+        lines.append(f"| {setting} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
 
@@ -319,12 +453,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, help="keep rows and runs here (default: temp)")
     parser.add_argument("--json", type=Path, help="also write every run's result here")
     parser.add_argument("--list", action="store_true", help="list datasets and settings")
+    parser.add_argument(
+        "--pivot", action="store_true", help="one row per setting: mean (worst seed) per dataset"
+    )
+    parser.add_argument("--from-json", type=Path, help="tabulate an earlier --json's results")
     args = parser.parse_args(argv)
     if args.list:
         for name, dataset in DATASETS.items():
             print(f"dataset {name}: {dataset}")
         for name, setting in SETTINGS.items():
             print(f"setting {name}: {setting}")
+        return 0
+    render = pivot if args.pivot else table
+    if args.from_json:
+        results = [Result(**entry) for entry in json.loads(args.from_json.read_text())]
+        print(render(results, args.datasets, args.settings))
         return 0
     datasets = [name for name in args.datasets if _available(name)]
     with tempfile.TemporaryDirectory() as temporary:
@@ -341,10 +484,13 @@ def main(argv: list[str] | None = None) -> int:
             for seed in args.seeds
         ]
         with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            results = list(pool.map(run_one, *zip(*jobs, strict=True)))
+            results = []
+            for result in pool.map(run_one, *zip(*jobs, strict=True)):
+                print(result, file=sys.stderr, flush=True)
+                results.append(result)
     if args.json:
         args.json.write_text(json.dumps([r.__dict__ for r in results], indent=1) + "\n")
-    print(table(results, datasets, args.settings))
+    print(render(results, datasets, args.settings))
     return 0
 
 

@@ -294,17 +294,18 @@ def stage_row(engine: Engine, settings: list[str], blocks: int) -> None:
     driver, data = trainer_driver(engine, settings)
     config = driver.config
     batches = -(-len(data) // config.minibatch_size)
+    epochs = driver.planned_epochs(data)
 
     def stage() -> int:
         engine.run(EXAMPLE, settings, stages=["train"])
-        return config.epochs * batches
+        return epochs * batches
 
     sides = {"ours": timed(stage)}
     for side, optimizer in (("bare", "torch"), ("bare_same_optimizer", "trainer")):
-        sides[side] = timed(bare_loop(driver, data, optimizer).epoch, config.epochs)
+        sides[side] = timed(bare_loop(driver, data, optimizer).epoch, epochs)
     what = (
         f"whole train stage, the example's settings ({len(data):,} train rows, "
-        f"{config.epochs} epochs, batch {config.minibatch_size}, evaluation and "
+        f"{epochs} epochs, batch {config.minibatch_size}, evaluation and "
         f"{len(spec.evaluation)} estimator(s) every epoch), {spec.pipeline.output_dir}"
     )
     report("stage", what, interleaved(sides, blocks), "updates/s", 0.9)

@@ -173,6 +173,8 @@ def run(
             f"{dropped} dropped, {report['seconds']:.2f} s"
             + (f" ({importing:.2f} s of it importing)" if importing >= 0.05 else "")
         )
+        if "length" in report["details"]:
+            click.echo(f"  training: {report['details']['length']}")
         for warning in report["warnings"]:
             click.echo(f"  warning: {warning}")
     if "evaluation" in manifest["executed"]:

@@ -706,7 +706,7 @@ def implied_sections(spec: PipelineSpec) -> list[str]:
         and any(order.index(later) > order.index(name) for later in configured)
     ]
     trainer = spec.sections.get("trainer")
-    if "export" not in configured and trainer and not trainer.component.cls.analyzes_data():
+    if "export" not in configured and trainer and trainer.component.cls.trains_policy:
         implied.append("export")
     return implied
 

@@ -39,6 +39,7 @@ torch is imported where it is used.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -465,16 +466,56 @@ class TrainingDriver:
         ``data_order``, seeded with the run's seed), each ended by ``end_epoch``, on
         ``self.threads`` CPU threads; returns each epoch's metrics. After ``resume`` the epochs
         after the restored one are trained."""
-        progress = self.run.progress("training", total=self.config.epochs)
+        epochs = self.planned_epochs(data)
+        progress = self.run.progress(f"training: {epochs} epochs", total=epochs)
         with self.torch_threads(), progress as advance:
             data = self.prepare(data)
             advance(self.epoch)
-            while self.epoch < self.config.epochs:
+            while self.epoch < epochs:
                 for batch in data.minibatches(self.config.minibatch_size, self.data_order):
                     self.train_batch(batch)
                 self.end_epoch(eval_data=eval_data, estimators=estimators)
                 advance(1)
         return self.history
+
+    def planned_epochs(self, data: EpochData) -> int:
+        """``[trainer] epochs``, or for "auto" the trainer's ``DEFAULT_PASSES`` over ``data``
+        within ``min_updates`` and ``max_updates`` gradient updates."""
+        config = self.config
+        if config.epochs != "auto":
+            return config.epochs
+        batches = self._batches(data)
+        if config.DEFAULT_PASSES * batches < config.min_updates:
+            return math.ceil(config.min_updates / batches)
+        return max(1, min(config.DEFAULT_PASSES, config.max_updates // batches))
+
+    def training_length(self, data: EpochData) -> str:
+        """How long training on ``data`` is and why, for the user: printed by ``horizon run``
+        and recorded in the manifest."""
+        config = self.config
+        epochs, batches = self.planned_epochs(data), self._batches(data)
+        if config.epochs != "auto":
+            chosen = "[trainer] epochs"
+        elif epochs > config.DEFAULT_PASSES:
+            chosen = f"epochs auto: min_updates = {config.min_updates}"
+        elif epochs < config.DEFAULT_PASSES:
+            chosen = f"epochs auto: max_updates = {config.max_updates}"
+        else:
+            chosen = f"epochs auto: the trainer's {config.DEFAULT_PASSES}"
+        minibatches = f"{batches} minibatch" + ("es" if batches != 1 else "")
+        return f"{epochs} epochs of {minibatches}, {epochs * batches} updates ({chosen})"
+
+    def _batches(self, data: EpochData) -> int:
+        """Minibatches in one pass over ``data``."""
+        return max(1, math.ceil(len(data) / self.config.minibatch_size))
+
+    def applied_options(self, data: EpochData | None = None) -> dict[str, Any]:
+        """The training options as they applied: the epochs (for ``data``), the threads and
+        device ``auto`` chose, and what the trainer resolved (``applied_options``)."""
+        applied: dict[str, Any] = {"threads": self.threads, "device": str(self.device)}
+        if data is not None:
+            applied["epochs"] = self.planned_epochs(data)
+        return {**applied, **self.trainer.applied_options()}
 
     def end_epoch(
         self,

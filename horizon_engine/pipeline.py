@@ -512,7 +512,10 @@ def run_train_stage(run: RunContext, choice: Choice, resume: bool = False) -> St
         warnings=[] if len(evaluation) else [_NO_EVAL_ROWS.format(run.output_dir / "timeline")],
         details={
             "device": str(driver.device),
-            "epochs": choice.config.epochs,
+            "epochs": driver.planned_epochs(train),
+            "updates": driver.updates,
+            "length": driver.training_length(train),
+            "applied": driver.applied_options(train),
             "eval_rows": len(evaluation),
             "first_epoch": history[0],
             "last_epoch": history[-1],

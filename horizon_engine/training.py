@@ -16,9 +16,9 @@ from abc import abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from horizon_engine.components import ComponentConfig, Trainer
 from horizon_engine.errors import HorizonError
@@ -48,8 +48,17 @@ machine is better told ``threads = 1``."""
 class TrainerConfig(ComponentConfig):
     """What every ``[trainer]`` section accepts besides the trainer's own options."""
 
-    epochs: int = Field(default=20, ge=1)
-    """Passes over the train split."""
+    DEFAULT_PASSES: ClassVar[int] = 20
+    """The passes ``epochs = "auto"`` starts from, before ``min_updates`` and ``max_updates``."""
+    epochs: int | str = "auto"
+    """Passes over the train split. "auto": ``DEFAULT_PASSES`` (the trainer's), but never fewer
+    than make ``min_updates`` gradient updates nor more than make ``max_updates``, so a log of a
+    few hundred rows still trains and one of millions does not train for days. The number
+    chosen is printed and recorded in the manifest (the train stage's ``length``)."""
+    min_updates: int = Field(default=200, ge=1)
+    """The fewest gradient updates ``epochs = "auto"`` makes."""
+    max_updates: int = Field(default=20_000, ge=1)
+    """The most gradient updates ``epochs = "auto"`` makes (whole passes: at least one)."""
     minibatch_size: int = Field(default=1024, ge=1)
     """Rows per update."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -61,6 +70,22 @@ class TrainerConfig(ComponentConfig):
     warm_start_from: str | None = None
     """A run folder whose latest checkpoint (weights, optimizer and trainer state) to start from:
     the daily retraining of the Horizon paper."""
+
+    @model_validator(mode="after")
+    def _updates_in_order(self) -> Self:
+        if self.min_updates > self.max_updates:
+            raise ValueError(
+                f"min_updates = {self.min_updates} is above max_updates = {self.max_updates}"
+            )
+        return self
+
+    @field_validator("epochs")
+    @classmethod
+    def _epochs_or_auto(cls, epochs: int | str) -> int | str:
+        """A number of passes (1 or more) or "auto", as ``threads``."""
+        if epochs != "auto" and not (isinstance(epochs, int) and epochs >= 1):
+            raise ValueError(f'epochs = {epochs!r}: give a number of passes (1 or more) or "auto"')
+        return epochs
 
     @field_validator("threads")
     @classmethod
@@ -108,6 +133,9 @@ class TrainerBase(Trainer):
     """
 
     Config: ClassVar[type[ComponentConfig]] = TrainerConfig
+    trains_policy: ClassVar[bool] = True
+    """Whether ``policy`` is a decision policy to export (a pipeline with this trainer and no
+    ``[export]`` exports it as ONNX); false for a model of the data, such as the world model."""
 
     @abstractmethod
     def setup(self, problem: TrainingProblem) -> None:
@@ -120,6 +148,12 @@ class TrainerBase(Trainer):
         A batch from the timeline also holds the state preprocessor's output for its states
         (``state_preprocessed``, ...: the batch schema), computed once for the split: using it
         rather than running the preprocessor again is what makes an update cheap."""
+
+    def applied_options(self) -> dict[str, Any]:
+        """Options whose value ``setup`` chose from the problem (an unset ``bc_weight``, the
+        data's n-step window), as they applied: the manifest records them beside the config
+        as written. None by default."""
+        return {}
 
     def evaluate(self, data: TimelineTensors) -> dict[str, float]:
         """Metrics on the eval split (e.g. ``mc_loss``), without changing the model; none by

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from horizon_engine import TrainerConfig
 
@@ -19,8 +19,8 @@ from horizon_engine import TrainerConfig
 class ActorCriticConfig(TrainerConfig):
     """Options every actor-critic trainer of this plugin accepts."""
 
-    epochs: int = Field(default=100, ge=1)
-    """Passes over the train split. 100 rather than the core's 20: an actor-critic needs
+    DEFAULT_PASSES: ClassVar[int] = 100
+    """100 passes rather than the core's 20 when ``epochs`` is unset: an actor-critic needs
     thousands of updates, and 100 epochs of batch 256 over Horizon's 7,600 logged Pendulum
     rows are 3,000."""
     minibatch_size: int = Field(default=256, ge=1)
@@ -40,14 +40,14 @@ class ActorCriticConfig(TrainerConfig):
     target_update_rate: float = Field(default=0.005, gt=0.0, le=1.0)
     """Soft target update: target <- rate * trained + (1 - rate) * target (tau)."""
     LOGGED_BC_WEIGHT: ClassVar[float] = 0.2
-    """``bc_weight`` when it is unset and the trainer learns from logs."""
-    bc_weight: float | None = Field(default=None, ge=0.0)
+    """``bc_weight = "auto"`` when the trainer learns from logs."""
+    bc_weight: float | Literal["auto"] = "auto"
     """Behaviour cloning weight, for learning from logs (TD3+BC, Fujimoto and Gu 2021): the
     actor minimizes ``-Q(s, pi(s)) / mean|Q| + bc_weight * mean((pi(s) - a_logged)^2)``, actions
     normalized to (-1, 1). The paper writes it ``-lambda Q + (pi(s) - a)^2`` with
     ``lambda = alpha / mean|Q|``: the same loss scaled by 1 / alpha, so ``bc_weight = 1 / alpha``
     (the paper's alpha = 2.5 is 0.4). 0 switches it off (the plain actor loss, unnormalized):
-    what online training, where the agent tries its own actions, wants. Unset, it is 0 online
+    what online training, where the agent tries its own actions, wants. "auto": 0 online
     (``horizon gym train``) and ``LOGGED_BC_WEIGHT`` from logs: 0.2 (alpha = 5) for td3 and
     ddpg, since on Horizon's logged Pendulum rows (100 epochs) td3 scored -390 with 0.2, -431
     with 0.4 and -663 with 0 (the logs: -424); sac's is 0."""
@@ -60,15 +60,23 @@ class ActorCriticConfig(TrainerConfig):
     cql_samples: int = Field(default=10, ge=1)
     """Actions of each kind (uniform, the actor's) sampled per state for ``cql_alpha``."""
 
+    @field_validator("bc_weight")
+    @classmethod
+    def _weight_or_auto(cls, weight: float | str) -> float | str:
+        """A weight of 0 or more, or "auto"."""
+        if weight != "auto" and weight < 0:
+            raise ValueError(f'bc_weight = {weight!r}: give a weight of 0 or more, or "auto"')
+        return weight
+
 
 class SacConfig(ActorCriticConfig):
     """Options of the ``sac`` trainer (``[trainer]`` with ``kind = "sac"``)."""
 
     LOGGED_BC_WEIGHT: ClassVar[float] = 0.0
-    bc_weight: float | None = Field(default=None, ge=0.0)
+    bc_weight: float | Literal["auto"] = "auto"
     """Behaviour cloning weight (see td3's): the entropy-regularized actor loss
     ``(alpha log pi(a|s) - Q(s, a)) / mean|Q| + bc_weight * mean((a - a_logged)^2)`` with ``a``
-    drawn from the actor. Unset, 0 (off), from logs too: on Horizon's logged Pendulum rows
+    drawn from the actor. "auto": 0 (off), from logs too: on Horizon's logged Pendulum rows
     (100 epochs) plain SAC scored -320, -194 and -313 (seeds 0-2), against -624 with 0.4 and
     -761 with 1.0 (seed 0; the logs: -424)."""
     alpha: float = Field(default=1.0, gt=0.0)
@@ -76,8 +84,8 @@ class SacConfig(ActorCriticConfig):
     learn_alpha: bool = True
     """Automatic entropy tuning: learn the temperature so that the policy's entropy stays near
     ``target_entropy``."""
-    target_entropy: float | None = None
-    """The entropy automatic tuning aims at; unset: minus the number of action dimensions."""
+    target_entropy: float | Literal["auto"] = "auto"
+    """The entropy automatic tuning aims at; "auto": minus the number of action dimensions."""
     alpha_learning_rate: float = Field(default=3e-4, gt=0.0)
     """Adam's step size for the temperature."""
 

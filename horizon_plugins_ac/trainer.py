@@ -69,7 +69,7 @@ class ActorCriticTrainer(TrainerBase):
             )
         self.check_n_step(problem.n_step)
         unset = 0.0 if problem.online else config.LOGGED_BC_WEIGHT
-        self.bc_weight = unset if config.bc_weight is None else config.bc_weight
+        self.bc_weight = unset if config.bc_weight == "auto" else config.bc_weight
         self.preprocessor = problem.state_preprocessor
         self.action_preprocessor = action_preprocessor
         self.action_width = problem.action_width
@@ -226,6 +226,10 @@ class ActorCriticTrainer(TrainerBase):
         self.steps += 1
         return metrics
 
+    def applied_options(self) -> dict[str, Any]:
+        """``bc_weight`` as it applies (an unset one resolved for logs or online play)."""
+        return {"bc_weight": self.bc_weight}
+
     def update_targets(self, actor: bool) -> None:
         """Soft update of the critics' targets (and of the actor's, when ``actor``)."""
         import torch
@@ -237,15 +241,16 @@ class ActorCriticTrainer(TrainerBase):
                 torch._foreach_lerp_(*self._actor_pairs, rate)
 
     def policy_objective(
-        self, q: torch.Tensor, action: torch.Tensor, logged: torch.Tensor
+        self, q: torch.Tensor, cloned: torch.Tensor, logged: torch.Tensor
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The actor's loss from ``q`` (the critic's value of the actor's ``action``, minus
+        """The actor's loss from ``q`` (the critic's value of the actor's action, minus
         SAC's entropy cost): ``-mean(q)``, or with ``bc_weight`` TD3+BC's
-        ``-mean(q) / mean|q| + bc_weight * mean((action - logged)^2)``."""
+        ``-mean(q) / mean|q| + bc_weight * mean((cloned - logged)^2)``, ``cloned`` the actor's
+        deterministic action."""
         bc_weight = self.bc_weight
         if bc_weight == 0:
             return -q.mean(), {}
-        bc_loss = ((action - logged) ** 2).mean()
+        bc_loss = ((cloned - logged) ** 2).mean()
         scale = q.abs().mean().detach().clamp(min=1e-6)
         return -q.mean() / scale + bc_weight * bc_loss, {"bc_loss": float(bc_loss.detach())}
 
@@ -510,10 +515,14 @@ class SacTrainer(ActorCriticTrainer):
         )
         self.target_entropy = (
             config.target_entropy
-            if config.target_entropy is not None
+            if config.target_entropy != "auto"
             else -float(problem.action_width)
         )
         self.log_scale = action_log_scale(self.action_preprocessor, problem.action_width)
+
+    def applied_options(self) -> dict[str, Any]:
+        """The shared ones and ``target_entropy`` as it applies."""
+        return {**super().applied_options(), "target_entropy": self.target_entropy}
 
     def next_value(self, next_state: torch.Tensor) -> torch.Tensor:
         """``min_i Q'_i(s', a') - alpha log pi(a'|s')`` with ``a'`` drawn from the actor."""
@@ -534,7 +543,10 @@ class SacTrainer(ActorCriticTrainer):
         action, log_density = self.actor.sample(state)
         q = torch.minimum(*(critic(state, action) for critic in self.critics))
         alpha = self.log_alpha.exp().detach()
-        loss, metrics = self.policy_objective(q - alpha * log_density, action, logged)
+        # The mean action is cloned, not the draw: cloning draws would shrink the policy's
+        # spread, which the temperature then raises again, the two terms fighting.
+        cloned = self.actor.mean_action(state)[0] if self.bc_weight else action
+        loss, metrics = self.policy_objective(q - alpha * log_density, cloned, logged)
         metrics["entropy"] = float(-log_density.mean().detach())
         if self.alpha_optimizer is not None:
             gap = (log_density.detach() + self.target_entropy).mean()

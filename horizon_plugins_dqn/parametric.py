@@ -79,9 +79,7 @@ class ParametricDqnTrainer(QLearningTrainer):
 
     def train_step(self, batch: Mapping[str, torch.Tensor]) -> dict[str, float]:
         """One update of the Q-network, then the soft target update. Returns ``td_loss`` and,
-        with ``cql_alpha > 0``, ``cql_loss`` (the regularizer before its weight)."""
-        import torch
-
+        with ``cql_alpha > 0``, the conservative penalty's metrics (``conservatism``)."""
         config = self.config
         state = self.state_input(batch, "state")
         action = self.action_preprocessor(batch["action"], batch["action_presence"])
@@ -91,15 +89,8 @@ class ParametricDqnTrainer(QLearningTrainer):
         loss = td_loss
         metrics: dict[str, float] = {}
         if config.cql_alpha > 0:
-            from horizon_engine import masked_scores
-
             scores = self.q_network(state, self.candidates(batch, "possible_actions"))
-            possible = batch["possible_actions"]
-            penalty = torch.logsumexp(masked_scores(scores, possible), dim=1) - logged
-            # A row whose possible actions were not recorded has nothing to push down.
-            cql_loss = torch.where(possible.sum(dim=1) > 0, penalty, 0.0).mean()
-            loss = loss + config.cql_alpha * cql_loss
-            metrics["cql_loss"] = float(cql_loss.detach())
+            loss = loss + self.conservatism(scores, logged, batch, metrics)
         self.update(loss)
         metrics["td_loss"] = float(td_loss.detach())
         return metrics

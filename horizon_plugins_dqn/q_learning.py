@@ -98,6 +98,14 @@ class QLearningTrainer(TrainerBase):
         n_step = self.config.n_step
         if n_step > 1 and data_n_step is not None and data_n_step != n_step:
             raise HorizonError(n_step_mismatch(n_step, f"n_step = {data_n_step}"))
+        self.data_n_step = data_n_step
+
+    def applied_options(self) -> dict[str, Any]:
+        """The n-step return that applies: ``n_step``, or with 0 the data's window (one step
+        for SARSA or data without windows)."""
+        config = self.config
+        window = self.data_n_step or 1
+        return {"n_step": config.n_step or (window if config.maxq_learning else 1)}
 
     def td_loss(self, logged: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         import torch.nn.functional as F
@@ -105,6 +113,35 @@ class QLearningTrainer(TrainerBase):
         if self.config.loss == "mse":
             return F.mse_loss(logged, target)
         return F.smooth_l1_loss(logged, target)
+
+    def conservatism(
+        self,
+        scores: torch.Tensor,
+        logged: torch.Tensor,
+        batch: Mapping[str, torch.Tensor],
+        metrics: dict[str, float],
+    ) -> torch.Tensor:
+        """CQL's penalty of ``scores`` (Q of every possible action) against the ``logged``
+        action's Q, weighted by ``cql_alpha`` less as the batch's logs cover the actions more
+        (``targets.logged_coverage``, ``cql_covered``); records ``cql_loss`` (the penalty
+        before its weight), ``logged_coverage`` and ``cql_weight`` in ``metrics``."""
+        import torch
+
+        from horizon_plugins_dqn.targets import cql_gaps, logged_coverage
+
+        config = self.config
+        possible = batch["possible_actions"]
+        gaps = cql_gaps(scores, logged, possible)
+        # A batch built without propensities (by hand, by a host of its own) has a logger
+        # believed deterministic: plain CQL's assumption.
+        propensity = batch.get("action_probability", torch.ones_like(gaps))
+        coverage = float(logged_coverage(propensity, possible))
+        weight = config.cql_alpha * max(0.0, 1.0 - coverage / config.cql_covered)
+        penalty = gaps.mean()
+        metrics["cql_loss"] = float(penalty.detach())
+        metrics["logged_coverage"] = coverage
+        metrics["cql_weight"] = weight
+        return weight * penalty
 
     def update(self, loss: torch.Tensor) -> None:
         """One optimizer step on ``loss``, the soft target update, and the learning-rate decay."""

@@ -75,14 +75,31 @@ def n_step_return(
     return returns, bootstrap
 
 
-def cql_regularizer(
-    scores: torch.Tensor, action: torch.Tensor, possible: torch.Tensor
-) -> torch.Tensor:
-    """Conservative Q-learning's penalty (Kumar et al. 2020), averaged over the batch:
-    ``logsumexp`` over the possible actions of Q(s, .) minus Q(s, logged action). It pushes
-    down the actions the data never shows while keeping the logged ones."""
-    logged = scores.gather(1, action.unsqueeze(1)).squeeze(1)
-    return (torch.logsumexp(masked_scores(scores, possible), dim=1) - logged).mean()
+def cql_gaps(scores: torch.Tensor, logged: torch.Tensor, possible: torch.Tensor) -> torch.Tensor:
+    """Each row's conservative Q-learning gap (Kumar et al. 2020): ``logsumexp`` over the possible
+    actions of Q(s, .) minus Q(s, logged action), 0 for a row whose possible actions were not
+    recorded (it has nothing to push down). Its mean is CQL's penalty: it pushes down the
+    actions the data never shows while keeping the logged ones."""
+    gaps = torch.logsumexp(masked_scores(scores, possible), dim=1) - logged
+    return torch.where(possible.sum(dim=1) > 0, gaps, 0.0)
+
+
+def logged_coverage(propensity: torch.Tensor, possible: torch.Tensor) -> torch.Tensor:
+    """How evenly the logs cover the actions, from the logged propensities: the mean over rows
+    of ``n * floor``, ``n`` the row's possible actions and ``floor`` the least probability the
+    row's logger gave any of them.
+
+    A row's propensity p of its logged action bounds the others': they share 1 - p, so the
+    least is at most ``min(p, (1 - p) / (n - 1))``, which is exact for uniform and
+    epsilon-greedy loggers. 1 is uniformly random logging, 0.1 an epsilon-greedy logger with
+    epsilon 0.1; a mix of loggers (a random round, then epsilon-greedy ones) lies between, as
+    its mixture's floor does when the loggers saw the same states. A row without a valid
+    propensity, or with one possible action, covers nothing (0)."""
+    count = possible.sum(dim=1)
+    others = (1 - propensity) / (count - 1).clamp(min=1)
+    floor = torch.minimum(propensity, others)
+    known = (propensity > 0) & (propensity <= 1) & (count > 1)
+    return torch.where(known, (count * floor).clamp(0, 1), 0.0).mean()
 
 
 def episode_ends(

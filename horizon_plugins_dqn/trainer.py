@@ -87,9 +87,9 @@ class DqnTrainer(QLearningTrainer):
     def train_step(self, batch: Mapping[str, torch.Tensor]) -> dict[str, float]:
         """One update of the Q-network (and of the behaviour model), then the soft target update.
 
-        Returns ``td_loss`` (the configured loss), ``cql_loss`` (the regularizer before its
-        weight) with ``cql_alpha > 0`` and ``bcq_loss`` (the behaviour model's cross-entropy)
-        with ``bcq_threshold > 0``.
+        Returns ``td_loss`` (the configured loss), the conservative penalty's metrics
+        (``conservatism``) with ``cql_alpha > 0`` and ``bcq_loss`` (the behaviour model's
+        cross-entropy) with ``bcq_threshold > 0``.
         """
         config = self.config
         state = self.state_input(batch, "state")
@@ -103,11 +103,7 @@ class DqnTrainer(QLearningTrainer):
         td_loss = self.td_loss(logged, target)
         loss = td_loss
         if config.cql_alpha > 0:
-            from horizon_plugins_dqn.targets import cql_regularizer
-
-            cql_loss = cql_regularizer(scores, action, batch["possible_actions"])
-            loss = loss + config.cql_alpha * cql_loss
-            metrics["cql_loss"] = float(cql_loss.detach())
+            loss = loss + self.conservatism(scores, logged, batch, metrics)
         self.update(loss)
         metrics["td_loss"] = float(td_loss.detach())
         return metrics

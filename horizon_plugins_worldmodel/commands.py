@@ -22,12 +22,9 @@ from horizon_engine import Engine, HorizonError
 DATA_STAGES = ("source", "timeline", "normalization")
 """The stages whose outputs the analysis reads, each configured by the section of its name."""
 
-DEFAULT_SECTIONS = {
-    "timeline": "timeline.engine=local",
-    "normalization": "normalization.engine=local",
-    "analysis": "analysis.kind=world_model",
-}
-"""What a pipeline without one of these sections is given (as a ``--set`` override)."""
+DEFAULT_SECTIONS = {"analysis": "analysis.kind=world_model"}
+"""What a pipeline without one of these sections is given (as a ``--set`` override); the
+engine runs an absent ``[timeline]`` and ``[normalization]`` at their defaults itself."""
 
 
 @click.command("check-mdp")

@@ -38,6 +38,7 @@ class WorldModelTrainer(TrainerBase):
 
     name = "world_model"
     Config: ClassVar[type[WorldModelConfig]] = WorldModelConfig
+    trains_policy: ClassVar[bool] = False
     config: WorldModelConfig
 
     def setup(self, problem: TrainingProblem) -> None:

@@ -298,14 +298,17 @@ def test_bc_and_cql_options_add_their_losses(kind):
 
 
 @pytest.mark.parametrize(("kind", "from_logs"), [("td3", 0.2), ("ddpg", 0.2), ("sac", 0.0)])
-def test_unset_bc_weight_is_the_kinds_from_logs_and_zero_online(kind, from_logs):
+def test_auto_bc_weight_is_the_kinds_from_logs_and_zero_online(kind, from_logs):
     """Named alone, td3 and ddpg keep the actor near logged actions; online, where the agent
-    tries its own actions, no kind does; a weight given is kept either way."""
+    tries its own actions, no kind does; a weight given is kept either way. The weight that
+    applied is what the manifest records (``applied_options``)."""
     cls, config = TRAINERS[kind]
+    assert config().bc_weight == "auto"
     for online, expected in ((False, from_logs), (True, 0.0)):
         built = cls(config(layers=[8]))
         built.setup(dataclasses.replace(problem(), online=online))
         assert built.bc_weight == expected
+        assert built.applied_options()["bc_weight"] == expected
         given = cls(config(layers=[8], bc_weight=0.5))
         given.setup(dataclasses.replace(problem(), online=online))
         assert given.bc_weight == 0.5

@@ -50,8 +50,10 @@ def mean_q(manifest: dict[str, Any]) -> float:
 
 def test_the_defaults_are_the_swept_ones():
     for config in (DqnConfig(), ParametricDqnConfig()):
-        assert (config.n_step, config.cql_alpha, config.minibatch_size) == (0, 1.0, 256)
-        assert (config.epochs, config.target_update_rate, config.learning_rate) == (20, 0.01, 1e-3)
+        assert (config.n_step, config.cql_alpha, config.cql_covered) == (0, 1.5, 0.3)
+        assert (config.epochs, config.DEFAULT_PASSES, config.minibatch_size) == ("auto", 20, 256)
+        assert (config.min_updates, config.max_updates) == (200, 20_000)
+        assert (config.target_update_rate, config.learning_rate) == (0.01, 1e-3)
     assert TimelineConfig().n_step is None and TimelineConfig().window == DEFAULT_N_STEP == 3
     assert NormalizationConfig().quantiles is False
 

@@ -31,9 +31,10 @@ from horizon_engine.training import TrainingProblem
 from horizon_plugins_dqn import DqnConfig, DqnTrainer
 from horizon_plugins_dqn.networks import QNetwork
 from horizon_plugins_dqn.targets import (
-    cql_regularizer,
+    cql_gaps,
     discounted_returns,
     episode_ends,
+    logged_coverage,
     max_next_value,
 )
 
@@ -89,6 +90,7 @@ def batch(**columns: list) -> dict[str, torch.Tensor]:
         "next_action": [0] * rows,
         "not_terminal": [1.0] * rows,
         "time_diff": [1.0] * rows,
+        "action_probability": [1.0 / len(ACTIONS)] * rows,
         "possible_actions": [[1.0] * len(ACTIONS)] * rows,
         "possible_next_actions": [[1.0] * len(ACTIONS)] * rows,
     }
@@ -266,22 +268,54 @@ def test_config_rejects_sarsa_with_n_step_and_mismatched_activations():
         DqnConfig(layers=[8, 8, 8], activations=["relu"])
 
 
-def test_cql_regularizer_on_a_tiny_case():
-    scores = torch.tensor([[1.0, 2.0, 50.0], [0.0, 0.0, 0.0]])
-    possible = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
-    action = torch.tensor([0, 2])
+def test_cql_gaps_on_a_tiny_case():
+    scores = torch.tensor([[1.0, 2.0, 50.0], [0.0, 0.0, 0.0], [5.0, 1.0, 1.0]])
+    possible = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    action = torch.tensor([0, 2, 0])
+    logged = scores.gather(1, action.unsqueeze(1)).squeeze(1)
     first = math.log(math.exp(1) + math.exp(2)) - 1  # the impossible 50 does not count
     second = math.log(3.0) - 0.0
-    assert float(cql_regularizer(scores, action, possible)) == pytest.approx((first + second) / 2)
+    # A row without recorded possible actions has nothing to push down.
+    assert cql_gaps(scores, logged, possible).tolist() == pytest.approx([first, second, 0.0])
+
+
+def test_logged_coverage_is_the_share_of_uniform_every_action_is_logged_at():
+    """Uniform logging covers every action (1), epsilon-greedy logging with epsilon 0.1 over
+    two actions a tenth (0.95 for the greedy action, 0.05 for the other), and the same over
+    three actions too (0.9333 / 0.0333); a mix is the mean of its rows; a row without a
+    propensity (none logged: 0 or -1) or with one possible action covers nothing."""
+    two, three = torch.ones(4, 2), torch.ones(4, 3)
+    assert float(logged_coverage(torch.full((4,), 0.5), two)) == pytest.approx(1.0)
+    greedy = torch.tensor([0.95, 0.95, 0.05, 0.95])
+    assert float(logged_coverage(greedy, two)) == pytest.approx(0.1)
+    epsilon_greedy = torch.tensor([14 / 15, 1 / 30, 14 / 15, 14 / 15])
+    assert float(logged_coverage(epsilon_greedy, three)) == pytest.approx(0.1)
+    mix = torch.tensor([0.5, 0.5, 0.95, 0.05])
+    assert float(logged_coverage(mix, two)) == pytest.approx(0.55)
+    unknown = torch.tensor([0.0, -1.0, 0.5, 0.5])
+    assert float(logged_coverage(unknown, two)) == pytest.approx(0.5)
+    single = torch.tensor([[1.0, 0.0]] * 4)
+    assert float(logged_coverage(torch.full((4,), 0.5), single)) == 0.0
+
+
+def test_the_conservative_weight_falls_to_zero_as_the_logs_cover_every_action():
+    """The same rows, logged uniformly (coverage 1) or by a deterministic logger (no
+    propensities: coverage 0): CQL's penalty applies at ``cql_alpha`` only to the latter."""
+    rows = batch(reward=[1.0, 0.0], state=[[0.0], [1.0]], action=[0, 2])
+    uniform = trainer().train_step(rows)
+    assert uniform["logged_coverage"] == pytest.approx(1.0) and uniform["cql_weight"] == 0.0
+    deterministic = trainer().train_step({**rows, "action_probability": torch.ones(2)})
+    assert deterministic["logged_coverage"] == 0.0
+    assert deterministic["cql_weight"] == DqnConfig().cql_alpha
 
 
 def test_train_step_reports_the_losses_of_the_options_in_use():
     rows = batch(reward=[1.0, 0.0], state=[[0.0], [1.0]], action=[0, 2])
     assert set(trainer(cql_alpha=0.0).train_step(rows)) == {"td_loss"}
-    assert set(trainer().train_step(rows)) == {"td_loss", "cql_loss"}  # CQL is on by default
+    conservative = {"td_loss", "cql_loss", "logged_coverage", "cql_weight"}
+    assert set(trainer().train_step(rows)) == conservative  # CQL is on by default
     assert set(trainer(cql_alpha=1.0, bcq_threshold=0.3).train_step(rows)) == {
-        "td_loss",
-        "cql_loss",
+        *conservative,
         "bcq_loss",
     }
 

@@ -41,6 +41,37 @@ def pipeline(output: Path, **trainer: object) -> dict:
     }
 
 
+@pytest.mark.parametrize(
+    ("bounds", "epochs", "why"),
+    [
+        ({"min_updates": 10}, 20, "the trainer's 20"),
+        ({"min_updates": 30}, 30, "min_updates = 30"),
+        ({"min_updates": 1, "max_updates": 7}, 7, "max_updates = 7"),
+    ],
+)
+def test_unset_epochs_train_the_default_passes_within_the_update_bounds(
+    trainer_host, tmp_path, bounds, epochs, why
+):
+    """The train split's rows fit one minibatch of 256: one update a pass. 20 passes unless
+    that is below ``min_updates`` or above ``max_updates``; the manifest and ``horizon run``
+    say how many and why."""
+    config = pipeline(tmp_path, minibatch_size=256, **bounds)
+    del config["trainer"]["epochs"]
+    manifest = Engine(plugins=trainer_host, show_progress=False).run(config)
+    details = manifest["stages"]["train"]["details"]
+    assert details["epochs"] == epochs and details["updates"] == epochs
+    assert (
+        details["length"]
+        == f"{epochs} epochs of 1 minibatch, {epochs} updates (epochs auto: {why})"
+    )
+    assert details["applied"] == {"threads": 1, "device": "cpu", "epochs": epochs}
+
+
+def test_update_bounds_out_of_order_are_refused():
+    with pytest.raises(ValidationError, match="min_updates = 10 is above max_updates = 5"):
+        TrainerConfig(min_updates=10, max_updates=5)
+
+
 def test_epochs_checkpoints_and_epoch_hook(trainer_host, tmp_path):
     host = trainer_host
     manifest = Engine(plugins=host, show_progress=False).run(pipeline(tmp_path))
