@@ -1,26 +1,35 @@
-"""Which trainer and normalization defaults learn offline: a sweep over logged datasets.
+"""Which trainer defaults learn offline: a sweep over logged datasets.
 
-    .venv/bin/python benchmarks/defaults_sweep.py                # everything: hours on 2 cores
+    .venv/bin/python benchmarks/defaults_sweep.py --list               # datasets and settings
     .venv/bin/python benchmarks/defaults_sweep.py --datasets cartpole horizon_discrete \\
-        --settings old n3_cql defaults --seeds 0 1 2 --jobs 2     # a subset, minutes
-    .venv/bin/python benchmarks/defaults_sweep.py --list                # datasets and settings
+        --settings defaults previous_defaults --seeds 0 1 2 --jobs 2   # minutes
+    .venv/bin/python benchmarks/defaults_sweep.py --pivot --json results.json ...  # README's
 
-Each run goes through the real pipeline (``Engine().run``): the logged rows, the timeline, the
-normalization, the trainer and the ONNX export; the exported ``model.onnx`` then plays the
-dataset's environment greedily, run by onnxruntime on raw observations, over fixed episode
-seeds. The table gives each dataset x setting's mean return over the seeds and every seed's.
+Each run goes through the real pipeline (``Engine().run``) as a user who names only what they
+know: the source, the action names, the trainer's kind and the setting's options; the
+timeline, normalization and export run at their defaults. The exported ``model.onnx`` then
+plays the dataset's environment greedily, run by onnxruntime on raw observations, over 50
+episodes of seeds 1000-1049. The table gives each dataset x setting's mean return over those
+episodes for every seed (``--pivot``: the mean over the seeds and the worst seed's).
 
-The datasets: uniformly random play in CartPole-v1 (1,370 episodes, about 30k transitions),
-Acrobot-v1 (60 episodes, about 30k) and LunarLander-v3 (300 episodes, about 27k; needs
-``pip install "gymnasium[box2d]"``, skipped without it), collected once per seed by the gym
-source, and Horizon's own discrete and parametric CartPole rows
-(``reference-data/reagent/{discrete_action,parametric_action}``, or
-``$HORIZON_REFERENCE_DATA``). Those are timeline rows already, which hold no n-step windows:
-there a setting's ``n_step`` is 1, as the default trainer then does by itself.
+The datasets:
 
-Settings name their options explicitly, so a row of the table means the same whatever the
-defaults are; ``defaults`` alone names only the trainer's kind. One thread per run
-(``torch.set_num_threads(1)``, as the learning tests), ``--jobs`` runs in parallel.
+- uniformly random play logged by the gym source, once per seed: CartPole-v1 (1,370
+  episodes, about 30k transitions), Acrobot-v1 (60 episodes, about 30k), LunarLander-v3 (300
+  episodes, about 27k; needs ``pip install "gymnasium[box2d]"``, skipped without it);
+- ``cartpole_mediocre``: 200 CartPole episodes logged epsilon-greedily (0.2) around a dqn
+  trained for 3 epochs on the seed's random rows (the table shows the logged episodes' mean
+  return beside the learned policy's);
+- Horizon's own rows (``reference-data/reagent``, or ``$HORIZON_REFERENCE_DATA``): discrete
+  and parametric CartPole, and Pendulum for the actor-critic kinds. Those are timeline rows
+  already, which hold no n-step windows: there a setting's ``n_step`` is 1;
+- ``closed_loop_bandit`` and ``closed_loop_mdp``: ``examples/closed_loop``'s four rounds for
+  the seed, the setting's options added to the template's ``[trainer]``; the score is the
+  last round's exact true value, and the table lists every round's.
+
+Settings name the options they change from the defaults; ``defaults`` names only the
+trainer's kind. One thread per run (``torch.set_num_threads(1)``, as the learning tests);
+``--jobs`` runs in parallel.
 """
 
 from __future__ import annotations
@@ -70,6 +79,10 @@ class Dataset:
     seed: a mediocre logger, whose return the table shows beside the learned policy's."""
     logger_epsilon: float = 0.2
     logger_rows: str = "cartpole"
+    loop: str | None = None
+    """A product of ``examples/closed_loop``: four rounds of its loop (random play, then three
+    retrainings on every round's joined decisions), the setting's options added to the
+    template's ``[trainer]``; the score is the last round's exact true value."""
 
     @property
     def timeline_rows(self) -> bool:
@@ -97,6 +110,8 @@ DATASETS = {
         parametric=True,
         kind="parametric_dqn",
     ),
+    "closed_loop_bandit": Dataset("", None, loop="bandit"),
+    "closed_loop_mdp": Dataset("", None, loop="mdp"),
     "horizon_pendulum": Dataset(
         "Pendulum-v1",
         None,
@@ -108,117 +123,34 @@ DATASETS = {
 
 @dataclass(frozen=True)
 class Setting:
-    """A candidate: the ``[trainer]`` options and the ``[normalization]`` section.
-
-    ``n_step`` goes to the trainer and the timeline alike (1 on timeline rows)."""
+    """A candidate: ``[trainer]`` options, and an ``n_step`` for the trainer and the timeline
+    alike (1 on timeline rows)."""
 
     trainer: dict[str, Any] = field(default_factory=dict)
-    normalization: dict[str, Any] = field(default_factory=dict)
     n_step: int | None = None
 
 
-OLD = {"quantiles": True}
-CONTINUOUS = {"quantiles": False}
-SHORT = {"minibatch_size": 1024, "epochs": 20}
-BATCH_256 = {"minibatch_size": 256, "epochs": 20}
-
 SETTINGS = {
     "defaults": Setting(),
-    "old": Setting({"cql_alpha": 0.0, **SHORT}, OLD, n_step=1),
-    "quantiles_off": Setting({"cql_alpha": 0.0, **SHORT}, CONTINUOUS, n_step=1),
-    "b256": Setting({"cql_alpha": 0.0, **BATCH_256}, CONTINUOUS, n_step=1),
-    "b256_quantiles": Setting({"cql_alpha": 0.0, **BATCH_256}, OLD, n_step=1),
-    "n3": Setting({"cql_alpha": 0.0, **BATCH_256}, CONTINUOUS, n_step=3),
-    "cql": Setting({"cql_alpha": 1.0, **BATCH_256}, CONTINUOUS, n_step=1),
-    "n3_cql": Setting({"cql_alpha": 1.0, **BATCH_256}, CONTINUOUS, n_step=3),
-    "n3_cql_quantiles": Setting({"cql_alpha": 1.0, **BATCH_256}, OLD, n_step=3),
-    "n3_cql_e60": Setting(
-        {"cql_alpha": 1.0, "minibatch_size": 256, "epochs": 60}, CONTINUOUS, n_step=3
-    ),
-    "n3_cql_lr3e-4": Setting(
-        {"cql_alpha": 1.0, "learning_rate": 3e-4, **BATCH_256}, CONTINUOUS, n_step=3
-    ),
-    "n3_cql_tau0.005": Setting(
-        {"cql_alpha": 1.0, "target_update_rate": 0.005, **BATCH_256}, CONTINUOUS, n_step=3
-    ),
-    "n3_cql0.5": Setting({"cql_alpha": 0.5, **BATCH_256}, CONTINUOUS, n_step=3),
-    "n3_tau0.05": Setting(
-        {"cql_alpha": 0.0, "target_update_rate": 0.05, **BATCH_256}, CONTINUOUS, n_step=3
-    ),
-    "n3_cql0.5_tau0.05": Setting(
-        {"cql_alpha": 0.5, "target_update_rate": 0.05, **BATCH_256}, CONTINUOUS, n_step=3
-    ),
-    "n3_lr3e-3": Setting(
-        {"cql_alpha": 0.0, "learning_rate": 3e-3, **BATCH_256}, CONTINUOUS, n_step=3
-    ),
-    "n3_cql0.5_tau0.05_e60": Setting(
-        {"cql_alpha": 0.5, "target_update_rate": 0.05, "minibatch_size": 256, "epochs": 60},
-        CONTINUOUS,
-        n_step=3,
-    ),
-    "n10_cql0.5_tau0.05": Setting(
-        {"cql_alpha": 0.5, "target_update_rate": 0.05, **BATCH_256}, CONTINUOUS, n_step=10
-    ),
-    # Longer training, for Acrobot: about 16,000 updates.
-    "e150": Setting({"cql_alpha": 1.0, "minibatch_size": 256, "epochs": 150}, CONTINUOUS, n_step=3),
-    "e150_n3": Setting(
-        {"cql_alpha": 0.0, "minibatch_size": 256, "epochs": 150}, CONTINUOUS, n_step=3
-    ),
-    "e150_n3_cql0.1": Setting(
-        {"cql_alpha": 0.1, "minibatch_size": 256, "epochs": 150}, CONTINUOUS, n_step=3
-    ),
-    "n3_cql0.1": Setting({"cql_alpha": 0.1, **BATCH_256}, CONTINUOUS, n_step=3),
-    "e150_plain": Setting(
-        {"cql_alpha": 0.0, "minibatch_size": 256, "epochs": 150}, CONTINUOUS, n_step=1
-    ),
-    "e150_cql0.1": Setting(
-        {"cql_alpha": 0.1, "minibatch_size": 256, "epochs": 150}, CONTINUOUS, n_step=1
-    ),
-    "e150_cql0.3": Setting(
-        {"cql_alpha": 0.3, "minibatch_size": 256, "epochs": 150}, CONTINUOUS, n_step=1
-    ),
-    **{
-        f"tol{tolerance}": Setting(
-            {"cql_alpha": 1.0, "cql_tolerance": tolerance, **BATCH_256}, CONTINUOUS, n_step=3
-        )
-        for tolerance in (0.0, 0.1, 0.3, 1.0)
-    },
-    **{
-        f"tol{tolerance}_e{epochs}": Setting(
-            {"cql_alpha": 1.0, "cql_tolerance": tolerance, "minibatch_size": 256, "epochs": epochs},
-            CONTINUOUS,
-            n_step=3,
-        )
-        for tolerance in (0.1, 0.3, 1.0)
-        for epochs in (60, 150)
-    },
+    # The defaults before issue 22: CQL 1.0 whatever the logs cover, 20 epochs.
+    "previous_defaults": Setting({"cql_alpha": 1.0, "cql_weighting": "constant", "epochs": 20}),
+    "no_cql": Setting({"cql_alpha": 0.0}),
+    "cql_covered0.15": Setting({"cql_covered": 0.15}),
+    "cql_alpha3": Setting({"cql_alpha": 3.0}),
+    "e60": Setting({"epochs": 60}),
+    "updates5000": Setting({"epochs": "auto", "min_updates": 5000}),
+    # Acrobot's recipe: one step (set by n_step on the timeline and trainer), 150 epochs.
+    "one_step_e150": Setting({"epochs": 150}, n_step=1),
     **{
         f"{kind}{suffix}": Setting({"kind": kind, **options})
         for kind in ("sac", "td3", "ddpg")
-        for suffix, options in (("", {}), ("_bc0.2", {"bc_weight": 0.2}))
-    },
-    **{
-        f"bcq{threshold}{suffix}": Setting(
-            {"bcq_threshold": threshold, **options, **BATCH_256}, CONTINUOUS, n_step=3
-        )
-        for threshold in (0.1, 0.3)
         for suffix, options in (
-            ("", {"cql_alpha": 0.0}),
-            ("_tol0.0", {"cql_alpha": 1.0, "cql_tolerance": 0.0}),
+            ("", {}),
+            ("_bc0.2", {"bc_weight": 0.2}),
+            ("_e300", {"epochs": 300}),
         )
     },
-    "e20": Setting({"epochs": 20}),
-    **{f"alpha{a}": Setting({"cql_alpha": a}) for a in (1.5, 3.0, 6.0)},
-    **{f"covered{c}": Setting({"cql_covered": c}) for c in (0.15, 0.2, 0.5)},
-    "alpha5": Setting({"cql_alpha": 5.0}),
-    "alpha5_e20": Setting({"cql_alpha": 5.0, "epochs": 20}),
-    "u2000": Setting({"updates": 2000}),
-    "alpha5_u2000": Setting({"cql_alpha": 5.0, "updates": 2000}),
-    "n3_e60_tau0.05": Setting(
-        {"cql_alpha": 0.0, "target_update_rate": 0.05, "minibatch_size": 256, "epochs": 60},
-        CONTINUOUS,
-        n_step=3,
-    ),
+    "sac_entropy-3": Setting({"kind": "sac", "target_entropy": -3.0}),
 }
 
 
@@ -237,9 +169,7 @@ def pipeline_config(
         "pipeline": {"output_dir": str(output), "seed": seed},
         "source": {"kind": "jsonl", "path": str(rows)},
         "timeline": timeline,
-        "normalization": dict(setting.normalization),
         "trainer": trainer,
-        "export": {"kind": "onnx"},
     }
 
 
@@ -297,9 +227,7 @@ def train_logger(dataset: Dataset, seed: int, folder: Path) -> str:
         "pipeline": {"output_dir": str(output), "seed": seed},
         "source": {"kind": "jsonl", "path": str(rows)},
         "timeline": {"actions": dataset.actions},
-        "normalization": {},
         "trainer": {"kind": "dqn", "epochs": dataset.logger_epochs},
-        "export": {"kind": "onnx"},
     }
     Engine(show_progress=False).run(config)
     return str(output / "model.onnx")
@@ -354,6 +282,8 @@ class Result:
     error: str | None = None
     logger: float | None = None
     """The mean return of the logged episodes (play logged by a policy, not Horizon's rows)."""
+    rounds: list[float] | None = None
+    """A closed loop's true value in every round, random play's first."""
 
 
 def run_one(dataset_name: str, setting_name: str, seed: int, folder: str) -> Result:
@@ -365,6 +295,8 @@ def run_one(dataset_name: str, setting_name: str, seed: int, folder: str) -> Res
 
     torch.set_num_threads(1)
     dataset, setting = DATASETS[dataset_name], SETTINGS[setting_name]
+    if dataset.loop is not None:
+        return run_loop(dataset_name, setting_name, seed, Path(folder))
     rows = logged_rows(dataset_name, dataset, seed, Path(folder))
     output = Path(folder) / f"{dataset_name}-{setting_name}-seed{seed}"
     shutil.rmtree(output, ignore_errors=True)  # the sweep's own run of an earlier sweep
@@ -382,6 +314,34 @@ def run_one(dataset_name: str, setting_name: str, seed: int, folder: str) -> Res
         float(np.mean(returns)),
         mean_q(manifest),
         logger=json.loads(logged.read_text()) if logged.exists() else None,
+    )
+
+
+def run_loop(dataset_name: str, setting_name: str, seed: int, folder: Path) -> Result:
+    """The closed loop's rounds for one seed; ``logger`` is round 0's random play, the score
+    the last round's true value, ``rounds`` every trained round's."""
+    import contextlib
+    import io
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "closed_loop"))
+    import run_loop as loop
+
+    trainer = SETTINGS[setting_name].trainer
+    template = loop.pipeline_config
+
+    def with_setting(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        config = template(*args, **kwargs)
+        config["trainer"] |= trainer
+        return config
+
+    loop.pipeline_config = with_setting
+    out = folder / f"{dataset_name}-{setting_name}-seed{seed}"
+    shutil.rmtree(out, ignore_errors=True)
+    with contextlib.redirect_stdout(io.StringIO()):
+        rounds = loop.run_loop(DATASETS[dataset_name].loop, 4, out, seed)
+    values = [result.true_value for result in rounds]
+    return Result(
+        dataset_name, setting_name, seed, values[-1], None, logger=values[0], rounds=values
     )
 
 
@@ -415,7 +375,14 @@ def table(results: Iterable[Result], datasets: list[str], settings: list[str]) -
             )
             q = f"{statistics.fmean(qs):.1f}" if qs else ""
             note = f" ({errors[0]})" if errors else ""
-            loggers = [r.logger for r in runs if r.logger is not None]
+            loops = [r.rounds for r in runs if r.rounds]
+            if loops:
+                note += (
+                    " (rounds: "
+                    + "; ".join(", ".join(f"{value:.3f}" for value in rounds) for rounds in loops)
+                    + ")"
+                )
+            loggers = [r.logger for r in runs if r.logger is not None and not r.rounds]
             if loggers:
                 note += f" (logged: {', '.join(f'{value:.1f}' for value in loggers)})"
             lines.append(f"| {dataset} | {setting} | {mean} | {per_seed}{note} | {q} |")
@@ -476,7 +443,8 @@ def main(argv: list[str] | None = None) -> int:
         # Rows first, once per dataset and seed, so parallel runs never log the same rows twice.
         for name in datasets:
             for seed in args.seeds:
-                logged_rows(name, DATASETS[name], seed, folder)
+                if DATASETS[name].loop is None:
+                    logged_rows(name, DATASETS[name], seed, folder)
         jobs = [
             (dataset, setting, seed, str(folder))
             for dataset in datasets
@@ -500,6 +468,8 @@ def _available(name: str) -> bool:
     if dataset.path is not None and not dataset.path.is_file():
         print(f"skipping {name}: no {dataset.path}", file=sys.stderr)
         return False
+    if dataset.loop is not None:
+        return True
     import gymnasium
 
     try:

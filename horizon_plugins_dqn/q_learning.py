@@ -122,8 +122,9 @@ class QLearningTrainer(TrainerBase):
         metrics: dict[str, float],
     ) -> torch.Tensor:
         """CQL's penalty of ``scores`` (Q of every possible action) against the ``logged``
-        action's Q, weighted by ``cql_alpha`` less as the batch's logs cover the actions more
-        (``targets.logged_coverage``, ``cql_covered``); records ``cql_loss`` (the penalty
+        action's Q, weighted by ``cql_alpha``, less as the batch's logs cover the actions more
+        (``targets.logged_coverage``, ``cql_covered``) unless ``cql_weighting = "constant"``;
+        records ``cql_loss`` (the penalty
         before its weight), ``logged_coverage`` and ``cql_weight`` in ``metrics``."""
         import torch
 
@@ -136,7 +137,9 @@ class QLearningTrainer(TrainerBase):
         # believed deterministic: plain CQL's assumption.
         propensity = batch.get("action_probability", torch.ones_like(gaps))
         coverage = float(logged_coverage(propensity, possible))
-        weight = config.cql_alpha * max(0.0, 1.0 - coverage / config.cql_covered)
+        weight = config.cql_alpha
+        if config.cql_weighting == "coverage":
+            weight *= max(0.0, 1.0 - coverage / config.cql_covered)
         penalty = gaps.mean()
         metrics["cql_loss"] = float(penalty.detach())
         metrics["logged_coverage"] = coverage

@@ -307,6 +307,8 @@ def test_the_conservative_weight_falls_to_zero_as_the_logs_cover_every_action():
     deterministic = trainer().train_step({**rows, "action_probability": torch.ones(2)})
     assert deterministic["logged_coverage"] == 0.0
     assert deterministic["cql_weight"] == DqnConfig().cql_alpha
+    constant = trainer(cql_weighting="constant").train_step(rows)
+    assert constant["cql_weight"] == DqnConfig().cql_alpha
 
 
 def test_train_step_reports_the_losses_of_the_options_in_use():
