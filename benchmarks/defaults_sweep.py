@@ -151,6 +151,10 @@ SETTINGS = {
         )
     },
     "sac_entropy-3": Setting({"kind": "sac", "target_entropy": -3.0}),
+    **{
+        f"sac_bc{weight}_e300": Setting({"kind": "sac", "bc_weight": weight, "epochs": 300})
+        for weight in (0.2, 1.0)
+    },
 }
 
 
@@ -369,9 +373,9 @@ def table(results: Iterable[Result], datasets: list[str], settings: list[str]) -
             scores = [r.mean_return for r in runs if r.mean_return is not None]
             errors = [r.error for r in runs if r.error]
             qs = [r.mean_q for r in runs if r.mean_q is not None]
-            mean = f"{statistics.fmean(scores):.1f}" if scores else "failed"
+            mean = score_text(statistics.fmean(scores), 1) if scores else "failed"
             per_seed = ", ".join(
-                f"{r.mean_return:.1f}" if r.mean_return is not None else "error" for r in runs
+                score_text(r.mean_return, 1) if r.mean_return is not None else "error" for r in runs
             )
             q = f"{statistics.fmean(qs):.1f}" if qs else ""
             note = f" ({errors[0]})" if errors else ""
@@ -389,6 +393,11 @@ def table(results: Iterable[Result], datasets: list[str], settings: list[str]) -
     return "\n".join(lines)
 
 
+def score_text(score: float, decimals: int) -> str:
+    """A return with ``decimals`` decimals, a closed loop's true value (below 10) with 3."""
+    return f"{score:.3f}" if abs(score) < 10 else f"{score:.{decimals}f}"
+
+
 def pivot(results: Iterable[Result], datasets: list[str], settings: list[str]) -> str:
     """Markdown for the README: setting x dataset, each cell the mean return over the seeds
     and the worst seed's in brackets."""
@@ -402,7 +411,7 @@ def pivot(results: Iterable[Result], datasets: list[str], settings: list[str]) -
     ]
     for setting in settings:
         cells = [
-            f"{statistics.fmean(scores):.0f} ({min(scores):.0f})"
+            f"{score_text(statistics.fmean(scores), 0)} ({score_text(min(scores), 0)})"
             if (scores := by_key.get((dataset, setting)))
             else ""
             for dataset in datasets

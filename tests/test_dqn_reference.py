@@ -19,10 +19,11 @@ REFERENCE = Path(
 CARTPOLE = REFERENCE / "reagent" / "discrete_action" / "cartpole_training.json.bz2"
 
 
-def onnx_greedy_return(model: Path, episodes: int = 20, env_id: str = "CartPole-v1") -> float:
-    """Mean return of the exported model's chosen action over ``env_id`` episodes of fixed
-    seeds, the model run by onnxruntime on raw observations. A parametric model is offered
-    every action as one-hot candidates, in the order of its ``action_feature_ids``."""
+def onnx_greedy_return(model: Path, episodes: int = 50, env_id: str = "CartPole-v1") -> float:
+    """Mean return of the exported model's chosen action over ``env_id`` episodes of seeds
+    1000, 1001, ... (1000-1049 by default, as benchmarks/defaults_sweep.py plays), the model run
+    by onnxruntime on raw observations. A parametric model is offered every action as one-hot
+    candidates, in the order of its ``action_feature_ids``."""
     import gymnasium
     import onnxruntime
 
