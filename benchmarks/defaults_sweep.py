@@ -394,8 +394,8 @@ def table(results: Iterable[Result], datasets: list[str], settings: list[str]) -
 
 
 def score_text(score: float, decimals: int) -> str:
-    """A return with ``decimals`` decimals, a closed loop's true value (below 10) with 3."""
-    return f"{score:.3f}" if abs(score) < 10 else f"{score:.{decimals}f}"
+    """A return with ``decimals`` decimals, a closed loop's true value (below 2) with 3."""
+    return f"{score:.3f}" if abs(score) < 2 else f"{score:.{decimals}f}"
 
 
 def pivot(results: Iterable[Result], datasets: list[str], settings: list[str]) -> str:

@@ -241,16 +241,15 @@ class ActorCriticTrainer(TrainerBase):
                 torch._foreach_lerp_(*self._actor_pairs, rate)
 
     def policy_objective(
-        self, q: torch.Tensor, cloned: torch.Tensor, logged: torch.Tensor
+        self, q: torch.Tensor, action: torch.Tensor, logged: torch.Tensor
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The actor's loss from ``q`` (the critic's value of the actor's action, minus
+        """The actor's loss from ``q`` (the critic's value of the actor's ``action``, minus
         SAC's entropy cost): ``-mean(q)``, or with ``bc_weight`` TD3+BC's
-        ``-mean(q) / mean|q| + bc_weight * mean((cloned - logged)^2)``, ``cloned`` the actor's
-        deterministic action."""
+        ``-mean(q) / mean|q| + bc_weight * mean((action - logged)^2)``."""
         bc_weight = self.bc_weight
         if bc_weight == 0:
             return -q.mean(), {}
-        bc_loss = ((cloned - logged) ** 2).mean()
+        bc_loss = ((action - logged) ** 2).mean()
         scale = q.abs().mean().detach().clamp(min=1e-6)
         return -q.mean() / scale + bc_weight * bc_loss, {"bc_loss": float(bc_loss.detach())}
 
@@ -543,10 +542,7 @@ class SacTrainer(ActorCriticTrainer):
         action, log_density = self.actor.sample(state)
         q = torch.minimum(*(critic(state, action) for critic in self.critics))
         alpha = self.log_alpha.exp().detach()
-        # The mean action is cloned, not the draw: cloning draws would shrink the policy's
-        # spread, which the temperature then raises again, the two terms fighting.
-        cloned = self.actor.mean_action(state)[0] if self.bc_weight else action
-        loss, metrics = self.policy_objective(q - alpha * log_density, cloned, logged)
+        loss, metrics = self.policy_objective(q - alpha * log_density, action, logged)
         metrics["entropy"] = float(-log_density.mean().detach())
         if self.alpha_optimizer is not None:
             gap = (log_density.detach() + self.target_entropy).mean()

@@ -684,7 +684,13 @@ def test_offline_cartpole_from_random_transitions(tmp_path: Path, seed: int):
     from horizon_engine.pipeline import Engine
 
     run = tmp_path / "run"
-    trainer_options = {"n_step": 3, "cql_alpha": 1.0, "minibatch_size": 256, "epochs": 20}
+    trainer_options = {
+        "n_step": 3,
+        "cql_alpha": 1.0,
+        "cql_weighting": "constant",
+        "minibatch_size": 256,
+        "epochs": 20,
+    }
     config = {
         "pipeline": {"output_dir": str(run), "seed": seed},
         "source": {"kind": "gym", "env": "CartPole-v1", "policy": "random", "episodes": 1370},

@@ -67,7 +67,13 @@ def test_cql_dqn_on_horizons_cartpole_data_balances_the_pole(tmp_path):
         "source": {"kind": "jsonl", "path": str(CARTPOLE)},
         "timeline": {"actions": ["0", "1"], "eval_fraction": 0.1},
         "normalization": {"quantiles": False},
-        "trainer": {"kind": "dqn", "cql_alpha": 1.0, "epochs": 300, "minibatch_size": 1024},
+        "trainer": {
+            "kind": "dqn",
+            "cql_alpha": 1.0,
+            "cql_weighting": "constant",
+            "epochs": 300,
+            "minibatch_size": 1024,
+        },
         "export": {"kind": "onnx"},
     }
     Engine(show_progress=False).run(config)

@@ -390,7 +390,7 @@ def test_offline_cartpole_with_one_hot_action_features(tmp_path: Path, seed: int
     ``dqn`` on the same recipe: 254-478); the default, seed 4 (375), is next to their median.
     """
     run = tmp_path / "run"
-    options = {"n_step": 3, "cql_alpha": 1.0, "epochs": 20}
+    options = {"n_step": 3, "cql_alpha": 1.0, "cql_weighting": "constant", "epochs": 20}
     Engine(show_progress=False).run(gym_parametric_config(run, 1370, seed, **options))
     score = onnx_greedy_return(run / "model.onnx")
     print(f"parametric offline CartPole seed {seed}: mean return {score:.1f}")
@@ -427,6 +427,7 @@ PINNED_PARAMETRIC_DQN = {
     "lr_decay_steps": 1000,
     "l2": 0.0,
     "cql_alpha": 1.0,
+    "cql_weighting": "constant",
 }
 """Every option of the reference test's trainer, so that a change of defaults does not change
 what it measures."""
