@@ -509,13 +509,15 @@ class TrainingDriver:
         """Minibatches in one pass over ``data``."""
         return max(1, math.ceil(len(data) / self.config.minibatch_size))
 
-    def applied_options(self, data: EpochData | None = None) -> dict[str, Any]:
-        """The training options as they applied: the epochs (for ``data``), the threads and
-        device ``auto`` chose, and what the trainer resolved (``applied_options``)."""
-        applied: dict[str, Any] = {"threads": self.threads, "device": str(self.device)}
-        if data is not None:
-            applied["epochs"] = self.planned_epochs(data)
-        return {**applied, **self.trainer.applied_options()}
+    def applied_options(self, data: EpochData) -> dict[str, Any]:
+        """The training options as they applied: the threads and device ``auto`` chose, the
+        epochs over ``data``, and what the trainer resolved (``applied_options``)."""
+        return {
+            "threads": self.threads,
+            "device": str(self.device),
+            "epochs": self.planned_epochs(data),
+            **self.trainer.applied_options(),
+        }
 
     def end_epoch(
         self,
