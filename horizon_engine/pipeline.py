@@ -315,6 +315,7 @@ def run_timeline_stage(run: RunContext, choice: Choice) -> StageReport:
             "actions": actions,
             **({"actions_from": actions_from} if actions_from else {}),
             "eval_fraction": config.eval_fraction,
+            "n_step": info.n_step,
             "train_rows": result.train_rows,
             "eval_rows": result.eval_rows,
             "train_episodes": result.train_episodes,

@@ -79,11 +79,14 @@ class TrainerConfig(ComponentConfig):
             )
         return self
 
-    @field_validator("epochs")
+    @field_validator("epochs", mode="before")
     @classmethod
-    def _epochs_or_auto(cls, epochs: int | str) -> int | str:
-        """A number of passes (1 or more) or "auto", as ``threads``."""
-        if epochs != "auto" and not (isinstance(epochs, int) and epochs >= 1):
+    def _epochs_or_auto(cls, epochs: Any) -> Any:
+        """A whole number of passes (1 or more) or "auto"; checked before the type, so that
+        2.5 or "20" is told what to give rather than which types the field takes."""
+        number = isinstance(epochs, int | float) and not isinstance(epochs, bool)
+        whole = number and float(epochs).is_integer() and epochs >= 1
+        if epochs != "auto" and not whole:
             raise ValueError(f'epochs = {epochs!r}: give a number of passes (1 or more) or "auto"')
         return epochs
 
