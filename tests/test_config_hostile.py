@@ -136,7 +136,7 @@ def test_lists_where_repeating_means_something_are_accepted(engine, tmp_path):
     ("epochs", "why"),
     [
         ("1e12", "key 'epochs' of trainers component 'dqn': 1000000000000 is beyond any count"),
-        ("2.5", "epochs = 2.5: give a number of passes (1 or more) or \"auto\""),
+        ("2.5", 'epochs = 2.5: give a number of passes (1 or more) or "auto"'),
         ("nan", "[trainer] key 'epochs' holds nan"),
     ],
 )

@@ -674,8 +674,9 @@ def test_offline_cartpole_from_random_transitions(tmp_path: Path, seed: int):
     """About 30,000 transitions of a uniformly random policy, through the whole pipeline; the
     exported model, played by onnxruntime, balances the pole for 150+ steps on average.
 
-    Seeds 0-9 score 358, 400, 323, 376, 454, 254, 380, 417, 478 and 377 here; the default,
-    seed 3 (376), is their median. Continuous normalization (no quantiles) matters: random
+    Seed 3, the default, scores 385.0 over the 50 episodes of seeds 1000-1049; over 20
+    episodes (before issue 22) seeds 0-9 scored 358, 400, 323, 376, 454, 254, 380, 417, 478
+    and 377, seed 3 their median. Continuous normalization (no quantiles) matters: random
     play stays near the middle of the track, and a quantile transform maps every position
     past the data's range to one value. CQL and 3-step returns each add to the margin: the
     worst seed fell to 177 without CQL, to 149 without n-step (of ten seeds), and to 171 with
@@ -703,5 +704,5 @@ def test_offline_cartpole_from_random_transitions(tmp_path: Path, seed: int):
     assert 28_000 < manifest["stages"]["source"]["rows_out"] < 33_000
 
     score = onnx_greedy_return(run / "model.onnx")
-    print(f"offline CartPole seed {seed}: mean return {score:.1f} over 20 episodes")
+    print(f"offline CartPole seed {seed}: mean return {score:.1f} over 50 episodes")
     assert score >= 150
