@@ -73,6 +73,7 @@ class TrainerConfig(ComponentConfig):
 
     @model_validator(mode="after")
     def _updates_in_order(self) -> Self:
+        """Bounds that cross would leave ``epochs = "auto"`` no length to choose."""
         if self.min_updates > self.max_updates:
             raise ValueError(
                 f"min_updates = {self.min_updates} is above max_updates = {self.max_updates}"
@@ -155,7 +156,7 @@ class TrainerBase(Trainer):
     def applied_options(self) -> dict[str, Any]:
         """Options whose value ``setup`` chose from the problem (an unset ``bc_weight``, the
         data's n-step window), as they applied: the manifest records them beside the config
-        as written. None by default."""
+        as written. No options by default."""
         return {}
 
     def evaluate(self, data: TimelineTensors) -> dict[str, float]:

@@ -68,7 +68,7 @@ class QLearningConfig(TrainerConfig):
     ``logsumexp_a Q(s, a) - Q(s, logged a)`` where the logs cover the actions least (0 = off).
     The weight that applies falls as the logged propensities show more even coverage
     (``cql_covered``): logs of a nearly greedy policy never show what the actions it rarely
-    took would have done, and without CQL Horizon's own CartPole rows scored 9 to 89 instead of
+    took would have done, and without CQL Horizon's own CartPole rows scored 9 to 16 instead of
     420; logs that hold every action (uniformly random play, or a random round among
     epsilon-greedy ones) need none, and any weight held the closed loop's policy at or below
     random play. 1.5 gives epsilon-greedy logs with epsilon 0.1 (Horizon's) the weight 1.0
@@ -82,9 +82,9 @@ class QLearningConfig(TrainerConfig):
     """The logged coverage from which no conservatism applies: the weight is
     ``cql_alpha * max(0, 1 - coverage / cql_covered)``, the coverage each batch's propensities
     give (``targets.logged_coverage``: 1 for uniformly random logging, 0.1 for epsilon-greedy
-    logging with epsilon 0.1, 0.2 with 0.2). Measured: logs of an epsilon-0.2 policy (0.2)
-    fell to 9 points without CQL; the closed loop's rounds (0.42 to 1) lost 0.15 of their true
-    value with it."""
+    logging with epsilon 0.1, 0.2 with 0.2). Measured (README, "Defaults"): CartPole logs of
+    an epsilon-0.2 policy (coverage 0.2) fell to 9 points without CQL; the closed loop's rounds
+    (coverage 0.42 to 1) reached 0.725 with none, and CQL at a fixed 1.0 held them at 0.431."""
 
     @model_validator(mode="before")
     @classmethod

@@ -124,8 +124,8 @@ class QLearningTrainer(TrainerBase):
         """CQL's penalty of ``scores`` (Q of every possible action) against the ``logged``
         action's Q, weighted by ``cql_alpha``, less as the batch's logs cover the actions more
         (``targets.logged_coverage``, ``cql_covered``) unless ``cql_weighting = "constant"``;
-        records ``cql_loss`` (the penalty
-        before its weight), ``logged_coverage`` and ``cql_weight`` in ``metrics``."""
+        records ``cql_loss`` (the penalty before its weight), ``logged_coverage`` and
+        ``cql_weight`` in ``metrics``."""
         import torch
 
         from horizon_plugins_dqn.targets import cql_gaps, logged_coverage
