@@ -9,7 +9,7 @@ is kept near the logged actions (``bc_weight``) unless told otherwise.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -44,7 +44,7 @@ class ActorCriticConfig(TrainerConfig):
     """Soft target update: target <- rate * trained + (1 - rate) * target (tau)."""
     LOGGED_BC_WEIGHT: ClassVar[float] = 0.2
     """``bc_weight = "auto"`` when the trainer learns from logs."""
-    bc_weight: float | Literal["auto"] = "auto"
+    bc_weight: float | str = "auto"
     """Behaviour cloning weight, for learning from logs (TD3+BC, Fujimoto and Gu 2021): the
     actor minimizes ``-Q(s, pi(s)) / mean|Q| + bc_weight * mean((pi(s) - a_logged)^2)``, actions
     normalized to (-1, 1). The paper writes it ``-lambda Q + (pi(s) - a)^2`` with
@@ -52,8 +52,8 @@ class ActorCriticConfig(TrainerConfig):
     (the paper's alpha = 2.5 is 0.4). 0 switches it off (the plain actor loss, unnormalized):
     what online training, where the agent tries its own actions, wants. "auto": 0 online
     (``horizon gym train``) and ``LOGGED_BC_WEIGHT`` from logs: 0.2 (alpha = 5) for td3 and
-    ddpg, since on Horizon's logged Pendulum rows (100 epochs) td3 scored -390 with 0.2, -431
-    with 0.4 and -663 with 0 (the logs: -424); sac's is 0."""
+    ddpg, since on Horizon's logged Pendulum rows (100 epochs, 10 episodes, before issue 22)
+    td3 scored -390 with 0.2, -431 with 0.4 and -663 with 0 (the logs: -424); sac's is 0."""
     cql_alpha: float = Field(default=0.0, ge=0.0)
     """Conservative critic (CQL(H), Kumar et al. 2020): adds ``cql_alpha * (logsumexp over
     sampled actions of Q(s, a) - Q(s, a_logged))`` to each critic's loss, the samples uniform
@@ -63,11 +63,12 @@ class ActorCriticConfig(TrainerConfig):
     cql_samples: int = Field(default=10, ge=1)
     """Actions of each kind (uniform, the actor's) sampled per state for ``cql_alpha``."""
 
-    @field_validator("bc_weight")
+    @field_validator("bc_weight", mode="before")
     @classmethod
-    def _weight_or_auto(cls, weight: float | str) -> float | str:
-        """A weight of 0 or more, or "auto"."""
-        if weight != "auto" and weight < 0:
+    def _weight_or_auto(cls, weight: Any) -> Any:
+        """A weight of 0 or more, or "auto" (checked before the type, as ``epochs``)."""
+        number = isinstance(weight, int | float) and not isinstance(weight, bool)
+        if weight != "auto" and not (number and weight >= 0):
             raise ValueError(f'bc_weight = {weight!r}: give a weight of 0 or more, or "auto"')
         return weight
 
@@ -76,21 +77,30 @@ class SacConfig(ActorCriticConfig):
     """Options of the ``sac`` trainer (``[trainer]`` with ``kind = "sac"``)."""
 
     LOGGED_BC_WEIGHT: ClassVar[float] = 0.0
-    bc_weight: float | Literal["auto"] = "auto"
+    bc_weight: float | str = "auto"
     """Behaviour cloning weight (see td3's): the entropy-regularized actor loss
     ``(alpha log pi(a|s) - Q(s, a)) / mean|Q| + bc_weight * mean((a - a_logged)^2)`` with ``a``
     drawn from the actor. "auto": 0 (off), from logs too: on Horizon's logged Pendulum rows
-    (100 epochs) plain SAC scored -320, -194 and -313 (seeds 0-2), against -624 with 0.4 and
-    -761 with 1.0 (seed 0; the logs: -424)."""
+    (100 epochs, 10 episodes, before issue 22) plain SAC scored -320, -194 and -313 (seeds
+    0-2), against -624 with 0.4 and -761 with 1.0 (seed 0; the logs: -424)."""
     alpha: float = Field(default=1.0, gt=0.0)
     """The entropy temperature to start from (or to keep, with ``learn_alpha = false``)."""
     learn_alpha: bool = True
     """Automatic entropy tuning: learn the temperature so that the policy's entropy stays near
     ``target_entropy``."""
-    target_entropy: float | Literal["auto"] = "auto"
+    target_entropy: float | str = "auto"
     """The entropy automatic tuning aims at; "auto": minus the number of action dimensions."""
     alpha_learning_rate: float = Field(default=3e-4, gt=0.0)
     """Adam's step size for the temperature."""
+
+    @field_validator("target_entropy", mode="before")
+    @classmethod
+    def _entropy_or_auto(cls, entropy: Any) -> Any:
+        """A number of nats, or "auto" (checked before the type, as ``epochs``)."""
+        number = isinstance(entropy, int | float) and not isinstance(entropy, bool)
+        if entropy != "auto" and not number:
+            raise ValueError(f'target_entropy = {entropy!r}: give a number of nats or "auto"')
+        return entropy
 
 
 class DeterministicActorConfig(ActorCriticConfig):
