@@ -1,6 +1,6 @@
 """The timeline as dense tensors, loaded once, sampled in minibatches without per-row Python.
 
-Training reads the timeline Parquet into dense float32 tensors once (DESIGN.md "Data formats"):
+Training reads the timeline Parquet into dense float32 tensors once:
 sparse feature maps become ``[rows, features]`` values plus a presence mask (0 where a row lacks
 a feature), in the order of ``normalization.json``'s features, which is the order the
 preprocessor takes them in. Discrete actions stay indices (``-1`` for a terminal row's missing

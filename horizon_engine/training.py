@@ -1,6 +1,6 @@
 """The contract a trainer implements, and the checkpoints every way of training writes.
 
-The core owns what every trainer needs (DESIGN.md, issue 5), once, in the training driver
+The core owns what every trainer needs, once, in the training driver
 (``horizon_engine.driver``): the problem a trainer is set up for, batches, epochs, seeds,
 device choice, checkpoints after every epoch (written atomically, read back as data only),
 warm start from an earlier run, and ``horizon_on_epoch_end`` with each epoch's metrics. A

@@ -1,8 +1,8 @@
-"""The house's walls (DESIGN.md), as import-linter contracts in pyproject.toml: the core never
-imports a plugin, plugins never import each other, plugins import only the public API (the
-names ``horizon_engine`` exports, never one of its modules), the core reaches its built-in
-plugins (``horizon_engine.builtin``) only through the plugin manager, trainers never import
-Spark, serving imports neither torch nor Spark.
+"""The house's walls (docs/architecture.md, "The layers"), as import-linter contracts in
+pyproject.toml: the core never imports a plugin, plugins never import each other, plugins
+import only the public API (the names ``horizon_engine`` exports, never one of its modules),
+the core reaches its built-in plugins (``horizon_engine.builtin``) only through the plugin
+manager, trainers never import Spark, serving imports neither torch nor Spark.
 
 The contracts are checked on the repository as it is, and on a copy with one deliberately
 broken import, which must fail: a check that cannot fail would prove nothing.
@@ -105,3 +105,19 @@ def test_serving_importing_torch_breaks_the_serving_contract(tmp_path):
     assert "Serving imports neither torch nor Spark BROKEN" in result.stdout
     assert "horizon_plugins_serving -> torch" in result.stdout
     assert "Contracts: 5 kept, 1 broken." in result.stdout
+
+
+OUTSIDE_DOCUMENTS = ("DESIGN.md", "HORIZON-FACTS.md", "shared/seeds")
+"""Documents that live beside the repository, not in it: a module citing them points a reader
+at a file a clone does not have (docs/architecture.md is the repository's own)."""
+
+
+def test_no_module_cites_a_document_outside_the_repository():
+    cited = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for name in OUTSIDE_DOCUMENTS
+        if name in path.read_text(encoding="utf-8")
+    ]
+    assert cited == []
