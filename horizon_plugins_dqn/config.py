@@ -66,25 +66,20 @@ class QLearningConfig(TrainerConfig):
     cql_alpha: float = Field(default=1.5, ge=0.0)
     """Conservative Q-learning (Kumar et al. 2020): the weight of
     ``logsumexp_a Q(s, a) - Q(s, logged a)`` where the logs cover the actions least (0 = off).
-    The weight that applies falls as the logged propensities show more even coverage
-    (``cql_covered``): logs of a nearly greedy policy never show what the actions it rarely
-    took would have done, and without CQL Horizon's own CartPole rows scored 9 to 16 instead of
-    420; logs that hold every action (uniformly random play, or a random round among
-    epsilon-greedy ones) need none, and any weight held the closed loop's policy at or below
-    random play. 1.5 gives epsilon-greedy logs with epsilon 0.1 (Horizon's) the weight 1.0
-    they were measured best with. Online, where the agent tries its own actions, 0 learns
-    faster."""
+    Logs of a nearly greedy policy never show what the actions it rarely took would do, and
+    Q-learning trusts its guesses for them; logs that show every action need no such guard,
+    and it holds back a policy retrained on its own logs. So the weight that applies falls as
+    the logged propensities show more even coverage (``cql_covered``); 1.5 gives
+    epsilon-greedy logs with epsilon 0.1 the weight 1.0. README, "Defaults", has the
+    measurements. Online, where the agent tries its own actions, 0 learns faster."""
     cql_weighting: Literal["coverage", "constant"] = "coverage"
     """"coverage": the weight falls with the logs' coverage (``cql_covered``); "constant":
-    ``cql_alpha`` applies whatever the logs cover (plain CQL: on uniformly random CartPole it
-    scored 422 against 340 without, where it cost the closed loop its learning)."""
+    ``cql_alpha`` applies whatever the logs cover (plain CQL)."""
     cql_covered: float = Field(default=0.3, gt=0.0, le=1.0)
     """The logged coverage from which no conservatism applies: the weight is
     ``cql_alpha * max(0, 1 - coverage / cql_covered)``, the coverage each batch's propensities
     give (``targets.logged_coverage``: 1 for uniformly random logging, 0.1 for epsilon-greedy
-    logging with epsilon 0.1, 0.2 with 0.2). Measured (README, "Defaults"): CartPole logs of
-    an epsilon-0.2 policy (coverage 0.2) fell to 9 points without CQL; the closed loop's rounds
-    (coverage 0.42 to 1) reached 0.725 with none, and CQL at a fixed 1.0 held them at 0.431."""
+    logging with epsilon 0.1)."""
 
     @model_validator(mode="before")
     @classmethod
