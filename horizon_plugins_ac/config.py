@@ -21,11 +21,9 @@ class ActorCriticConfig(TrainerConfig):
 
     DEFAULT_PASSES: ClassVar[int] = 100
     """100 passes rather than the core's 20 for ``epochs = "auto"``: an actor-critic needs
-    thousands of updates; 100 passes over Horizon's 7,600 logged Pendulum rows (about 30
-    minibatches of 256) are 3,000. 300 passes took td3 from -247 to -178 and ddpg from -243 to
-    -175 there (seeds 0-2, 50 episodes each), but sent td3 from above its mediocre logger's
-    -983 to -1,257, worse than random play (tests/test_ac_mediocre_logs.py); sac fell from
-    -261 to -528."""
+    thousands of updates (3,000 over Horizon's logged Pendulum rows). Three times as many
+    helped td3 and ddpg there but sank td3 below random play on a mediocre logger's rows
+    (README, "Defaults")."""
     minibatch_size: int = Field(default=256, ge=1)
     """Rows per update (256, as the SAC and TD3 papers)."""
     gamma: float = Field(default=0.99, ge=0.0, le=1.0)
