@@ -26,7 +26,8 @@ names, and an import-linter contract run by ``make test`` holds them to it.
   the policy helpers (``masked_scores``, ``action_probabilities``), and optimizers that do not
   import ``torch._dynamo`` (``ForeachAdam``, ``ForeachSgd``, ``ForeachOptimizer``);
 - the policy-output type every consumer of a policy reads: ``PolicyOutput``,
-  ``policy_output``, ``ExplorationConfig``;
+  ``policy_output``, ``ExplorationConfig``; and ``Exploration``, the numpy policy (action
+  probabilities and draws) everything that acts outside torch uses;
 - estimators: ``EstimatorBase``, ``EstimatorConfig``, ``EvaluationEpisodes``, ``Estimate``,
   ``NotApplicable``; and for commands that evaluate a finished run: ``evaluate_run``,
   ``estimates_table``;
@@ -73,6 +74,7 @@ from horizon_engine.estimation import (
     NotApplicable,
 )
 from horizon_engine.evaluation import estimates_table, evaluate_run
+from horizon_engine.exploration import Exploration
 from horizon_engine.export import ExportConfig, ExporterBase, PolicyBundle
 from horizon_engine.files import atomic_output
 from horizon_engine.hookspecs import hookimpl
@@ -145,6 +147,7 @@ __all__ = [
     "EstimatorBase",
     "EstimatorConfig",
     "EvaluationEpisodes",
+    "Exploration",
     "ExplorationConfig",
     "ExportConfig",
     "Exporter",

@@ -9,23 +9,26 @@ exported model computes its outputs with ``policy_output`` itself.
 Impossible actions (mask 0) get probability 0; the score of an impossible action never wins. A
 row whose mask is all zeros did not record its possible actions, and every action counts as
 possible there (as the row checks and the timeline treat an empty list).
+
+The rules are ``horizon_engine.exploration``'s, the numpy owner that serving and the gym act
+with; tests/test_policy_parity.py holds these tensor functions, and the exported model's
+``probabilities``, to it on the same rows.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from pydantic import Field
 
 from horizon_engine.components import ComponentConfig
 from horizon_engine.errors import HorizonError
+from horizon_engine.exploration import PolicyKind
 from horizon_engine.schema import ActionType
 
 if TYPE_CHECKING:
     import torch
-
-PolicyKind = Literal["greedy", "epsilon_greedy", "softmax"]
 
 
 class ExplorationConfig(ComponentConfig):

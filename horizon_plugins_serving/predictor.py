@@ -1,13 +1,14 @@
 """The ``Predictor``: an exported ``model.onnx`` in onnxruntime, on raw feature maps, with
-exploration in numpy.
+exploration by the core's numpy ``Exploration``.
 
 The lean path: the state features' id -> column index is computed once from the model's
 metadata, a batch's dense ``features``/``presence`` arrays are filled with one numpy
 assignment, and the session is asked for ``scores`` only (``action`` for a continuous actor),
 so the graph's ``probabilities`` and ``action`` outputs are never computed. Exploration
-(greedy, epsilon-greedy, softmax with a temperature, or the paper's send/drop rule with a
-``SendRateController``) is computed from the scores in numpy, impossible actions excluded,
-with a seeded ``numpy.random.Generator``.
+(greedy, epsilon-greedy, softmax with a temperature: ``horizon_engine.Exploration``, the one
+implementation the gym and CPE's torch side agree with; or the paper's send/drop rule with a
+``SendRateController``) is computed from the scores, impossible actions excluded, with a
+seeded ``numpy.random.Generator``.
 """
 
 from __future__ import annotations
@@ -23,14 +24,13 @@ from typing import Any
 import numpy as np
 
 from horizon_engine import (
+    Exploration,
     HorizonError,
     feature_map_problem,
     integer_problem,
     model_card_from_metadata,
     text_problem,
 )
-
-POLICIES = ("greedy", "epsilon_greedy", "softmax")
 
 logger = logging.getLogger(__name__)
 
@@ -76,56 +76,12 @@ def check_row(row: Any, actions: Sequence[str], action_type: str) -> str | None:
                 return str(problem)
         return None
     if possible is not None:
-        if not isinstance(possible, list) or not possible:
-            return f"possible_actions is {possible!r}, expected a non-empty list of actions"
+        if not isinstance(possible, list):
+            return f"possible_actions is {possible!r}, expected a list of actions"
         unknown = [action for action in possible if action not in actions]
         if unknown:
             return f"possible action(s) {unknown} not among the model's actions {list(actions)}"
     return None
-
-
-@dataclass(frozen=True)
-class Exploration:
-    """How an action is drawn from the scores: ``greedy`` (the best possible action),
-    ``epsilon_greedy`` (the best with ``1 - epsilon``, else uniform over the possible actions,
-    the best included) or ``softmax`` (``exp(score / temperature)`` over the possible ones)."""
-
-    policy: str = "greedy"
-    epsilon: float = 0.0
-    temperature: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise HorizonError(f"exploration policy {self.policy!r}: expected one of {POLICIES}")
-        if not 0.0 <= self.epsilon <= 1.0:
-            raise HorizonError(f"epsilon {self.epsilon}: expected a number in [0, 1]")
-        if not self.temperature > 0.0:
-            raise HorizonError(f"temperature {self.temperature}: expected a positive number")
-
-    def probabilities(self, scores: np.ndarray, possible: np.ndarray | None) -> np.ndarray:
-        """Each action's probability, ``[rows, actions]``; 0 for impossible actions."""
-        if self.policy == "greedy" or (self.policy == "epsilon_greedy" and not self.epsilon):
-            best = (scores if possible is None else np.where(possible, scores, -np.inf)).argmax(1)
-            probabilities = np.zeros(scores.shape)
-            probabilities[np.arange(len(best)), best] = 1.0
-            return probabilities
-        scores = np.asarray(scores, dtype=np.float64)
-        if possible is None:
-            possible = np.ones(scores.shape, dtype=bool)
-        masked = np.where(possible, scores, -np.inf)
-        if self.policy == "softmax":
-            shifted = (masked - masked.max(axis=1, keepdims=True)) / self.temperature
-            weights = np.where(possible, np.exp(shifted), 0.0)
-            return weights / weights.sum(axis=1, keepdims=True)
-        rows = np.arange(len(scores))
-        probabilities = np.zeros(scores.shape)
-        if self.policy == "epsilon_greedy" and self.epsilon > 0.0:
-            count = possible.sum(axis=1, keepdims=True)
-            probabilities = np.where(possible, self.epsilon / count, 0.0)
-        probabilities[rows, masked.argmax(axis=1)] += 1.0 - (
-            self.epsilon if self.policy == "epsilon_greedy" else 0.0
-        )
-        return probabilities
 
 
 @dataclass
@@ -328,10 +284,11 @@ class Predictor:
 
     def possible_mask(self, possible_actions: Sequence[Sequence[str] | None]) -> np.ndarray:
         """``[rows, actions]``, True for each row's possible actions (every action for a row
-        whose list is None)."""
+        whose list is None or empty: it did not record them, as ``horizon_engine.Exploration``
+        and the timeline read it)."""
         mask = np.zeros((len(possible_actions), len(self.actions)), dtype=bool)
         for row, names in enumerate(possible_actions):
-            if names is None:
+            if not names:
                 mask[row] = True
                 continue
             try:
@@ -341,8 +298,6 @@ class Predictor:
                     f"row {row}: possible action {exc.args[0]!r} is not one of the model's "
                     f"actions {self.actions}"
                 ) from None
-            if not names:
-                raise HorizonError(f"row {row}: no possible actions")
         return mask
 
     # -- scoring --------------------------------------------------------------------------
@@ -407,12 +362,7 @@ class Predictor:
         else:
             possible = None
         exploration = exploration or self.exploration
-        probabilities = exploration.probabilities(scores, possible)
-        if exploration.policy == "greedy":
-            chosen, propensities = probabilities.argmax(axis=1), np.ones(len(probabilities))
-        else:
-            chosen = self.sample(probabilities)
-            propensities = probabilities[np.arange(len(chosen)), chosen]
+        chosen, propensities, probabilities = exploration.choose(scores, possible, self.rng)
         indexes = chosen.tolist()
         actions = indexes if self.parametric else [self.actions[i] for i in indexes]
         return Predictions(actions, propensities, scores, probabilities)
@@ -440,18 +390,6 @@ class Predictor:
         restricted = any(offered is not None for offered in possible)
         result = self.predict(states, possible if restricted else None)
         return result, result.actions, possible
-
-    def sample(self, probabilities: np.ndarray) -> np.ndarray:
-        """One action index per row drawn from its probabilities (no draw for one-hot rows)."""
-        best = probabilities.argmax(axis=1)
-        if np.all(probabilities[np.arange(len(best)), best] == 1.0):
-            return best
-        draws = self.rng.random(len(probabilities))[:, None]
-        cumulative = np.cumsum(probabilities, axis=1)
-        chosen = (cumulative < draws * cumulative[:, -1:]).sum(axis=1)
-        # a draw past the last possible action's cumulative sum (rounding) takes that action
-        last_possible = probabilities.shape[1] - 1 - (probabilities[:, ::-1] > 0).argmax(axis=1)
-        return np.minimum(chosen, last_possible)
 
     def send_or_drop(
         self,

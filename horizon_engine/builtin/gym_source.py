@@ -25,6 +25,7 @@ from pydantic import Field
 
 from horizon_engine.components import DataSource, SourceBatch, SourceConfig
 from horizon_engine.errors import HorizonError
+from horizon_engine.exploration import Exploration
 from horizon_engine.model_card import card_if_exported
 from horizon_engine.schema import ActionType, RowFormat, RowLayout, RowShaper
 
@@ -160,15 +161,11 @@ def _policy(
             )
         greedy = _onnx_greedy(config.model, n)
 
+    exploration = Exploration("epsilon_greedy", epsilon)
+
     def choose(state: np.ndarray) -> tuple[Any, Any, list[Any] | None, float]:
-        if epsilon == 1.0:
-            index, probability = int(rng.integers(n)), 1.0 / n
-        else:
-            best = int(greedy(state))
-            if not 0 <= best < n:
-                raise HorizonError(f"greedy action {best} is not in 0..{n - 1}")
-            index = int(rng.integers(n)) if rng.random() < epsilon else best
-            probability = 1.0 - epsilon + epsilon / n if index == best else epsilon / n
+        best = int(greedy(state)) if epsilon < 1.0 else None
+        index, probability = exploration.explore_or_exploit(best, n, rng)
         return int(space.start) + index, names[index], list(names), probability
 
     return choose

@@ -35,6 +35,7 @@ from horizon_engine.builtin.gym_source import pre_timeline_row
 from horizon_engine.config import PipelineSection, PipelineSpec
 from horizon_engine.driver import CHECK_ROWS, ProblemDescription, TrainingDriver
 from horizon_engine.errors import HorizonError
+from horizon_engine.exploration import Exploration
 from horizon_engine.files import write_json
 from horizon_engine.normalization import NORMALIZATION_FILE, NormalizationConfig
 from horizon_engine.run_folder import record_failure
@@ -543,13 +544,10 @@ class OnlineRun:
                 return self.rng.uniform(self.low, self.high), 1.0
             action = self._actions(self.acting, state[None])[0]
             return np.clip(action, self.low, self.high), 1.0
-        n = len(self.actions)
         epsilon = epsilon_at(self.steps, self.config) if self.acting is not None else 1.0
-        if epsilon >= 1.0:
-            return int(self.rng.integers(n)), 1.0 / n
-        best = self._greedy(state)
-        index = int(self.rng.integers(n)) if self.rng.random() < epsilon else best
-        return index, (1.0 - epsilon + epsilon / n if index == best else epsilon / n)
+        best = self._greedy(state) if epsilon < 1.0 else None
+        exploration = Exploration("epsilon_greedy", epsilon)
+        return exploration.explore_or_exploit(best, len(self.actions), self.rng)
 
     def _greedy(self, state: np.ndarray) -> int:
         return int(self._scores(self.acting, state[None]).argmax(dim=1))
