@@ -2,7 +2,9 @@
 
 Only click and the core's light modules are imported at start-up; each command imports what
 it needs, so ``horizon --help`` and ``horizon plugins`` stay fast. A ``HorizonError`` (a user's
-mistake) is printed as a message without a traceback and exits with status 1.
+mistake) is printed as a message without a traceback and exits with status 1, as is an
+exception a plugin's component raised, named by plugin and component (``PluginHost.blame``).
+Every command first warns of each plugin that failed to load.
 """
 
 from __future__ import annotations
@@ -41,6 +43,14 @@ def _user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
                 raise
             click.echo(f"error: {_refused_write(exc)}", err=True)
             sys.exit(1)
+        except Exception as exc:
+            from horizon_engine.plugins import get_plugin_host
+
+            blamed = get_plugin_host().blame(exc)
+            if blamed is None:
+                raise
+            click.echo(f"error: {blamed}", err=True)
+            sys.exit(1)
 
     return wrapper
 
@@ -64,14 +74,18 @@ def _refused_write(exc: OSError) -> str:
 
 
 def _plugin_host() -> PluginHost:
-    """The plugin host, after a warning on stderr for each plugin that failed to load: a run
-    without a plugin the user installed must not pass for a run with it."""
     from horizon_engine.plugins import get_plugin_host
 
-    host = get_plugin_host()
-    for failure in host.failures:
-        click.echo(f"warning: {failure} (see `horizon plugins`)", err=True)
-    return host
+    return get_plugin_host()
+
+
+def _warn_of_plugin_failures() -> None:
+    """One line on stderr for each plugin that failed to load, with how to disable it: a
+    command without a plugin the user installed must not pass for one with it."""
+    from horizon_engine.plugins import get_plugin_host
+
+    for failure in get_plugin_host().failures:
+        click.echo(f"warning: {failure}; {failure.remedy} (see `horizon plugins`)", err=True)
 
 
 _set_option = click.option(
@@ -109,8 +123,12 @@ class HorizonCli(click.Group):
 
 @click.group(cls=HorizonCli)
 @click.version_option(__version__, prog_name="horizon")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """Horizon Engine: from logged decisions to a trained, evaluated, exported policy."""
+    # `horizon plugins` lists the failures itself, with the plugins that loaded.
+    if not ctx.resilient_parsing and ctx.invoked_subcommand != "plugins":
+        _warn_of_plugin_failures()
 
 
 @main.command()

@@ -939,7 +939,10 @@ class Engine:
                     f"run {run.run_id} {'was interrupted' if interrupted else 'failed'} during it"
                 )
             finish = partial(self._finish_interrupted if interrupted else self._finish, run)
-            record_failure(manifest, exc, failed, finish)
+            blamed = self.plugins.blame(exc)
+            record_failure(manifest, blamed or exc, failed, finish)
+            if blamed is not None:
+                raise blamed from exc
             raise
         manifest["status"] = "succeeded"
         self._finish(run, manifest)

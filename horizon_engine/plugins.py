@@ -8,10 +8,14 @@ Environment:
 - ``HORIZON_DISABLE_PLUGINS=a,b`` blocks plugins by name (built-in ones too).
 - ``HORIZON_LOAD_PLUGINS=a,b`` loads only these entry-point plugins (built-ins still load).
 
-A plugin that fails to import, implements a hook that does not exist, or declares an argument
-its hook does not pass is reported by name and entry point and left out; the others still load.
-Two components with one name in one family is an error naming both plugins, since either choice
-would be a silent guess.
+A plugin that fails to import, implements a hook that does not exist, declares an argument its
+hook does not pass, or registers a component Horizon cannot use (short of its family's contract,
+or with a name another plugin's component already has) is reported by name and entry point and
+left out whole; the others still load. Of two components with one name, the later plugin's is
+the one left out, and the failure names both.
+
+An exception a plugin's component raises during a run is re-raised as a ``PluginError`` naming
+the plugin and the component (``PluginHost.blame``), so that the user knows whose code failed.
 
 Core code never calls ``pm.hook`` directly: it goes through ``PluginHost``'s typed methods.
 """
@@ -22,10 +26,11 @@ import difflib
 import importlib
 import importlib.metadata
 import os
+import traceback
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from functools import partial
-from types import ModuleType
+from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -38,7 +43,7 @@ from horizon_engine.components import (
     ComponentConfig,
     component_options,
 )
-from horizon_engine.errors import PluginError
+from horizon_engine.errors import HorizonError, PluginError
 
 if TYPE_CHECKING:
     import click
@@ -76,6 +81,15 @@ class PluginFailure:
     def __str__(self) -> str:
         return f"plugin '{self.name}' ({self.entry_point}) failed to load: {self.error}"
 
+    @property
+    def remedy(self) -> str:
+        """How to stop being told: the plugin left out on purpose is no longer a failure."""
+        return f"disable it with HORIZON_DISABLE_PLUGINS={self.name}"
+
+
+class _Refused(Exception):
+    """A component Horizon cannot use, raised out of the plugin's register hook to stop it."""
+
 
 @dataclass(frozen=True)
 class RegisteredComponent:
@@ -111,6 +125,7 @@ class PluginInfo:
     hooks: list[str] = field(default_factory=list)
     components: list[RegisteredComponent] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
+    distribution: str = "horizon-engine"
 
 
 def _split_names(value: str | None) -> set[str] | None:
@@ -172,16 +187,23 @@ class PluginHost:
                 continue
             dist = entry_point.dist
             version = dist.version if dist is not None else "unknown"
-            source = f"{dist.name if dist is not None else '?'} ({entry_point.value})"
-            self._register(name, module, version, source, entry_point.value)
+            distribution = dist.name if dist is not None else "?"
+            source = f"{distribution} ({entry_point.value})"
+            self._register(name, module, version, source, entry_point.value, distribution)
         # Every plugin's hooks were checked against the specs as it was registered; pluggy's
         # own check confirms that nothing unknown slipped through.
         self.pm.check_pending()
-        for family in FAMILIES:
-            self._collect_components(family)
+        for plugin in list(self.plugins):
+            self._collect_components(plugin)
 
     def _register(
-        self, name: str, module: ModuleType, version: str, source: str, entry_point: str = ""
+        self,
+        name: str,
+        module: ModuleType,
+        version: str,
+        source: str,
+        entry_point: str = "",
+        distribution: str = "horizon-engine",
     ) -> None:
         loaded_as = self.pm.get_name(module)
         if loaded_as is not None:
@@ -200,7 +222,7 @@ class PluginHost:
             self.failures.append(PluginFailure(name, entry_point or module.__name__, problem))
             return
         hooks = sorted(caller.name for caller in self.pm.get_hookcallers(module) or [])
-        self.plugins[name] = PluginInfo(name, version, source, hooks)
+        self.plugins[name] = PluginInfo(name, version, source, hooks, distribution=distribution)
 
     def _hook_problem(self, module: ModuleType, name: str) -> str | None:
         """Why the module's hook implementations cannot be used, or None if they can.
@@ -230,32 +252,60 @@ class PluginHost:
                 )
         return None
 
-    def _collect_components(self, family: str) -> None:
-        # Registration order (built-ins first), not pluggy's last-registered-first call order,
-        # so that a duplicate name is blamed on the plugin that came later.
-        hook = getattr(self.pm.hook, f"horizon_register_{family}")
-        for impl in hook.get_hookimpls():
-            impl.function(register=partial(self._add_component, family, impl.plugin_name))
+    def _collect_components(self, plugin: str) -> None:
+        """The plugin's components, every family's, kept all or none: a plugin whose register
+        hook raises, or registers a component Horizon cannot use, is left out as a failure (as
+        one that cannot be imported is), so one plugin's mistake never stops the others, nor
+        leaves half of that plugin behind. Plugins are taken in registration order (built-ins
+        first), so that a duplicate name is blamed on the plugin that came later."""
+        staged: dict[tuple[str, str, str | None], RegisteredComponent] = {}
+        for family in FAMILIES:
+            hook = getattr(self.pm.hook, f"horizon_register_{family}")
+            for impl in hook.get_hookimpls():
+                if impl.plugin_name != plugin:
+                    continue
+                try:
+                    impl.function(register=partial(self._stage, family, plugin, staged))
+                except _Refused as refused:
+                    self._leave_out(plugin, str(refused))
+                    return
+                except Exception as exc:
+                    error = f"horizon_register_{family} raised {type(exc).__name__}: {exc}"
+                    self._leave_out(plugin, error)
+                    return
+        self._components.update(staged)
+        self.plugins[plugin].components.extend(staged.values())
 
-    def _add_component(self, family: str, plugin: str, cls: type[Component]) -> None:
+    def _stage(
+        self,
+        family: str,
+        plugin: str,
+        staged: dict[tuple[str, str, str | None], RegisteredComponent],
+        cls: type[Component],
+    ) -> None:
+        """``register`` as the plugin's hook calls it: check ``cls`` and stage it."""
         problem = _component_problem(family, cls)
         if problem is not None:
             what = f"{cls.__module__}.{cls.__qualname__}" if isinstance(cls, type) else repr(cls)
-            raise PluginError(
-                f"plugin '{plugin}' registered {what} in horizon_register_{family}: {problem}"
-            )
+            raise _Refused(f"registered {what} in horizon_register_{family}: {problem}")
         entry = RegisteredComponent(cls, plugin)
         key = (family, entry.name, entry.engine)
-        earlier = self._components.get(key)
+        earlier = self._components.get(key) or staged.get(key)
         if earlier is not None:
-            raise PluginError(
+            raise _Refused(
                 f"two plugins register the {family} component '{entry.label}': "
                 f"'{earlier.plugin}' ({earlier.cls.__module__}.{earlier.cls.__qualname__}) and "
-                f"'{plugin}' ({cls.__module__}.{cls.__qualname__}); block one with "
-                f"HORIZON_DISABLE_PLUGINS={plugin}"
+                f"'{plugin}' ({cls.__module__}.{cls.__qualname__}); '{plugin}' is left out "
+                f"(HORIZON_DISABLE_PLUGINS={earlier.plugin} leaves out the other instead)"
             )
-        self._components[key] = entry
-        self.plugins[plugin].components.append(entry)
+        staged[key] = entry
+
+    def _leave_out(self, plugin: str, error: str) -> None:
+        """Unregister ``plugin`` (its hooks are never called) and record why."""
+        entry_point = self._entry_point(plugin)
+        self.pm.unregister(name=plugin)
+        del self.plugins[plugin]
+        self.failures.append(PluginFailure(plugin, entry_point, error))
 
     def components(self, family: str) -> list[RegisteredComponent]:
         """Every component registered in ``family``, in registration order."""
@@ -355,7 +405,37 @@ class PluginHost:
 
     def _entry_point(self, plugin: str) -> str:
         source = self.plugins[plugin].source
-        return source[source.find("(") + 1 : -1] if "(" in source else source
+        if "(" in source:
+            return source[source.find("(") + 1 : -1]
+        return self.pm.get_plugin(plugin).__name__
+
+    def blame(self, exc: BaseException) -> PluginError | None:
+        """``exc`` as an error naming the plugin (its distribution and version) and the
+        component (family and name) whose code raised it, and where; None where ``exc`` is not
+        a component's own failure: a ``HorizonError`` (its message is already meant for the
+        user), a write the disk refused (the command line says how to free space), an
+        interrupt, or an exception raised outside every component's methods.
+
+        The component is the innermost frame of the traceback whose ``self`` (or ``cls``) is
+        a registered component, so a failure in a library the component calls is still its.
+        """
+        from horizon_engine.files import WRITE_REFUSED
+
+        if not isinstance(exc, Exception) or isinstance(exc, HorizonError):
+            return None
+        if isinstance(exc, OSError) and exc.errno in WRITE_REFUSED:
+            return None
+        found = _raising_component(exc, {entry.cls: entry for entry in self._components.values()})
+        if found is None:
+            return None
+        entry, frame, line = found
+        info = self.plugins[entry.plugin]
+        raised = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        where = f"{frame.f_code.co_qualname}, {frame.f_globals.get('__name__')} line {line}"
+        return PluginError(
+            f"plugin '{info.name}' ({info.distribution} {info.version}): its {entry.family} "
+            f"component '{entry.label}' raised {raised} (in {where})"
+        )
 
     # The typed façade over the lifecycle hooks: core code calls these, never ``pm.hook``.
 
@@ -427,6 +507,19 @@ def _component_problem(family: str, cls: object) -> str | None:
             f"it does not implement {', '.join(missing)}, which horizon_engine."
             f"{contract.__name__} requires"
         )
+    return None
+
+
+def _raising_component(
+    exc: BaseException, registered: Mapping[type, RegisteredComponent]
+) -> tuple[RegisteredComponent, FrameType, int] | None:
+    """The innermost frame of ``exc``'s traceback run by a registered component (its ``self``
+    or ``cls``), with the component and the frame's line; None if no component's code ran."""
+    for frame, line in reversed(list(traceback.walk_tb(exc.__traceback__))):
+        owner = frame.f_locals.get("self", frame.f_locals.get("cls"))
+        entry = registered.get(owner if isinstance(owner, type) else type(owner))
+        if entry is not None:
+            return entry, frame, line
     return None
 
 
