@@ -74,6 +74,7 @@ def _refused_write(exc: OSError) -> str:
 
 
 def _plugin_host() -> PluginHost:
+    """The process's plugin host; ``main`` has warned of the plugins that failed to load."""
     from horizon_engine.plugins import get_plugin_host
 
     return get_plugin_host()
