@@ -31,7 +31,7 @@ import click
 from horizon_engine import BadLine, HorizonError, atomic_output, parse_json_line, strip_bom
 
 if TYPE_CHECKING:
-    from horizon_plugins_serving.predictor import Exploration
+    from horizon_engine import Exploration
 
 BATCH = 1024
 """Rows scored per session call."""
@@ -86,7 +86,7 @@ strict_features_option = click.option(
 
 def exploration(policy: str, epsilon: float, temperature: float) -> Exploration:
     """The ``Exploration`` the options name (``--epsilon`` counts for epsilon_greedy only)."""
-    from horizon_plugins_serving.predictor import Exploration
+    from horizon_engine import Exploration
 
     return Exploration(policy, epsilon if policy == "epsilon_greedy" else 0.0, temperature)
 

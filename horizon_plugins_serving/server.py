@@ -125,8 +125,9 @@ from horizon_plugins_serving.request_body import BodyError, decode_body
 if TYPE_CHECKING:
     import uvicorn
 
+    from horizon_engine import Exploration
     from horizon_plugins_serving.decision_log import ParquetDecisionLog
-    from horizon_plugins_serving.predictor import Exploration, Predictor, SendRateController
+    from horizon_plugins_serving.predictor import Predictor, SendRateController
 
 Headers = Sequence[tuple[bytes, bytes]]
 """An ASGI request's or response's headers."""

@@ -18,10 +18,11 @@ import onnxruntime
 import pytest
 import torch
 
+from horizon_engine import Exploration
 from horizon_engine.builtin.onnx_export import OnnxExporter
 from horizon_engine.export import ExportConfig, PolicyBundle
 from horizon_engine.policies import action_probabilities
-from horizon_plugins_serving.predictor import Exploration, Predictor, check_row
+from horizon_plugins_serving.predictor import Predictor, check_row
 
 ACTIONS = ["0", "1", "2"]
 FEATURES = np.array([[2, 0], [1, 1], [1, 1], [0, 3], [1, 1], [-1, 2]], dtype=np.float32)

@@ -36,10 +36,10 @@ import numpy as np
 from products import EngagementMdp, NotificationBandit, Policy
 from traffic import Decide, DecisionClient, play_bandit, play_mdp, random_service
 
-from horizon_engine import Engine, HorizonError, atomic_output
+from horizon_engine import Engine, Exploration, HorizonError, atomic_output
 from horizon_plugins_serving.decision_log import DecisionLog, open_decision_log
 from horizon_plugins_serving.join_report import report_path
-from horizon_plugins_serving.predictor import Exploration, Predictor
+from horizon_plugins_serving.predictor import Predictor
 from horizon_plugins_serving.server import BackgroundServer, build_app
 
 HERE = Path(__file__).resolve().parent
