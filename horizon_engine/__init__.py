@@ -34,6 +34,7 @@ names, and an import-linter contract run by ``make test`` holds them to it.
 - exporters: ``ExporterBase``, ``ExportConfig``, ``PolicyBundle``; and for everything that
   loads an exported model, its checked metadata: ``ModelCard`` (``ActionBounds``),
   ``read_model_card``, ``model_card_from_metadata``, ``ModelCardError``;
+- commands: ``user_errors``, the error-to-exit wrapper every ``horizon`` command runs under;
 - users: ``Engine`` and ``run_pipeline`` (imported on first use).
 
 ``import horizon_engine`` stays cheap for the command line: torch is imported only where a
@@ -45,6 +46,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from horizon_engine.batch_schema import BATCH_SCHEMA, BatchField, batch_fields, check_batch
+from horizon_engine.command_errors import user_errors
 from horizon_engine.components import (
     Component,
     ComponentConfig,
@@ -211,6 +213,7 @@ __all__ = [
     "strip_bom",
     "text_problem",
     "timeline_schema",
+    "user_errors",
 ]
 
 _LAZY = {"Engine", "run_pipeline"}

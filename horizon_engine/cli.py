@@ -13,64 +13,18 @@ import json
 import shlex
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import wraps
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from horizon_engine import __version__
-from horizon_engine.errors import HorizonError
+from horizon_engine.command_errors import user_errors
 
 if TYPE_CHECKING:
     from horizon_engine.plugins import PluginHost
-
-
-def _user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
-    @wraps(command)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return command(*args, **kwargs)
-        except HorizonError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(1)
-        except OSError as exc:
-            from horizon_engine.files import WRITE_REFUSED
-
-            if exc.errno not in WRITE_REFUSED:
-                raise
-            click.echo(f"error: {_refused_write(exc)}", err=True)
-            sys.exit(1)
-        except Exception as exc:
-            from horizon_engine.plugins import get_plugin_host
-
-            blamed = get_plugin_host().blame(exc)
-            if blamed is None:
-                raise
-            click.echo(f"error: {blamed}", err=True)
-            sys.exit(1)
-
-    return wrapper
-
-
-def _refused_write(exc: OSError) -> str:
-    """A full or unwritable disk, in one line: where, why, and what to do. A pipeline stage
-    writes its outputs aside and moves them into place once whole, so the stages that finished
-    keep theirs, and ``--resume`` runs the failed one (``failed_stage`` in manifest.json) and
-    those after it."""
-    import errno
-    import os
-
-    where = exc.filename or "the output folder"
-    full = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-    remedy = "free space there" if full else "make it writable"
-    return (
-        f"{where}: {os.strerror(exc.errno)}. Nothing half-written was kept; {remedy} (or set "
-        "another output_dir), then run again: `horizon run PIPELINE --resume` continues a "
-        "pipeline from the stage that failed, the stages that finished keep their outputs"
-    )
 
 
 def _plugin_host() -> PluginHost:
@@ -153,7 +107,7 @@ def main(ctx: click.Context) -> None:
     "training continues from its last complete epoch, and the result is the uninterrupted "
     "run's (the config must be the one it ran with).",
 )
-@_user_errors
+@user_errors
 def run(
     pipeline: Path,
     overrides: tuple[str, ...],
@@ -232,7 +186,7 @@ def _echo_estimates(run_dir: Path) -> None:
 @main.command()
 @click.argument("pipeline", type=click.Path(dir_okay=False, path_type=Path))
 @_set_option
-@_user_errors
+@user_errors
 def validate(pipeline: Path, overrides: tuple[str, ...]) -> None:
     """Check PIPELINE without running it; list the stages a run executes, each with its
     component and where its settings come from (a section of the file, or its defaults)."""
@@ -251,7 +205,7 @@ def validate(pipeline: Path, overrides: tuple[str, ...]) -> None:
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the listing as JSON.")
-@_user_errors
+@user_errors
 def plugins(as_json: bool) -> None:
     """List plugins, their versions, hooks and components with their options."""
     from horizon_engine.plugins import get_plugin_host
@@ -332,7 +286,7 @@ def _echo_options(options: list[dict[str, Any]], indent: str) -> None:
 @main.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @_set_option
-@_user_errors
+@user_errors
 def export(run_dir: Path, overrides: tuple[str, ...]) -> None:
     """Export the trained policy of RUN_DIR (the output folder of `horizon run`, or of a
     command that trains, such as `horizon gym train`) as its [export] says (ONNX by default),

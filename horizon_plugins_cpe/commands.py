@@ -10,12 +10,11 @@ features), prints the estimates as a table and writes them as JSON. The work is 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
 
-from horizon_engine import HorizonError, atomic_output, estimates_table, evaluate_run
+from horizon_engine import atomic_output, estimates_table, evaluate_run, user_errors
 
 OUTPUT_FILE = "cpe_evaluate.json"
 """Where the estimates go without ``-o``: inside RUN_DIR, beside (never over) ``cpe.json``."""
@@ -43,6 +42,7 @@ OUTPUT_FILE = "cpe_evaluate.json"
     type=click.Path(dir_okay=False, path_type=Path),
     help=f"JSON file to write the estimates to [default: RUN_DIR/{OUTPUT_FILE}].",
 )
+@user_errors
 def evaluate_command(
     run_dir: Path, data: Path | None, overrides: tuple[str, ...], output: Path | None
 ) -> None:
@@ -50,11 +50,7 @@ def evaluate_command(
     entries, or every CPE estimator when it has none, on its eval split or on --data."""
     from horizon_plugins_cpe.estimators import KINDS
 
-    try:
-        record = evaluate_run(run_dir, data, [{"kind": kind} for kind in KINDS], overrides)
-    except HorizonError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+    record = evaluate_run(run_dir, data, [{"kind": kind} for kind in KINDS], overrides)
     output = output or run_dir / OUTPUT_FILE
     with atomic_output(output) as temporary:
         temporary.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")

@@ -21,14 +21,20 @@ run again); ``horizon serve``'s log is the one appended as it goes.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from horizon_engine import BadLine, HorizonError, atomic_output, parse_json_line, strip_bom
+from horizon_engine import (
+    BadLine,
+    HorizonError,
+    atomic_output,
+    parse_json_line,
+    strip_bom,
+    user_errors,
+)
 
 if TYPE_CHECKING:
     from horizon_engine import Exploration
@@ -107,6 +113,7 @@ def exploration(policy: str, epsilon: float, temperature: float) -> Exploration:
     "--skip-bad-rows", is_flag=True, help="Count and skip bad input rows instead of failing."
 )
 @strict_features_option
+@user_errors
 def score_command(
     model: Path,
     rows: Path,
@@ -127,62 +134,58 @@ def score_command(
     )
     from horizon_plugins_serving.predictor import Predictor
 
-    try:
-        predictor = Predictor(
-            model,
-            exploration(policy, epsilon, temperature),
-            seed=seed,
-            strict_features=strict_features,
-        )
-        bad: list[tuple[int, str]] = []
-        scored = 0
-        log_kind = ParquetDecisionLog if output.name.endswith(".parquet") else DecisionLog
-        with atomic_output(output) as temporary, log_kind(temporary) as log:
-            batch: list[dict[str, Any]] = []
+    predictor = Predictor(
+        model,
+        exploration(policy, epsilon, temperature),
+        seed=seed,
+        strict_features=strict_features,
+    )
+    bad: list[tuple[int, str]] = []
+    scored = 0
+    log_kind = ParquetDecisionLog if output.name.endswith(".parquet") else DecisionLog
+    with atomic_output(output) as temporary, log_kind(temporary) as log:
+        batch: list[dict[str, Any]] = []
 
-            def flush() -> None:
-                result, actions, possible = predictor.decide(batch)
-                log.append(
-                    decision_rows(
-                        [row["state_features"] for row in batch],
-                        actions,
-                        result.propensities,
-                        predictor.model_id,
-                        possible,
-                        predictor.actions,
-                        [row.get("mdp_id") for row in batch],
-                        [row.get("sequence_number", 0) for row in batch],
-                    )
+        def flush() -> None:
+            result, actions, possible = predictor.decide(batch)
+            log.append(
+                decision_rows(
+                    [row["state_features"] for row in batch],
+                    actions,
+                    result.propensities,
+                    predictor.model_id,
+                    possible,
+                    predictor.actions,
+                    [row.get("mdp_id") for row in batch],
+                    [row.get("sequence_number", 0) for row in batch],
                 )
-                batch.clear()
+            )
+            batch.clear()
 
-            with open(rows, "rb") as handle:
-                for number, line in enumerate(handle, start=1):
-                    if not line.strip():
-                        continue
-                    try:
-                        row = parse_json_line(strip_bom(line) if number == 1 else line)
-                    except BadLine as exc:
-                        problem: str | None = f"not JSON ({exc})"
-                    else:
-                        problem = predictor.row_problem(row)
-                    if problem is not None:
-                        if not skip_bad_rows:
-                            raise HorizonError(
-                                f"{rows}, line {number}: {problem} "
-                                "(--skip-bad-rows counts and skips such rows)"
-                            )
-                        bad.append((number, problem))
-                        continue
-                    batch.append(row)
-                    scored += 1
-                    if len(batch) == BATCH:
-                        flush()
-            if batch:
-                flush()
-    except HorizonError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+        with open(rows, "rb") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = parse_json_line(strip_bom(line) if number == 1 else line)
+                except BadLine as exc:
+                    problem: str | None = f"not JSON ({exc})"
+                else:
+                    problem = predictor.row_problem(row)
+                if problem is not None:
+                    if not skip_bad_rows:
+                        raise HorizonError(
+                            f"{rows}, line {number}: {problem} "
+                            "(--skip-bad-rows counts and skips such rows)"
+                        )
+                    bad.append((number, problem))
+                    continue
+                batch.append(row)
+                scored += 1
+                if len(batch) == BATCH:
+                    flush()
+        if batch:
+            flush()
     for number, problem in bad[:10]:
         click.echo(f"skipped {rows}, line {number}: {problem}", err=True)
     if len(bad) > 10:
@@ -269,6 +272,7 @@ def score_command(
     help="Serve a host other than loopback without a token (a network you trust).",
 )
 @strict_features_option
+@user_errors
 def serve_command(
     model: Path,
     host: str,
@@ -296,12 +300,8 @@ def serve_command(
     (--token-file or HORIZON_SERVE_TOKEN) or --insecure."""
     from horizon_plugins_serving.server import serve
 
-    try:
-        chosen = exploration(policy, epsilon, temperature)
-        token = serve_token(token_file, os.environ.get(TOKEN_VARIABLE))
-    except HorizonError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+    chosen = exploration(policy, epsilon, temperature)
+    token = serve_token(token_file, os.environ.get(TOKEN_VARIABLE))
     serve(
         model,
         chosen,

@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from horizon_engine import Engine, HorizonError
+from horizon_engine import Engine, user_errors
 
 DATA_STAGES = ("source", "timeline", "normalization")
 """The stages whose outputs the analysis reads, each configured by the section of its name."""
@@ -42,15 +42,12 @@ engine runs an absent ``[timeline]`` and ``[normalization]`` at their defaults i
     help="Run the source, timeline and normalization stages even where output_dir holds them "
     "from the same settings.",
 )
+@user_errors
 def check_mdp_command(pipeline: Path, overrides: tuple[str, ...], rebuild: bool) -> None:
     """Check PIPELINE's logged data with a learned world model: do actions predict
     transitions, do state features predict the next state, do the features the actions move
     predict the reward, and which features explain nothing."""
-    try:
-        output_dir = check_mdp(pipeline, list(overrides), rebuild)
-    except HorizonError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+    output_dir = check_mdp(pipeline, list(overrides), rebuild)
     folder = output_dir / "analysis"
     click.echo((folder / "mdp_check.txt").read_text(encoding="utf-8"), nl=False)
     click.echo(

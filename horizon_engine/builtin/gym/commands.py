@@ -18,8 +18,8 @@ from horizon_engine.cli import (
     INTERRUPTED_EXIT_STATUS,
     _interrupts_as_keyboard_interrupt,
     _plugin_host,
-    _user_errors,
 )
+from horizon_engine.command_errors import user_errors
 
 
 @click.group()
@@ -51,7 +51,7 @@ def gym() -> None:
     type=click.Path(dir_okay=False, path_type=Path),
     help="JSONL file to write the pre-timeline rows to.",
 )
-@_user_errors
+@user_errors
 def collect(
     env_id: str,
     episodes: int,
@@ -142,7 +142,7 @@ def _check_env_option(env_id: str) -> None:
     help="Finish the folder's killed, interrupted or failed run from its last complete "
     "evaluation, to the uninterrupted run's result (the same config and -f file).",
 )
-@_user_errors
+@user_errors
 def gym_train(
     gym_toml: Path,
     overrides: tuple[str, ...],

@@ -1,0 +1,67 @@
+"""The error-to-exit wrapper every ``horizon`` command runs under, built-in or a plugin's.
+
+A user's mistake (``HorizonError``) is one ``error:`` line on stderr and exit status 1, never a
+traceback; so is a full or unwritable disk, with what to do, and an exception a plugin's
+component raised, named by plugin and component (``PluginHost.blame``). Anything else is a
+bug and keeps its traceback. A plugin's command decorates itself with ``user_errors`` rather
+than catching these on its own.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+import click
+
+from horizon_engine.errors import HorizonError
+
+
+def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``command`` with a user's mistake, a refused write and a plugin component's exception
+    each turned into one ``error:`` line and exit status 1 (put it under ``@click.command``)."""
+
+    @wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except HorizonError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+        except OSError as exc:
+            from horizon_engine.files import WRITE_REFUSED
+
+            if exc.errno not in WRITE_REFUSED:
+                raise
+            click.echo(f"error: {refused_write(exc)}", err=True)
+            sys.exit(1)
+        except Exception as exc:
+            from horizon_engine.plugins import get_plugin_host
+
+            blamed = get_plugin_host().blame(exc)
+            if blamed is None:
+                raise
+            click.echo(f"error: {blamed}", err=True)
+            sys.exit(1)
+
+    return wrapper
+
+
+def refused_write(exc: OSError) -> str:
+    """A full or unwritable disk, in one line: where, why, and what to do. Every command writes
+    its files aside and moves them into place once whole; a pipeline's stages that finished
+    keep theirs, and ``--resume`` runs the failed one (``failed_stage`` in manifest.json) and
+    those after it."""
+    import errno
+    import os
+
+    where = exc.filename or "the output folder"
+    full = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+    remedy = "free space there" if full else "make it writable"
+    return (
+        f"{where}: {os.strerror(exc.errno)}. Nothing half-written was kept; {remedy} (or write "
+        "elsewhere), then run the command again: `horizon run PIPELINE --resume` continues a "
+        "pipeline from the stage that failed, the stages that finished keep their outputs"
+    )
