@@ -61,11 +61,10 @@ class Dataset:
 
     env: str
     actions: list[str] | None
-    """Discrete action names; None for Horizon's parametric rows."""
+    """Discrete action names; None for Horizon's parametric and continuous rows."""
     episodes: int = 0
     """Random episodes the gym source logs; 0 for a file of Horizon's rows."""
     path: Path | None = None
-    parametric: bool = False
     eval_episodes: int = 50
     """Greedy episodes played, of seeds 1000, 1001, ..."""
     cut_as_terminal: bool = False
@@ -107,7 +106,6 @@ DATASETS = {
         "CartPole-v1",
         None,
         path=REFERENCE / "reagent" / "parametric_action" / "cartpole_training.json.bz2",
-        parametric=True,
         kind="parametric_dqn",
     ),
     "closed_loop_bandit": Dataset("", None, loop="bandit"),

@@ -1,7 +1,8 @@
 """One bad plugin never takes the command line down.
 
 A plugin whose component Horizon cannot use (short of its family's contract, a register hook
-that raises, a name another plugin has) is a load failure like a misspelt hook: left out whole,
+that raises; a name another plugin has is tests/test_plugins.py's) is a load failure like a
+misspelt hook: left out whole,
 reported by every command with how to disable it, while the other plugins load and `horizon
 plugins` lists them. A plugin's component that raises during a run is named, by plugin and
 component, in the error `horizon run` prints and in the manifest.
@@ -204,37 +205,6 @@ def test_a_register_hook_that_raises_leaves_out_its_plugin_and_its_earlier_compo
     [failure] = host.failures
     assert failure.error == (
         "horizon_register_trainers raised ImportError: no module named 'cuda_kernels'"
-    )
-
-
-def test_a_name_another_plugin_registered_leaves_out_the_later_plugin(plugin_site):
-    install(
-        plugin_site,
-        "impostor",
-        """
-        from horizon_engine import DataSource, hookimpl
-
-        class Jsonl(DataSource):
-            '''Another JSONL reader.'''
-            name = "jsonl"
-
-            def read(self, run):
-                return iter(())
-
-        @hookimpl
-        def horizon_register_data_sources(register):
-            register(Jsonl)
-        """,
-    )
-
-    host = only("impostor")
-
-    assert host.component("data_sources", "jsonl").plugin == "sources"
-    [failure] = host.failures
-    assert failure.error.startswith(
-        "two plugins register the data_sources component 'jsonl': 'sources' "
-        "(horizon_engine.builtin.sources.JsonlSource) and 'impostor' "
-        "(horizon_plugin_impostor.Jsonl); 'impostor' is left out"
     )
 
 

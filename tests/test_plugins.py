@@ -318,7 +318,9 @@ def test_registering_a_built_in_component_name_is_a_failure_naming_both_plugins(
         """,
     )
 
-    assert failure_of(only("impostor"), "impostor").error == (
+    host = only("impostor")
+    assert host.component("data_sources", "jsonl").plugin == "sources"
+    assert failure_of(host, "impostor").error == (
         "two plugins register the data_sources component 'jsonl': 'sources' "
         "(horizon_engine.builtin.sources.JsonlSource) and 'impostor' "
         "(horizon_plugin_impostor.Jsonl); 'impostor' is left out "
