@@ -2,10 +2,10 @@
 
 A plugin whose component Horizon cannot use (short of its family's contract, a register hook
 that raises; a name another plugin has is tests/test_plugins.py's) is a load failure like a
-misspelt hook: left out whole,
-reported by every command with how to disable it, while the other plugins load and `horizon
-plugins` lists them. A plugin's component that raises during a run is named, by plugin and
-component, in the error `horizon run` prints and in the manifest.
+misspelt hook: left out whole, reported by every command with how to disable it, while the
+other plugins load and `horizon plugins` lists them. A plugin's component that raises during
+a run is named, by plugin and component, in the error `horizon run` prints and in the
+manifest.
 
 Plugins are installed in-process into a temporary site folder (``plugin_site`` in conftest.py)
 and loaded by a fresh ``PluginHost``.
