@@ -56,6 +56,16 @@ class Exploration:
             raise HorizonError(f"temperature {self.temperature}: expected a positive number")
 
     @property
+    def label(self) -> str:
+        """The policy with the setting that counts for it, as a decision log records it:
+        ``greedy``, ``epsilon_greedy(epsilon=0.1)``, ``softmax(temperature=0.5)``."""
+        if self.policy == "epsilon_greedy":
+            return f"epsilon_greedy(epsilon={self.epsilon})"
+        if self.policy == "softmax":
+            return f"softmax(temperature={self.temperature})"
+        return self.policy
+
+    @property
     def deterministic(self) -> bool:
         """True when every row's action is its best one: no draw is made."""
         return self.policy == "greedy" or (self.policy == "epsilon_greedy" and not self.epsilon)

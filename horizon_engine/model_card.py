@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from horizon_engine.errors import HorizonError
+from horizon_engine.exploration import Exploration
 
 FEATURE_IDS = "feature_ids"
 ACTIONS = "actions"
@@ -77,6 +78,15 @@ class ModelCard:
     def parametric(self) -> bool:
         return self.action_type == "parametric"
 
+    @property
+    def exploration(self) -> Exploration | None:
+        """The policy the user's ``[export]`` section named (its epsilon and temperature),
+        which ``horizon serve`` and ``horizon score`` apply unless told otherwise; None for a
+        model whose card records none and for a continuous actor, whose action is its own."""
+        if self.continuous or not self.policy:
+            return None
+        return _exploration(self.policy)
+
     def metadata(self) -> dict[str, str]:
         """The card as ONNX metadata properties: JSON text per field, plain text for the run
         id and version; ``action_type`` and ``action_bounds`` only for a continuous model."""
@@ -113,6 +123,12 @@ def read_model_card(path: str | Path) -> ModelCard:
     )
 
 
+def model_card_of_session(session: Any, origin: str) -> ModelCard:
+    """The card of the model an onnxruntime ``InferenceSession`` has loaded, checked as
+    ``model_card_from_metadata`` checks it."""
+    return model_card_from_metadata(session.get_modelmeta().custom_metadata_map, origin)
+
+
 def model_card_from_metadata(metadata: Mapping[str, str], origin: str) -> ModelCard:
     """The card in a model's metadata properties (onnxruntime's ``custom_metadata_map``);
     ``origin`` names the model file in messages."""
@@ -142,17 +158,33 @@ def model_card_from_metadata(metadata: Mapping[str, str], origin: str) -> ModelC
         action_type=action_type,
         action_bounds=fields.bounds(len(action_feature_ids)),
         normalization=fields.table(NORMALIZATION),
-        policy=fields.table(POLICY),
+        policy=fields.policy(),
         run_id=metadata.get(RUN_ID) or None,
         horizon_version=metadata.get(HORIZON_VERSION) or None,
     )
 
 
-def card_if_exported(metadata: Mapping[str, str], origin: str) -> ModelCard | None:
-    """The card of a model ``horizon export`` wrote (one with ``feature_ids``), checked as
-    ``model_card_from_metadata`` checks it; None for any other ONNX model, which carries no
-    card (the gym source plays any model's argmax)."""
+def card_if_exported(session: Any, origin: str) -> ModelCard | None:
+    """The card of the model an onnxruntime session has loaded when ``horizon export`` wrote
+    it (it has ``feature_ids``), checked as ``model_card_from_metadata`` checks it; None for
+    any other ONNX model, which carries no card (the gym source plays any model's argmax)."""
+    metadata = session.get_modelmeta().custom_metadata_map
     return model_card_from_metadata(metadata, origin) if FEATURE_IDS in metadata else None
+
+
+def write_model_card(card: ModelCard, model: Any) -> None:
+    """Add ``card``'s fields to an ``onnx.ModelProto``'s metadata properties."""
+    for key, value in card.metadata().items():
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, value
+
+
+def _exploration(policy: Mapping[str, Any]) -> Exploration:
+    """The ``Exploration`` of a card's policy table: its epsilon counts for epsilon_greedy
+    only, as ``horizon score --epsilon`` does."""
+    kind = policy.get("policy", "greedy")
+    epsilon = policy.get("epsilon", 0.0) if kind == "epsilon_greedy" else 0.0
+    return Exploration(kind, epsilon, policy.get("temperature", 1.0))
 
 
 class _Fields:
@@ -191,6 +223,23 @@ class _Fields:
         value = self.json(key)
         if value is not None and not isinstance(value, dict):
             self.refuse(key, "is not a JSON object")
+        return value
+
+    def policy(self) -> dict[str, Any] | None:
+        """``policy``: the ``[export]`` section's ``policy``, ``epsilon`` and ``temperature``,
+        each of its type and range (an empty table records none)."""
+        value = self.table(POLICY)
+        if not value:
+            return value
+        numbers = [value.get(name, 0.0) for name in ("epsilon", "temperature")]
+        if not isinstance(value.get("policy", "greedy"), str) or not all(
+            _finite_number(number) for number in numbers
+        ):
+            self.refuse(POLICY, "holds a policy that is not a name or a setting not a number")
+        try:
+            _exploration(value)
+        except HorizonError as exc:
+            self.refuse(POLICY, str(exc))
         return value
 
     def bounds(self, width: int) -> ActionBounds | None:

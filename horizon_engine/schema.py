@@ -210,10 +210,10 @@ def _columns(row_format: RowFormat, action_type: ActionType) -> list[Column]:
     return columns
 
 
-DECISION_LOG_FIELDS = frozenset({"decision_id", "model_id", "timestamp"})
+DECISION_LOG_FIELDS = frozenset({"decision_id", "model_id", "timestamp", "policy"})
 """What a serving decision log adds to a pre-timeline row (``horizon score``, ``serve`` and
-``join`` write them): expected in logged rows, read past without a warning, not part of the
-timeline."""
+``join`` write them; ``policy`` names the policy the action was drawn by): expected in logged
+rows, read past without a warning, not part of the timeline."""
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,11 @@ Parquet part files.
 Each row holds ``ds``, ``mdp_id`` (the caller's, or the decision_id for a one-step problem),
 ``sequence_number``, ``state_features``, ``possible_actions``, ``action``,
 ``action_probability``, and ``decision_id`` (uuid4 hex), ``model_id`` (the model file's
-sha256, 16 hex digits) and ``timestamp`` (ISO 8601, UTC). ``open_decision_log`` picks the form
-by the path's name.
+sha256, 16 hex digits), ``timestamp`` (ISO 8601, UTC) and, from ``horizon serve`` and
+``horizon score``, ``policy`` (the policy the action was drawn by, ``ServedPolicy.label``:
+``greedy``, ``epsilon_greedy(epsilon=0.1)``, ``softmax(temperature=0.5)``, ``send_drop(...)`` or
+``actor``). Readers take all four as the log's own fields (``DECISION_LOG_FIELDS``), outside
+the timeline. ``open_decision_log`` picks the form by the path's name.
 
 JSONL (``DecisionLog``): appending is crash-safe in the reader's sense: a batch of records is
 encoded whole and given to the operating system in one ``os.write`` on a file opened
@@ -127,10 +130,13 @@ def decision_rows(
     mdp_ids: Sequence[str | None] | None = None,
     sequence_numbers: Sequence[int] | None = None,
     now: datetime | None = None,
+    policy: str | None = None,
 ) -> list[dict[str, Any]]:
     """The pre-timeline rows of a batch of decisions (a row without possible actions logs
     ``all_actions``; without those either, as for a continuous action, it has no
-    ``possible_actions``)."""
+    ``possible_actions``); with ``policy`` (``ServedPolicy.label``), each row records the
+    policy its action was drawn by, so its ``action_probability`` can be told apart from
+    another policy's in a log that several served."""
     now = now or datetime.now(UTC)
     timestamp = now.isoformat()
     ds = timestamp[:10]  # the date, as strftime("%Y-%m-%d") gives it in a tenth of the time
@@ -152,6 +158,8 @@ def decision_rows(
             "model_id": model_id,
             "timestamp": timestamp,
         }
+        if policy is not None:
+            record["policy"] = policy
         if possible is None and not all_actions:  # a continuous action: no possible actions
             del record["possible_actions"]
         rows.append(record)

@@ -6,7 +6,10 @@ acts (``horizon_engine.Exploration``) and the torch one that evaluates would bia
 error anywhere. The rows hold exact ties (integer scores, exact in float32 in both libraries),
 a row that lists no possible action (every action is possible there, in all three), and
 masks that hide the best action. A discrete model's graph takes no possible-actions input: its
-``probabilities`` are compared on the rows where every action is possible.
+``probabilities`` are compared on the rows where every action is possible. A parametric model's
+rows offer from one to three candidates (the rest padding, which no policy may choose), with
+ties; a stochastic continuous actor's propensity is the density of its own action, which
+serving logs, the exported model's ``log_density`` gives and CPE's ``policy_output`` computes.
 """
 
 from __future__ import annotations
@@ -17,11 +20,14 @@ import numpy as np
 import onnxruntime
 import pytest
 import torch
+from test_ac_export import STATE_IDS, Actor
+from test_ac_export import export as export_actor
 
 from horizon_engine import Exploration
 from horizon_engine.builtin.onnx_export import OnnxExporter
 from horizon_engine.export import ExportConfig, PolicyBundle
-from horizon_engine.policies import action_probabilities
+from horizon_engine.policies import ExplorationConfig, action_probabilities, policy_output
+from horizon_engine.schema import ActionType
 from horizon_plugins_serving.predictor import Predictor, check_row
 
 ACTIONS = ["0", "1", "2"]
@@ -117,6 +123,143 @@ def test_serving_the_exported_model_and_cpe_give_the_same_probabilities(tmp_path
         assert cpe.argmax(axis=1).tolist() == best
         assert served.probabilities.argmax(axis=1).tolist() == best
         assert exported.argmax(axis=1).tolist() == best[:3]
+
+
+CANDIDATES = [
+    [{"a0": 1.0}, {"a1": 1.0}, {"a0": 1.0, "a1": 1.0}],
+    [{"a0": 1.0}, {"a1": 1.0}],
+    [{"a1": 1.0}],
+    [{"a0": 1.0}, {"a1": 1.0}, {"a0": 1.0, "a1": 1.0}],
+    [{"a0": 2.0}, {"a1": -1.0}, {}],
+    [{"a0": 1.0}, {"a1": 1.0}],
+]
+"""Each row's candidates, scored ``a0 * x0 + a1 * x1`` on ``FEATURES``: [2, 0, 2] (a tie with
+the third), [1, 1] (a tie, one padding slot), one candidate, [0, 3, 3], [2, -1, 0] (a
+candidate with no feature present), [-1, 2]."""
+
+
+class HandWeightedParametric(torch.nn.Module):
+    """A parametric dqn policy module: each candidate's score is its features' dot product
+    with the state's (integers, exact in float32 everywhere)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = torch.nn.Linear(1, 1, bias=False)
+        with torch.no_grad():
+            self.scale.weight.fill_(1.0)
+
+    def forward(self, values, presence, candidates, candidate_presence) -> torch.Tensor:
+        state = (values * presence).unsqueeze(1)
+        scores = (candidates * candidate_presence * state).sum(dim=2, keepdim=True)
+        return self.scale(scores).squeeze(2)
+
+
+def dense_candidates() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``CANDIDATES`` as a parametric model's inputs: values and presence ``[rows, 3, 2]``
+    and the mask ``[rows, 3]`` (0 for padding)."""
+    values, presence = torch.zeros(len(CANDIDATES), 3, 2), torch.zeros(len(CANDIDATES), 3, 2)
+    mask = torch.zeros(len(CANDIDATES), 3)
+    for row, offered in enumerate(CANDIDATES):
+        for slot, candidate in enumerate(offered):
+            mask[row, slot] = 1.0
+            for column, feature in enumerate(["a0", "a1"]):
+                if feature in candidate:
+                    values[row, slot, column] = candidate[feature]
+                    presence[row, slot, column] = 1.0
+    return values, presence, mask
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=[p["policy"] for p in POLICIES])
+def test_parametric_serving_the_exported_model_and_cpe_give_the_same_probabilities(
+    tmp_path, policy
+):
+    model = HandWeightedParametric().eval()
+    values = torch.from_numpy(FEATURES)
+    candidates = dense_candidates()
+    bundle = PolicyBundle(
+        model=model,
+        feature_ids=["f0", "f1"],
+        actions=[],
+        normalization={},
+        sample_values=values,
+        sample_presence=torch.ones_like(values),
+        run_id="parity",
+        action_feature_ids=["a0", "a1"],
+        sample_candidates=candidates,
+        action_type=ActionType.PARAMETRIC,
+    )
+    OnnxExporter(ExportConfig(**policy)).export(SimpleNamespace(output_dir=tmp_path), bundle)
+    rows = [
+        {"state_features": {"f0": float(x0), "f1": float(x1)}, "possible_actions": offered}
+        for (x0, x1), offered in zip(FEATURES, CANDIDATES, strict=True)
+    ]
+    predictor = Predictor(tmp_path / "model.onnx", Exploration(**policy), seed=0)
+    assert all(predictor.row_problem(row) is None for row in rows)
+    served, chosen_maps, _ = predictor.decide(rows)
+
+    with torch.no_grad():
+        cpe = (
+            policy_output(
+                model,
+                ActionType.PARAMETRIC,
+                values,
+                torch.ones_like(values),
+                ExplorationConfig(**policy),
+                candidates[2],
+                candidates[:2],
+            )
+            .probabilities.double()
+            .numpy()
+        )
+    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"))
+    feeds = dict(
+        zip(["candidates", "candidate_presence", "candidate_mask"], candidates, strict=True)
+    )
+    feeds = {name: tensor.numpy() for name, tensor in feeds.items()}
+    (exported,) = session.run(
+        ["probabilities"], {"features": FEATURES, "presence": FEATURES * 0 + 1} | feeds
+    )
+
+    np.testing.assert_allclose(served.probabilities, cpe, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(exported, cpe, rtol=0, atol=1e-6)
+    chosen = np.array(served.actions)
+    assert [CANDIDATES[row][i] for row, i in enumerate(chosen)] == chosen_maps
+    logged = served.propensities
+    np.testing.assert_allclose(logged, cpe[np.arange(len(chosen)), chosen], rtol=0, atol=1e-6)
+    padding = candidates[2].numpy() == 0
+    assert not cpe[padding].any() and not served.probabilities[padding].any()
+    assert cpe[2].tolist() == [1.0, 0.0, 0.0]  # one candidate, whatever the policy
+    if policy["policy"] != "softmax":  # ties go to the first candidate in all three
+        best = [0, 0, 0, 1, 0, 1]
+        assert cpe.argmax(axis=1).tolist() == best
+        assert exported.argmax(axis=1).tolist() == best
+
+
+def test_a_stochastic_actors_logged_propensity_is_the_density_the_model_and_cpe_give(tmp_path):
+    """A continuous actor draws nothing at serving: its action is its own, logged with the
+    density ``exp(log_density)`` the exported model gives, which CPE computes in torch."""
+    model = Actor(stochastic=True).eval()
+    export_actor(tmp_path, model)
+    values = np.random.default_rng(2).normal(0.5, 1.0, (16, len(STATE_IDS))).astype(np.float32)
+    values[3] = 0.0
+    presence = np.ones_like(values)
+    presence[5, 1] = 0.0  # a missing feature
+    rows = [
+        {"state_features": {f: float(v) for f, v, p in zip(STATE_IDS, row, seen, strict=True) if p}}
+        for row, seen in zip(values, presence, strict=True)
+    ]
+    served, _, _ = Predictor(tmp_path / "model.onnx").decide(rows)
+
+    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"))
+    (exported,) = session.run(["log_density"], {"features": values, "presence": presence})
+    with torch.no_grad():
+        output = policy_output(
+            model, ActionType.CONTINUOUS, torch.from_numpy(values), torch.from_numpy(presence)
+        )
+    cpe = output.log_density.double().exp().numpy()
+
+    np.testing.assert_allclose(served.propensities, cpe, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(np.exp(exported.astype(np.float64)), cpe, rtol=0, atol=1e-6)
 
 
 def test_a_request_listing_no_possible_action_is_served_over_every_action():

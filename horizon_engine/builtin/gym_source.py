@@ -23,11 +23,18 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import numpy as np
 from pydantic import Field
 
-from horizon_engine.components import DataSource, SourceBatch, SourceConfig
-from horizon_engine.errors import HorizonError
-from horizon_engine.exploration import Exploration
+from horizon_engine import (
+    ActionType,
+    DataSource,
+    Exploration,
+    HorizonError,
+    RowFormat,
+    RowLayout,
+    RowShaper,
+    SourceBatch,
+    SourceConfig,
+)
 from horizon_engine.model_card import card_if_exported
-from horizon_engine.schema import ActionType, RowFormat, RowLayout, RowShaper
 
 if TYPE_CHECKING:
     import gymnasium
@@ -263,8 +270,7 @@ def _onnx_greedy(path: str, n_actions: int) -> Callable[[np.ndarray], int]:
     """
     session = _onnx_session(path)
     names = [model_input.name for model_input in session.get_inputs()]
-    metadata = session.get_modelmeta().custom_metadata_map
-    card = card_if_exported(metadata, path)
+    card = card_if_exported(session, path)
     action_ids = list(card.action_feature_ids) if card else []
 
     def greedy(state: np.ndarray) -> int:
