@@ -3,8 +3,9 @@
 A user's mistake (``HorizonError``) is one ``error:`` line on stderr and exit status 1, never a
 traceback; so is a full or unwritable disk, with what to do, and an exception a plugin's
 component raised, named by plugin and component (``PluginHost.blame``). Anything else is a
-bug and keeps its traceback. A plugin's command decorates itself with ``user_errors`` rather
-than catching these on its own.
+bug and keeps its traceback. A plugin builds its commands with ``command`` (public as
+``horizon_engine.command``), which runs them under ``user_errors``, rather than catching these
+on its own.
 """
 
 from __future__ import annotations
@@ -19,14 +20,29 @@ import click
 from horizon_engine.errors import HorizonError
 
 
-def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
-    """``command`` with a user's mistake, a refused write and a plugin component's exception
+def command(
+    name: str | None = None, *, group: click.Group | None = None, **attrs: Any
+) -> Callable[[Callable[..., Any]], click.Command]:
+    """A decorator making a function a ``horizon`` command: ``click.command(name, **attrs)``
+    (or ``group.command``, a subcommand of ``group``) whose body runs under ``user_errors``.
+    Put the ``@click.option`` and ``@click.argument`` decorators under it, as under
+    ``@click.command``."""
+    make = click.command if group is None else group.command
+
+    def decorate(function: Callable[..., Any]) -> click.Command:
+        return make(name, **attrs)(user_errors(function))
+
+    return decorate
+
+
+def user_errors(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` with a user's mistake, a refused write and a plugin component's exception
     each turned into one ``error:`` line and exit status 1 (put it under ``@click.command``)."""
 
-    @wraps(command)
+    @wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return command(*args, **kwargs)
+            return function(*args, **kwargs)
         except HorizonError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(1)
