@@ -1,4 +1,4 @@
-"""The base classes a plugin subclasses to register a component in one of the five families.
+"""The base classes a plugin subclasses to register a component in one of the families.
 
 A component is a class with a ``name`` (what pipeline.toml selects it by), a pydantic ``Config``
 model that validates its section of pipeline.toml, and the methods its family needs. The core
@@ -104,16 +104,6 @@ class DataSource(Component):
         return []
 
 
-class Transform(Component):
-    """A row transform (the timeline) or a feature transform (a normalization type).
-
-    ``engine`` says where it runs; the same ``name`` may be registered once per engine.
-    """
-
-    family = "transforms"
-    engine: ClassVar[str] = "local"
-
-
 class Trainer(Component):
     """Learns a policy from the timeline table (the training loop is the core's)."""
 
@@ -132,13 +122,20 @@ class Exporter(Component):
     family = "exporters"
 
 
-FAMILY_BASES: dict[str, type[Component]] = {
-    base.family: base for base in (DataSource, Transform, Trainer, Estimator, Exporter)
-}
-"""The base class of each family's components, by family name."""
-
-FAMILIES: tuple[str, ...] = tuple(FAMILY_BASES)
-"""The five component families, named as in their ``horizon_register_<family>`` hooks."""
+FAMILIES: tuple[str, ...] = (
+    "data_sources",
+    "timeline_engines",
+    "normalization_engines",
+    "feature_types",
+    "trainers",
+    "estimators",
+    "exporters",
+)
+"""The component families, in pipeline order, named as in their ``horizon_register_<family>``
+hooks. The bases of the three that build and normalize features (``TimelineEngine``,
+``NormalizationEngine``, ``FeatureType``) live beside the code that runs them
+(``horizon_engine.timeline``, ``horizon_engine.normalization``, ``horizon_engine.preprocessor``),
+whose config models and types they need; ``horizon_engine.plugins.family_bases`` names each."""
 
 
 def component_options(cls: type[Component]) -> list[dict[str, Any]]:

@@ -8,7 +8,8 @@ and write unchanged), the ``[normalization]`` config, and ``identify``: the rule
 type from a sample. Applying the parameters is the preprocessor's job
 (``horizon_engine.preprocessor``), one vectorized operation per type.
 
-Types (``FeatureType``): ``binary`` (x != 0), ``probability`` (logit of x clamped to
+The built-in types (``horizon_engine.builtin.feature_types``, each a registered ``FeatureType``
+that fits its own parameters): ``binary`` (x != 0), ``probability`` (logit of x clamped to
 [1e-5, 1 - 1e-5]), ``continuous`` ((x - mean) / stddev), ``boxcox`` (Box-Cox, then continuous),
 ``quantile`` (piecewise-linear rank among the sample's quantiles, in [0, 1]), ``enum`` (one-hot
 over the values seen; an unseen value is all zeros), ``continuous_action`` ([min, max] mapped
@@ -33,36 +34,25 @@ from __future__ import annotations
 
 import json
 from abc import abstractmethod
-from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from horizon_engine.components import ComponentConfig, Transform
+from horizon_engine.components import Component, ComponentConfig
 from horizon_engine.errors import HorizonError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable, Mapping
 
     import numpy as np
     import pyarrow as pa
 
+    from horizon_engine.preprocessor import FeatureType
     from horizon_engine.run_context import RunContext
 
 MISSING_VALUE = -1337.1337
 """Horizon's sentinel for a missing feature in dense arrays; our tensors carry a presence mask."""
-
-
-class FeatureType(StrEnum):
-    BINARY = "binary"
-    PROBABILITY = "probability"
-    CONTINUOUS = "continuous"
-    BOXCOX = "boxcox"
-    QUANTILE = "quantile"
-    ENUM = "enum"
-    CONTINUOUS_ACTION = "continuous_action"
-    DO_NOT_PREPROCESS = "do_not_preprocess"
 
 
 class _Parameters(BaseModel):
@@ -83,8 +73,8 @@ class _Parameters(BaseModel):
 class NormalizationParameters(_Parameters):
     """One feature's transformation and its parameters.
 
-    ``feature_type`` is a type name (a ``FeatureType`` or one a plugin registered), in lower
-    case; Horizon wrote it in upper case (``"CONTINUOUS"``), which ``from_horizon`` and
+    ``feature_type`` is the name of a registered ``FeatureType`` (built in or a plugin's), in
+    lower case; Horizon wrote it in upper case (``"CONTINUOUS"``), which ``from_horizon`` and
     ``to_horizon`` translate.
     """
 
@@ -157,14 +147,22 @@ def identify(
     config: NormalizationConfig,
     feature: str,
     action: bool = False,
+    feature_types: Mapping[str, FeatureType] | None = None,
 ) -> tuple[NormalizationParameters, str | None]:
-    """Pick and fit a feature's transformation from its sample (missing values removed).
+    """Pick a feature's type from its sample (missing values removed) and let that type fit it.
 
-    Returns the parameters and, where the choice deserves the user's attention, a note
-    (constant feature, too few samples). ``action`` features of continuous actions are
-    ``continuous_action``, mapping the observed [min, max] to (-1, 1).
+    The rules choose among the built-in types by name (``binary``, ``probability``, ``enum``,
+    ``continuous``, ``boxcox``, ``quantile``, ``continuous_action``); the chosen type's own
+    ``fit`` computes its parameters, as it does for an override. Returns the parameters and,
+    where the choice deserves the user's attention, a note (constant feature, too few
+    samples). ``action`` features of continuous actions are ``continuous_action``.
+    ``feature_types`` are the registered types by name, the process's plugins' by default.
     """
     import numpy as np
+
+    from horizon_engine.plugins import get_plugin_host
+
+    registered = get_plugin_host().feature_types() if feature_types is None else feature_types
 
     values = np.asarray(values, dtype=np.float64)
     if not np.isfinite(values).all():
@@ -175,102 +173,61 @@ def identify(
             f"feature {feature!r}: {len(values)} values, fewer than min_samples = "
             f"{config.min_samples}; left unnormalized"
         )
-        return NormalizationParameters(feature_type=FeatureType.DO_NOT_PREPROCESS), note
+        return NormalizationParameters(feature_type="do_not_preprocess"), note
+
+    def fitted(type_name: str) -> NormalizationParameters:
+        return fit(values, type_name, config, registered, feature)
+
     low, high = float(values.min()), float(values.max())
     if action:
-        return fit(values, FeatureType.CONTINUOUS_ACTION, config), None
+        return fitted("continuous_action"), None
     if low == high:
         note = f"feature {feature!r}: constant {low}; 1 where present, 0 where missing"
-        return _continuous(low - 1.0, 1.0, low, high), note
+        constant = NormalizationParameters(
+            feature_type="continuous", mean=low - 1.0, stddev=1.0, min_value=low, max_value=high
+        )
+        return constant, note
     if np.isin(values, (0.0, 1.0)).all():
-        return fit(values, FeatureType.BINARY, config), None
+        return fitted("binary"), None
     if low >= 0.0 and high <= 1.0:
-        return fit(values, FeatureType.PROBABILITY, config), None
+        return fitted("probability"), None
     integral = low >= 0 and (values == np.round(values)).all()
     if integral and len(np.unique(values)) <= config.max_enum_values:
-        return fit(values, FeatureType.ENUM, config), None
-    return _continuous_kind(values, config), None
+        return fitted("enum"), None
+    return _continuous_kind(values, fitted, config), None
 
 
 def fit(
-    values: np.ndarray, feature_type: str, config: NormalizationConfig
+    values: np.ndarray,
+    type_name: str,
+    config: NormalizationConfig,
+    feature_types: Mapping[str, FeatureType],
+    feature: str,
 ) -> NormalizationParameters:
-    """Fit the parameters of a given type to a sample (what an override of the type refits).
-
-    A type a plugin registered gets the sample's min and max only; its own parameters come
-    with the override (``{type = "...", ...}``).
-    """
-    import numpy as np
-
-    low, high = float(values.min()), float(values.max())
-    if feature_type == FeatureType.ENUM:
-        return NormalizationParameters(
-            feature_type=feature_type,
-            possible_values=np.unique(values).tolist(),
-            min_value=low,
-            max_value=high,
+    """The registered type ``type_name``'s parameters fitted to ``values`` (its ``fit``), built
+    in or a plugin's alike; a type that is not registered is an error naming the feature."""
+    found = feature_types.get(type_name)
+    if found is None:
+        raise HorizonError(
+            f"feature {feature!r}: normalization type {type_name!r} is not registered; "
+            f"types: {', '.join(sorted(feature_types)) or 'none'}"
         )
-    if feature_type == FeatureType.CONTINUOUS:
-        stddev = max(float(np.std(values)), config.stddev_floor)
-        return _continuous(float(np.mean(values)), stddev, low, high)
-    if feature_type == FeatureType.BOXCOX:
-        return _boxcox(values, config)[0]
-    if feature_type == FeatureType.QUANTILE:
-        return _quantile(values, config)
-    return NormalizationParameters(feature_type=feature_type, min_value=low, max_value=high)
+    fitted = found.fit(values, config)
+    if fitted.feature_type != type_name:
+        raise HorizonError(
+            f"feature {feature!r}: normalization type {type_name!r} fitted parameters of type "
+            f"{fitted.feature_type!r}; its fit must return its own type"
+        )
+    return fitted
 
 
-def _continuous(mean: float, stddev: float, low: float, high: float) -> NormalizationParameters:
-    return NormalizationParameters(
-        feature_type=FeatureType.CONTINUOUS,
-        mean=mean,
-        stddev=stddev,
-        min_value=low,
-        max_value=high,
-    )
-
-
-def _boxcox(
-    values: np.ndarray, config: NormalizationConfig
-) -> tuple[NormalizationParameters, np.ndarray]:
-    """Box-Cox parameters (shifting to positive values first) and the transformed sample.
-
-    A sample of one value (an override's, identify never asks) has no best lambda: it gets
-    lambda 1, Box-Cox's identity up to a shift, rather than scipy's error.
-    """
+def boxcox_sample(values: np.ndarray, shift: float, lambda_: float) -> np.ndarray:
+    """The Box-Cox of ``values + shift`` (floored at ``EPSILON``, Box-Cox needs positive
+    values): what the ``boxcox`` type standardizes, and what ``identify`` tests for normality."""
     import numpy as np
-    from scipy import stats
+    from scipy import special
 
-    low, high = float(values.min()), float(values.max())
-    shift = BOXCOX_MARGIN - low if low <= 0 else 0.0
-    positive = np.maximum(values + shift, EPSILON)
-    if positive.min() == positive.max():
-        transformed, lambda_ = positive - 1.0, 1.0
-    else:
-        transformed, lambda_ = stats.boxcox(positive)
-    parameters = NormalizationParameters(
-        feature_type=FeatureType.BOXCOX,
-        boxcox_lambda=float(lambda_),
-        boxcox_shift=shift,
-        mean=float(np.mean(transformed)),
-        stddev=max(float(np.std(transformed)), config.stddev_floor),
-        min_value=low,
-        max_value=high,
-    )
-    return parameters, transformed
-
-
-def _quantile(values: np.ndarray, config: NormalizationConfig) -> NormalizationParameters:
-    import numpy as np
-
-    buckets = config.quantile_buckets
-    boundaries = np.quantile(values, np.arange(buckets + 1) / buckets)
-    return NormalizationParameters(
-        feature_type=FeatureType.QUANTILE,
-        quantiles=np.unique(boundaries).tolist(),
-        min_value=float(values.min()),
-        max_value=float(values.max()),
-    )
+    return special.boxcox(np.maximum(values + shift, EPSILON), lambda_)
 
 
 NORMALTEST_MIN_SAMPLES = 8
@@ -278,15 +235,20 @@ NORMALTEST_MIN_SAMPLES = 8
 (``min_samples`` below 8) says nothing about its shape and stays plain continuous."""
 
 
-def _continuous_kind(values: np.ndarray, config: NormalizationConfig) -> NormalizationParameters:
+def _continuous_kind(
+    values: np.ndarray,
+    fitted: Callable[[str], NormalizationParameters],
+    config: NormalizationConfig,
+) -> NormalizationParameters:
     """Box-Cox where it makes the sample much more normal, else quantile or plain continuous."""
     import numpy as np
     from scipy import stats
 
     if len(values) < NORMALTEST_MIN_SAMPLES:
-        return fit(values, FeatureType.CONTINUOUS, config)
+        return fitted("continuous")
     k2_before = float(stats.normaltest(values).statistic)
-    boxcox, transformed = _boxcox(values, config)
+    boxcox = fitted("boxcox")
+    transformed = boxcox_sample(values, boxcox.boxcox_shift, boxcox.boxcox_lambda)
     spread = float(np.std(transformed))
     if (
         not 0.9 <= boxcox.boxcox_lambda <= 1.1
@@ -297,8 +259,8 @@ def _continuous_kind(values: np.ndarray, config: NormalizationConfig) -> Normali
         if k2_after * 10 < k2_before and k2_after <= K2_THRESHOLD:
             return boxcox
     if config.quantiles and k2_before > K2_THRESHOLD:
-        return _quantile(values, config)
-    return fit(values, FeatureType.CONTINUOUS, config)
+        return fitted("quantile")
+    return fitted("continuous")
 
 
 def apply_override(
@@ -306,6 +268,8 @@ def apply_override(
     override: str | TypeOverride,
     values: np.ndarray,
     config: NormalizationConfig,
+    feature_types: Mapping[str, FeatureType],
+    feature: str,
 ) -> NormalizationParameters:
     """The parameters the user's override asks for.
 
@@ -314,7 +278,7 @@ def apply_override(
     """
     type_name = override if isinstance(override, str) else override.type
     if type_name != identified.feature_type:
-        identified = fit(values, type_name, config)
+        identified = fit(values, type_name, config, feature_types, feature)
     if isinstance(override, str):
         return identified
     given = override.model_dump(exclude_none=True)
@@ -344,18 +308,15 @@ def write_horizon_file(path: Path | str, parameters: dict[str, NormalizationPara
         temporary.write_text(json.dumps(data) + "\n", encoding="utf-8")
 
 
-NORMALIZATION_FILE = "normalization.json"
-"""What the normalization stage writes in the run folder."""
-
-
-class NormalizationTransform(Transform):
+class NormalizationEngine(Component):
     """Samples feature values from the timeline; engines differ only in how they sample.
 
-    Identification, overrides and the file are the core's (``run_normalization_stage``), so
-    every engine picks the same types from the same sample.
+    Registered through ``horizon_register_normalization_engines``; its ``name`` is what
+    ``[normalization] engine`` selects. Identification, overrides and the file are the core's
+    (``run_normalization_stage``), so every engine picks the same types from the same sample.
     """
 
-    name = "normalization"
+    family = "normalization_engines"
     Config: ClassVar[type[ComponentConfig]] = NormalizationConfig
 
     @abstractmethod
@@ -406,15 +367,17 @@ def identify_all(
     samples: dict[str, np.ndarray],
     config: NormalizationConfig,
     overrides: dict[str, str | TypeOverride],
-    known_types: set[str],
+    feature_types: Mapping[str, FeatureType],
     action: bool = False,
     where: str = "[normalization] overrides",
 ) -> FeatureSetResult:
-    """Identify every sampled feature, then apply the overrides (an unknown id is an error)."""
+    """Identify every sampled feature, then apply the overrides (an unknown id is an error).
+
+    ``feature_types`` are the registered types by name (``PluginHost.feature_types``)."""
     parameters: dict[str, NormalizationParameters] = {}
     notes: list[str] = []
     for feature in sort_feature_ids(samples):
-        identified, note = identify(samples[feature], config, feature, action)
+        identified, note = identify(samples[feature], config, feature, action, feature_types)
         parameters[feature] = identified
         if note:
             notes.append(note)
@@ -425,13 +388,13 @@ def identify_all(
                 f"{', '.join(parameters) or 'none'}"
             )
         type_name = override if isinstance(override, str) else override.type
-        if type_name not in known_types:
+        if type_name not in feature_types:
             raise HorizonError(
                 f"{where}: feature {feature!r}: unknown type {type_name!r}; "
-                f"types: {', '.join(sorted(known_types))}"
+                f"types: {', '.join(sorted(feature_types))}"
             )
         parameters[feature] = apply_override(
-            parameters[feature], override, samples[feature], config
+            parameters[feature], override, samples[feature], config, feature_types, feature
         )
         notes.append(f"feature {feature!r}: type {type_name!r} set by an override")
     return FeatureSetResult(parameters=parameters, notes=notes)

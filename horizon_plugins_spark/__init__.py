@@ -33,6 +33,10 @@ def horizon_register_data_sources(register: Callable[[type], None]) -> None:
 
 
 @hookimpl
-def horizon_register_transforms(register: Callable[[type], None]) -> None:
+def horizon_register_timeline_engines(register: Callable[[type], None]) -> None:
     register(SparkTimeline)
+
+
+@hookimpl
+def horizon_register_normalization_engines(register: Callable[[type], None]) -> None:
     register(SparkNormalization)

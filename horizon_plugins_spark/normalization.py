@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from horizon_engine import NormalizationConfig, NormalizationTransform, group_map_values
+from horizon_engine import NormalizationConfig, NormalizationEngine, group_map_values
 from horizon_plugins_spark.session import SparkOptions, hadoop_path, spark_session
 
 if TYPE_CHECKING:
@@ -31,10 +31,10 @@ class SparkNormalizationConfig(NormalizationConfig):
     """``[normalization.spark]``: the session to start when none is active."""
 
 
-class SparkNormalization(NormalizationTransform):
+class SparkNormalization(NormalizationEngine):
     """Samples feature values from the timeline on a SparkSession's executors."""
 
-    engine = "spark"
+    name = "spark"
     Config = SparkNormalizationConfig
     config: SparkNormalizationConfig
 

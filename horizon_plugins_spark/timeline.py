@@ -40,8 +40,8 @@ from horizon_engine import (
     BadRow,
     HorizonError,
     TimelineConfig,
+    TimelineEngine,
     TimelineResult,
-    TimelineTransform,
 )
 from horizon_plugins_spark.session import SparkOptions, hadoop_path, spark_session
 
@@ -81,10 +81,10 @@ class SparkTimelineConfig(TimelineConfig):
     """``[timeline.spark]``: the session to start when none is active (master, conf, app_name)."""
 
 
-class SparkTimeline(TimelineTransform):
+class SparkTimeline(TimelineEngine):
     """Builds the timeline on a SparkSession with window functions; writes from the executors."""
 
-    engine = "spark"
+    name = "spark"
     Config = SparkTimelineConfig
     config: SparkTimelineConfig
 

@@ -13,8 +13,8 @@ import pytest
 
 from horizon_engine.errors import HorizonError
 from horizon_engine.normalization import (
-    FeatureType,
     NormalizationConfig,
+    NormalizationParameters,
     TypeOverride,
     apply_override,
     identify,
@@ -24,8 +24,12 @@ from horizon_engine.normalization import (
     write_horizon_file,
 )
 from horizon_engine.pipeline import Engine
+from horizon_engine.plugins import get_plugin_host
+from horizon_engine.preprocessor import FeatureType
 
 SAMPLES = 10_000
+TYPES = get_plugin_host().feature_types()
+"""The registered feature types by name, as the normalization stage fits with them."""
 
 
 def horizon_style_features() -> dict[str, np.ndarray]:
@@ -44,12 +48,12 @@ def horizon_style_features() -> dict[str, np.ndarray]:
 
 
 EXPECTED = {
-    "bernoulli": FeatureType.BINARY,
-    "normal": FeatureType.CONTINUOUS,
-    "exponential": FeatureType.BOXCOX,
-    "randint": FeatureType.ENUM,
-    "mixed": FeatureType.QUANTILE,
-    "beta": FeatureType.PROBABILITY,
+    "bernoulli": "binary",
+    "normal": "continuous",
+    "exponential": "boxcox",
+    "randint": "enum",
+    "mixed": "quantile",
+    "beta": "probability",
 }
 
 
@@ -83,16 +87,16 @@ def test_fitted_parameters():
 
 def test_more_enum_values_than_allowed_is_not_an_enum():
     values = np.random.default_rng(1).integers(0, 30, SAMPLES).astype(float)
-    assert identify(values, NormalizationConfig(), "f")[0].feature_type != FeatureType.ENUM
+    assert identify(values, NormalizationConfig(), "f")[0].feature_type != "enum"
     wider = NormalizationConfig(max_enum_values=30)
-    assert identify(values, wider, "f")[0].feature_type == FeatureType.ENUM
+    assert identify(values, wider, "f")[0].feature_type == "enum"
 
 
 def test_quantiles_are_off_unless_switched_on():
     values = horizon_style_features()["mixed"]
     assert identify(values, NormalizationConfig(), "mixed")[0].feature_type == "continuous"
     config = NormalizationConfig(quantiles=True)
-    assert identify(values, config, "mixed")[0].feature_type == FeatureType.QUANTILE
+    assert identify(values, config, "mixed")[0].feature_type == "quantile"
 
 
 def test_constant_feature_is_one_where_present_and_reported():
@@ -103,7 +107,7 @@ def test_constant_feature_is_one_where_present_and_reported():
 
 def test_too_few_samples_left_unnormalized_and_reported():
     parameters, note = identify(np.arange(19.0), NormalizationConfig(), "3")
-    assert parameters.feature_type == FeatureType.DO_NOT_PREPROCESS
+    assert parameters.feature_type == "do_not_preprocess"
     assert note == "feature '3': 19 values, fewer than min_samples = 20; left unnormalized"
 
 
@@ -115,7 +119,7 @@ def test_nan_in_a_sample_names_the_feature():
 
 def test_continuous_action_maps_observed_range():
     parameters, _ = identify(np.linspace(-2, 2, 100), NormalizationConfig(), "3", action=True)
-    assert parameters.feature_type == FeatureType.CONTINUOUS_ACTION
+    assert parameters.feature_type == "continuous_action"
     assert (parameters.min_value, parameters.max_value) == (-2.0, 2.0)
 
 
@@ -126,33 +130,77 @@ def test_overrides_force_a_type_or_parameters():
         "17": "continuous",
         "3": TypeOverride(type="continuous", mean=0.0, stddev=2.0),
     }
-    result = identify_all(samples, NormalizationConfig(), overrides, {t.value for t in FeatureType})
+    result = identify_all(samples, NormalizationConfig(), overrides, TYPES)
     assert list(result.parameters) == ["3", "4", "17"]
     assert result.parameters["17"].feature_type == "continuous"
     assert result.parameters["17"].mean == pytest.approx(features["randint"].mean())
     assert (result.parameters["3"].mean, result.parameters["3"].stddev) == (0.0, 2.0)
-    assert result.parameters["4"].feature_type == FeatureType.BOXCOX
+    assert result.parameters["4"].feature_type == "boxcox"
     assert result.notes == [
         "feature '17': type 'continuous' set by an override",
         "feature '3': type 'continuous' set by an override",
     ]
     with pytest.raises(HorizonError, match="feature '99' is not in the data"):
-        identify_all(samples, NormalizationConfig(), {"99": "enum"}, {"enum"})
+        identify_all(samples, NormalizationConfig(), {"99": "enum"}, TYPES)
     with pytest.raises(HorizonError, match="feature '3': unknown type 'lgo'"):
-        identify_all(samples, NormalizationConfig(), {"3": "lgo"}, {"enum"})
+        identify_all(samples, NormalizationConfig(), {"3": "lgo"}, TYPES)
 
 
 def test_override_of_another_type_is_refitted_to_the_sample():
     values = horizon_style_features()["exponential"]
     config = NormalizationConfig()
     identified, _ = identify(values, config, "4")
-    forced = apply_override(identified, TypeOverride(type="continuous", mean=0.5), values, config)
+    continuous = TypeOverride(type="continuous", mean=0.5)
+    forced = apply_override(identified, continuous, values, config, TYPES, "4")
     assert (forced.feature_type, forced.mean) == ("continuous", 0.5)
     assert forced.stddev == pytest.approx(values.std())
-    as_enum = apply_override(identified, "enum", np.array([3.0, 1.0, 3.0]), config)
+    as_enum = apply_override(identified, "enum", np.array([3.0, 1.0, 3.0]), config, TYPES, "4")
     assert as_enum.possible_values == [1.0, 3.0]
-    same = apply_override(identified, TypeOverride(type="boxcox", stddev=9.0), values, config)
+    boxcox = TypeOverride(type="boxcox", stddev=9.0)
+    same = apply_override(identified, boxcox, values, config, TYPES, "4")
     assert (same.boxcox_lambda, same.stddev) == (identified.boxcox_lambda, 9.0)
+
+
+class Median(FeatureType):
+    """A plugin's type that fits a statistic no built-in type fits: the sample's median."""
+
+    name = "median"
+
+    def fit(self, values, config):
+        return NormalizationParameters(feature_type=self.name, mean=float(np.median(values)))
+
+    def module(self, parameters, max_feature_value):
+        raise NotImplementedError
+
+
+def test_an_override_to_a_plugins_type_is_fitted_by_that_types_own_fit():
+    """Before feature types fitted themselves, a plugin's type got the sample's range only."""
+    values = np.array([1.0, 2.0, 10.0, 50.0] * 10)
+    types = {**TYPES, "median": Median(Median.Config())}
+    result = identify_all({"7": values}, NormalizationConfig(), {"7": "median"}, types)
+    assert result.parameters["7"].model_dump(exclude_none=True) == {
+        "feature_type": "median",
+        "mean": 6.0,
+    }
+
+
+def test_identify_fits_with_the_registered_types_and_names_a_missing_one():
+    values = horizon_style_features()["normal"]
+    unregistered = {name: kind for name, kind in TYPES.items() if name != "continuous"}
+    with pytest.raises(HorizonError, match="feature 'x': normalization type 'continuous' is not"):
+        identify(values, NormalizationConfig(), "x", feature_types=unregistered)
+
+
+def test_a_type_whose_fit_returns_another_type_is_an_error_naming_the_feature():
+    class Liar(Median):
+        name = "liar"
+
+        def fit(self, values, config):
+            return NormalizationParameters(feature_type="median", mean=0.0)
+
+    types = {**TYPES, "liar": Liar(Liar.Config())}
+    with pytest.raises(HorizonError, match="feature '7': normalization type 'liar' fitted "):
+        identify_all({"7": np.arange(30.0)}, NormalizationConfig(), {"7": "liar"}, types)
 
 
 def test_stage_writes_normalization_json_from_the_train_split(tmp_path):
@@ -338,7 +386,7 @@ def test_sample_is_num_samples_rows_and_seeded(tmp_path, request, engine):
     engine_instance = Engine(show_progress=False)
     manifest = engine_instance.run({**base, "pipeline": {"output_dir": str(tmp_path), "seed": 4}})
     assert manifest["stages"]["timeline"]["rows_out"] > 200
-    component = engine_instance.plugins.component("transforms", "normalization", engine)
+    component = engine_instance.plugins.component("normalization_engines", engine)
     sampler = component.cls(component.cls.Config(num_samples=50))
     run = SimpleNamespace(seed=4)
     train = tmp_path / "timeline" / "train"

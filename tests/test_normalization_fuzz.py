@@ -21,15 +21,16 @@ from hypothesis import strategies as st
 
 from horizon_engine.errors import HorizonError
 from horizon_engine.normalization import (
-    FeatureType,
     NormalizationConfig,
     NormalizationParameters,
     apply_override,
     identify,
 )
+from horizon_engine.plugins import get_plugin_host
 from horizon_engine.preprocessor import build_preprocessor
 
 pytestmark = pytest.mark.fuzz
+TYPES = get_plugin_host().feature_types()
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 FEATURE = "feature ∂"
@@ -103,13 +104,13 @@ def test_identified_parameters_transform_any_sample_to_finite_values(values, con
 
 
 OVERRIDDEN = [
-    FeatureType.CONTINUOUS,
-    FeatureType.BOXCOX,
-    FeatureType.QUANTILE,
-    FeatureType.ENUM,
-    FeatureType.PROBABILITY,
-    FeatureType.BINARY,
-    FeatureType.CONTINUOUS_ACTION,
+    "continuous",
+    "boxcox",
+    "quantile",
+    "enum",
+    "probability",
+    "binary",
+    "continuous_action",
 ]
 
 
@@ -119,12 +120,12 @@ def test_every_built_in_type_forced_on_any_sample_is_finite(values, config, forc
     if len(sample) == 0:
         return
     identified, _ = identify(sample, NormalizationConfig(min_samples=1), FEATURE)
-    parameters = apply_override(identified, forced.value, sample, config)
+    parameters = apply_override(identified, forced, sample, config, TYPES, FEATURE)
     try:
         assert_finite_transform(parameters, sample)
     except HorizonError as error:
         # Forced where it does not fit (Box-Cox of a huge, heavy-tailed sample): refused.
-        assert f"feature '{FEATURE}'" in str(error) and forced is FeatureType.BOXCOX
+        assert f"feature '{FEATURE}'" in str(error) and forced == "boxcox"
 
 
 @given(
@@ -141,7 +142,7 @@ def test_boxcox_forced_on_a_constant_feature_is_finite():
     """Found by the test above: scipy's Box-Cox refuses a constant sample with a traceback."""
     sample = np.full(30, 4.0)
     identified, _ = identify(sample, NormalizationConfig(), FEATURE)
-    parameters = apply_override(identified, "boxcox", sample, NormalizationConfig())
+    parameters = apply_override(identified, "boxcox", sample, NormalizationConfig(), TYPES, FEATURE)
     assert parameters.boxcox_lambda == 1.0
     assert_finite_transform(parameters, sample)
 
@@ -171,6 +172,6 @@ def test_boxcox_beyond_float32_is_refused_naming_the_feature():
     float32, and the network made every value NaN."""
     sample = np.random.default_rng(2).standard_cauchy(126) * 1e30
     identified, _ = identify(sample, NormalizationConfig(min_samples=1), FEATURE)
-    parameters = apply_override(identified, "boxcox", sample, NormalizationConfig())
+    parameters = apply_override(identified, "boxcox", sample, NormalizationConfig(), TYPES, FEATURE)
     with pytest.raises(HorizonError, match=f"feature '{FEATURE}'.*beyond float32"):
         build_preprocessor([FEATURE], {FEATURE: parameters})

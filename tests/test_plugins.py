@@ -44,15 +44,17 @@ CONSTANT_HOOKS = [
     "horizon_register_data_sources",
     "horizon_register_estimators",
     "horizon_register_exporters",
+    "horizon_register_feature_types",
+    "horizon_register_stages",
+    "horizon_register_timeline_engines",
     "horizon_register_trainers",
-    "horizon_register_transforms",
 ]
 
 CONSTANT_COMPONENTS = [
     ("data_sources", "constant_rows"),
     ("data_sources", "reminder_rows"),
-    ("transforms", "timeline"),
-    ("transforms", "log1p"),
+    ("timeline_engines", "one_step"),
+    ("feature_types", "log1p"),
     ("trainers", "small_q"),
     ("estimators", "one_step_ips"),
     ("exporters", "torch_program"),
@@ -145,9 +147,11 @@ def test_horizon_plugins_lists_the_third_party_plugin(site):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     start = lines.index("constant 0.3.1  [horizon-plugin-constant (horizon_plugin_constant)]")
-    assert lines[start + 1 : start + 7] == [
+    assert lines[start + 1 : start + 8] == [
         f"  hooks: {', '.join(CONSTANT_HOOKS)}",
         "  commands: horizon reminder-rows",
+        "  stage: row_summary [row_summary]  reads timeline/timeline.json; writes "
+        "row_summary/rows.json",
         "  data_sources: constant_rows  Writes one discrete pre-timeline row, the same each step, "
         "for every step of every episode.",
         "      episodes: int (default 2)  How many episodes to write; with 0 the source yields "
@@ -585,21 +589,37 @@ def test_every_family_registers_through_its_own_hook(plugin_site):
         from horizon_engine import (
             EstimatorBase,
             ExporterBase,
-            TimelineTransform,
+            FeatureType,
+            NormalizationEngine,
+            TimelineEngine,
             TrainerBase,
             hookimpl,
         )
 
-        class LocalTimeline(TimelineTransform):
+        class LocalTimeline(TimelineEngine):
             '''The timeline, on this machine.'''
-            engine = "toy"
+            name = "toy"
 
             def build(self, run, rows, output, action_type, quarantine):
                 raise NotImplementedError
 
         class SparkTimeline(LocalTimeline):
             '''The timeline, on a SparkSession.'''
-            engine = "toy_spark"
+            name = "toy_spark"
+
+        class Sampler(NormalizationEngine):
+            '''The feature sample, drawn elsewhere.'''
+            name = "toy_sampler"
+
+            def sample(self, run, train, column, num_samples):
+                raise NotImplementedError
+
+        class Halves(FeatureType):
+            '''Half the value.'''
+            name = "toy_halves"
+
+            def fit(self, values, config): ...
+            def module(self, parameters, max_feature_value): ...
 
         class Dqn(TrainerBase):
             '''Deep Q-learning.'''
@@ -626,9 +646,17 @@ def test_every_family_registers_through_its_own_hook(plugin_site):
                 return []
 
         @hookimpl
-        def horizon_register_transforms(register):
+        def horizon_register_timeline_engines(register):
             register(LocalTimeline)
             register(SparkTimeline)
+
+        @hookimpl
+        def horizon_register_normalization_engines(register):
+            register(Sampler)
+
+        @hookimpl
+        def horizon_register_feature_types(register):
+            register(Halves)
 
         @hookimpl
         def horizon_register_trainers(register):
@@ -646,53 +674,181 @@ def test_every_family_registers_through_its_own_hook(plugin_site):
 
     host = only("families")
 
-    labels = {
-        family: [entry.label for entry in host.components(family) if entry.plugin == "families"]
-        for family in ("transforms", "trainers", "estimators", "exporters")
-    }
-    assert labels == {
-        "transforms": ["timeline (engine toy)", "timeline (engine toy_spark)"],
-        "trainers": ["toy_dqn"],
-        "estimators": ["toy_ips"],
-        "exporters": ["toy_onnx"],
-    }
-    assert host.component("transforms", "timeline", "toy_spark").cls.__name__ == "SparkTimeline"
+    assert host.deprecations == []
+    assert host.component("timeline_engines", "toy_spark").cls.__name__ == "SparkTimeline"
     [listing] = [plugin for plugin in host.describe() if plugin["name"] == "families"]
-    assert [(c["family"], c["name"], c.get("engine")) for c in listing["components"]] == [
-        ("transforms", "timeline", "toy"),
-        ("transforms", "timeline", "toy_spark"),
-        ("trainers", "toy_dqn", None),
-        ("estimators", "toy_ips", None),
-        ("exporters", "toy_onnx", None),
+    assert [(c["family"], c["name"]) for c in listing["components"]] == [
+        ("timeline_engines", "toy"),
+        ("timeline_engines", "toy_spark"),
+        ("normalization_engines", "toy_sampler"),
+        ("feature_types", "toy_halves"),
+        ("trainers", "toy_dqn"),
+        ("estimators", "toy_ips"),
+        ("exporters", "toy_onnx"),
     ]
+    assert "toy_halves" in host.feature_types()
 
 
-def test_one_transform_name_twice_on_one_engine_is_a_failure(plugin_site):
+def test_one_engine_name_twice_in_a_family_is_a_failure(plugin_site):
     for plugin in ("spark_one", "spark_two"):
         install_module(
             plugin_site,
             plugin,
             """
-            from horizon_engine import TimelineTransform, hookimpl
+            from horizon_engine import TimelineEngine, hookimpl
 
-            class SparkTimeline(TimelineTransform):
+            class SparkTimeline(TimelineEngine):
                 '''The timeline, on a SparkSession.'''
-                engine = "spark"
+                name = "spark"
 
                 def build(self, run, rows, output, action_type, quarantine):
                     raise NotImplementedError
 
             @hookimpl
-            def horizon_register_transforms(register):
+            def horizon_register_timeline_engines(register):
                 register(SparkTimeline)
             """,
         )
 
     [failure] = only("spark_one", "spark_two").failures
     message = failure.error
-    assert "the transforms component 'timeline (engine spark)'" in message
+    assert "the timeline_engines component 'spark'" in message
     assert "'spark_one' (horizon_plugin_spark_one.SparkTimeline)" in message
     assert "'spark_two' (horizon_plugin_spark_two.SparkTimeline)" in message
+
+
+# The deprecated transforms hook.
+
+LEGACY_PLUGIN = """
+import warnings
+
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    from horizon_engine import FeatureTransform, NormalizationTransform, TimelineTransform
+import_warnings = [str(warning.message) for warning in caught]
+
+from horizon_engine import feature_module, hookimpl
+
+
+class OldTimeline(TimelineTransform):
+    '''A timeline engine written for the transforms hook.'''
+    engine = "old_local"
+
+    def build(self, run, rows, output, action_type, quarantine):
+        raise NotImplementedError
+
+
+class OldSampler(NormalizationTransform):
+    '''A normalization engine written for the transforms hook.'''
+    engine = "old_local"
+
+    def sample(self, run, train, column, num_samples):
+        raise NotImplementedError
+
+
+class Doubled(FeatureTransform):
+    '''A feature type written before types fitted themselves.'''
+    name = "doubled"
+
+    def module(self, parameters, max_feature_value):
+        return feature_module(_doubled)
+
+
+def _doubled(x):
+    return x * 2.0
+
+
+@hookimpl
+def horizon_register_transforms(register):
+    register(OldTimeline)
+    register(OldSampler)
+    register(Doubled)
+"""
+
+LEGACY_WARNING = (
+    "plugin 'legacy' (horizon_plugin_legacy) is deprecated: horizon_register_transforms is "
+    "deprecated; register timeline engines with horizon_register_timeline_engines, "
+    "normalization engines with horizon_register_normalization_engines and feature types "
+    "with horizon_register_feature_types (docs/plugins.md)"
+)
+
+
+def test_the_deprecated_transforms_hook_routes_each_class_to_its_family(plugin_site):
+    """A plugin written for the one transforms hook still loads, each class in the family of
+    its base class (an engine named by its ``engine``), and is reported as deprecated, naming
+    the three hooks that replace it."""
+    import numpy as np
+
+    from horizon_engine.normalization import NormalizationConfig, identify_all
+
+    module = install_module(plugin_site, "legacy", LEGACY_PLUGIN)
+
+    host = only("legacy")
+
+    assert host.failures == []
+    assert host.component("timeline_engines", "old_local").cls.__name__ == "OldTimeline"
+    assert host.component("normalization_engines", "old_local").cls.__name__ == "OldSampler"
+    assert host.component("feature_types", "doubled").plugin == "legacy"
+    assert [str(deprecation) for deprecation in host.deprecations] == [LEGACY_WARNING]
+    expected = [
+        f"horizon_engine.{old} is deprecated: subclass horizon_engine.{new} and register it "
+        "with its family's hook (docs/plugins.md)"
+        for old, new in [
+            ("FeatureTransform", "FeatureType"),
+            ("NormalizationTransform", "NormalizationEngine"),
+            ("TimelineTransform", "TimelineEngine"),
+        ]
+    ]
+    assert sys.modules[module].import_warnings == expected
+    # A type without a fit of its own is fitted as before: the sample's range.
+    sample = {"3": np.arange(30.0)}
+    fitted = identify_all(sample, NormalizationConfig(), {"3": "doubled"}, host.feature_types())
+    assert fitted.parameters["3"].model_dump(exclude_none=True) == {
+        "feature_type": "doubled",
+        "min_value": 0.0,
+        "max_value": 29.0,
+    }
+
+
+def test_a_class_of_no_family_in_the_deprecated_hook_names_the_three_bases(plugin_site):
+    install_module(
+        plugin_site,
+        "stray",
+        """
+        from horizon_engine import DataSource, hookimpl
+
+        class Rows(DataSource):
+            '''Rows, in the wrong hook.'''
+            name = "rows"
+
+        @hookimpl
+        def horizon_register_transforms(register):
+            register(Rows)
+        """,
+    )
+
+    assert failure_of(only("stray"), "stray").error == (
+        "registered horizon_plugin_stray.Rows in horizon_register_transforms: expected a "
+        "subclass of one of horizon_engine.TimelineEngine, horizon_engine.NormalizationEngine, "
+        "horizon_engine.FeatureType"
+    )
+
+
+def test_horizon_plugins_and_every_command_report_a_deprecated_hook(plugin_site, tmp_path):
+    install_module(plugin_site, "legacy", LEGACY_PLUGIN)
+    pipeline = tmp_path / "pipeline.toml"
+    pipeline.write_text('[pipeline]\noutput_dir = "run"\n\n[source]\nkind = "gym"\n')
+
+    listed = horizon(plugin_site, "plugins", HORIZON_LOAD_PLUGINS="legacy")
+    validated = horizon(plugin_site, "validate", str(pipeline), HORIZON_LOAD_PLUGINS="legacy")
+
+    assert listed.returncode == 0
+    assert f"DEPRECATED {LEGACY_WARNING}" in listed.stderr.splitlines()
+    listing = listed.stdout.splitlines()
+    assert "  timeline_engines: old_local  A timeline engine written for the transforms hook." in (
+        listing
+    )
+    assert validated.stderr.splitlines().count(f"warning: {LEGACY_WARNING}") == 1
 
 
 # Lifecycle hooks.
@@ -826,19 +982,41 @@ CONTRACT_BREACHES = {
             '''The empty family base, not the exporter contract.'''
             name = "plain"
         """,
-        "a component named 'plain' in horizon_register_exporters must subclass "
-        "horizon_engine.ExporterBase",
+        "expected a subclass of horizon_engine.ExporterBase",
     ),
-    "transforms": (
-        "NotATimeline",
+    "feature_types": (
+        "NoFit",
         """
-        class NotATimeline(Transform):
-            '''Claims the timeline's name without its contract.'''
-            name = "timeline"
-            engine = "elsewhere"
+        class NoFit(FeatureType):
+            '''Builds a module, fits no parameters.'''
+            name = "no_fit"
+
+            def module(self, parameters, max_feature_value): ...
         """,
-        "a component named 'timeline' in horizon_register_transforms must subclass "
-        "horizon_engine.TimelineTransform",
+        "it does not implement fit, which horizon_engine.FeatureType requires",
+    ),
+    "timeline_engines": (
+        "Nameless",
+        """
+        class Nameless(TimelineEngine):
+            '''An engine [timeline] engine could not select.'''
+
+            def build(self, run, rows, output, action_type, quarantine): ...
+        """,
+        "it has no name; set the class attribute name = '...' that pipeline.toml selects "
+        "(every horizon_engine.TimelineEngine needs one)",
+    ),
+    "normalization_engines": (
+        "Misfiled",
+        """
+        class Misfiled(TimelineEngine):
+            '''A timeline engine, in the normalization engines' hook.'''
+            name = "misfiled"
+
+            def build(self, run, rows, output, action_type, quarantine): ...
+        """,
+        "it is a timeline_engines component; expected a subclass of "
+        "horizon_engine.NormalizationEngine (register it in horizon_register_timeline_engines)",
     ),
 }
 
@@ -851,7 +1029,8 @@ def test_a_component_short_of_its_familys_contract_is_refused_when_plugins_load(
     plugin is left out (tests/test_bad_plugins.py: the others still load)."""
     cls, body, problem = CONTRACT_BREACHES[family]
     source = (
-        "from horizon_engine import Exporter, TrainerBase, Transform, hookimpl\n\n"
+        "from horizon_engine import Exporter, FeatureType, TimelineEngine, TrainerBase\n"
+        "from horizon_engine import hookimpl\n\n"
         + textwrap.dedent(body).strip()
         + f"\n\n@hookimpl\ndef horizon_register_{family}(register):\n    register({cls})\n"
     )
@@ -866,20 +1045,19 @@ def test_a_component_short_of_its_familys_contract_is_refused_when_plugins_load(
 
 
 def test_engines_are_not_normalization_types(tmp_path):
-    """The timeline engine shares the transforms hook with the feature types, not their
-    namespace: giving a feature its name as a type is a config error at normalization."""
+    """Engines and feature types are families of their own: an engine's name given to a
+    feature as its type is a config error naming the types there are."""
     config = {
         "pipeline": {"output_dir": str(tmp_path / "run")},
         "source": {"kind": "gym", "episodes": 3, "ds": "2019-01-01"},
         "timeline": {"actions": ["0", "1"]},
-        "normalization": {"overrides": {"0": "timeline"}},
+        "normalization": {"overrides": {"0": "local"}},
     }
-    with pytest.raises(HorizonError, match="'timeline'") as error:
+    with pytest.raises(HorizonError, match="'local'") as error:
         Engine(show_progress=False).run(config)
     types = str(error.value).split("types: ")[1]
     assert "continuous" in types
-    assert "timeline" not in types
-    assert "normalization" not in types
+    assert "local" not in types
 
 
 # --- Commands -----------------------------------------------------------------------------------
