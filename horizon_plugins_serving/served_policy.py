@@ -18,6 +18,12 @@ from horizon_engine import Exploration, ModelCard
 
 DEFAULTS: dict[str, Any] = {"policy": "greedy", "epsilon": 0.1, "temperature": 1.0}
 """The flags' defaults: what a model whose card records no policy is served with."""
+USES: dict[str, tuple[str, ...]] = {
+    "greedy": (),
+    "epsilon_greedy": ("epsilon",),
+    "softmax": ("temperature",),
+}
+"""The setting each policy uses besides its name (the others do not change its draws)."""
 CARD = "model card"
 DEFAULT = "default"
 
@@ -66,11 +72,7 @@ def served_policy(card: ModelCard, flags: PolicyFlags) -> ServedPolicy:
     recorded = card.exploration
     from_card: dict[str, Any] = {}
     if recorded is not None:
-        from_card["policy"] = recorded.policy
-        if recorded.policy == "epsilon_greedy":
-            from_card["epsilon"] = recorded.epsilon
-        if recorded.policy == "softmax":
-            from_card["temperature"] = recorded.temperature
+        from_card = {name: getattr(recorded, name) for name in ("policy", *USES[recorded.policy])}
     chosen: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for name in ("policy", "epsilon", "temperature"):
@@ -82,10 +84,7 @@ def served_policy(card: ModelCard, flags: PolicyFlags) -> ServedPolicy:
         else:
             chosen[name], sources[name] = DEFAULTS[name], DEFAULT
     policy = chosen["policy"]
-    counted = {"policy"} | {"epsilon_greedy": {"epsilon"}, "softmax": {"temperature"}}.get(
-        policy, set()
-    )
     exploration = Exploration(
         policy, chosen["epsilon"] if policy == "epsilon_greedy" else 0.0, chosen["temperature"]
     )
-    return ServedPolicy(exploration, {name: sources[name] for name in sources if name in counted})
+    return ServedPolicy(exploration, {name: sources[name] for name in ("policy", *USES[policy])})
