@@ -41,7 +41,7 @@ from horizon_engine.config import build_spec
 from horizon_engine.dataset import TimelineTensors
 from horizon_engine.driver import TrainingDriver, load_split, timeline_problem
 from horizon_engine.pipeline import Engine
-from horizon_engine.run_context import RunContext
+from horizon_engine.run_context import StageRun
 
 GAMMA = 0.99
 TAU = 0.005
@@ -222,9 +222,11 @@ def prepared(
 ) -> tuple[TrainingDriver, TimelineTensors]:
     """The training driver of ``pipeline`` and its train split as the driver trains on it."""
     spec = build_spec(pipeline, engine.plugins, settings)
-    run = RunContext(spec, Path(spec.pipeline.output_dir), engine.plugins, "benchmark")
+    run = StageRun.start(spec, engine.plugins, "benchmark")
     description, normalization = timeline_problem(run)
-    driver = TrainingDriver(run, spec.sections["trainer"], description, normalization)
+    driver = TrainingDriver(
+        run, spec.sections["trainer"], description, normalization, plugins=engine.plugins
+    )
     data = driver.prepare(load_split(run, description, "train", driver.device))
     return driver, data
 

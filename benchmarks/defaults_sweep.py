@@ -243,10 +243,12 @@ def greedy_returns(model: Path, env_id: str, episodes: int) -> list[float]:
     import gymnasium
     import onnxruntime
 
+    from horizon_engine import model_card_of_session
+
     session = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     candidates: dict[str, np.ndarray] = {}
     if "candidates" in [model_input.name for model_input in session.get_inputs()]:
-        ids = json.loads(session.get_modelmeta().custom_metadata_map["action_feature_ids"])
+        ids = model_card_of_session(session, str(model)).action_feature_ids
         offered = np.eye(len(ids), dtype=np.float32)[None]
         candidates = {
             "candidates": offered,

@@ -157,7 +157,7 @@ def spark_engine() -> Callable[[Path, Path], None]:
     class Run:
         seed = 0
 
-    component = PluginHost().component("transforms", "timeline", "spark")
+    component = PluginHost().component("timeline_engines", "spark")
     transform = component.cls(component.cls.Config(actions=ACTIONS))
 
     def build(rows: Path, output: Path) -> None:

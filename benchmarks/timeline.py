@@ -286,7 +286,7 @@ def builder(name: str) -> Callable[[Path, Path], None]:
         return build_plain_arrow
     if name == "plain_spark":
         return build_plain_spark
-    component = PluginHost().component("transforms", "timeline", name)
+    component = PluginHost().component("timeline_engines", name)
     transform = component.cls(component.cls.Config(actions=ACTIONS, eval_fraction=EVAL_FRACTION))
     return lambda rows, output: transform.build(
         _Run(), rows, output, ActionType.DISCRETE, quarantine=False

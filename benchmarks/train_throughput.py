@@ -62,7 +62,7 @@ from horizon_engine.config import build_spec
 from horizon_engine.dataset import TimelineTensors
 from horizon_engine.driver import TrainingDriver, load_split, timeline_problem
 from horizon_engine.pipeline import Engine
-from horizon_engine.run_context import RunContext
+from horizon_engine.run_context import StageRun
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cartpole_dqn.toml"
 GAMMA = 0.99
@@ -94,9 +94,11 @@ def trainer_driver(engine: Engine, settings: list[str]) -> tuple[TrainingDriver,
     """The training driver for the run ``settings`` describe, and its train split as the
     driver trains on it."""
     spec = build_spec(EXAMPLE, engine.plugins, settings)
-    run = RunContext(spec, Path(spec.pipeline.output_dir), engine.plugins, "benchmark")
+    run = StageRun.start(spec, engine.plugins, "benchmark")
     description, normalization = timeline_problem(run)
-    driver = TrainingDriver(run, spec.sections["trainer"], description, normalization)
+    driver = TrainingDriver(
+        run, spec.sections["trainer"], description, normalization, plugins=engine.plugins
+    )
     data = driver.prepare(load_split(run, description, "train", driver.device))
     return driver, data
 

@@ -6,22 +6,29 @@ the names below are its API (docs/plugins.md describes each contract). Everythin
 names, and an import-linter contract run by ``make test`` holds them to it.
 
 - every plugin: ``hookimpl``, ``Component``, ``ComponentConfig``, ``RunContext``,
-  ``StageReport``, the errors, ``atomic_output``;
+  ``StageReport``, the errors, ``atomic_output``, and ``RunFolder``, the one owner of the
+  run folder's file names (and of reading and writing the files the engine reads back);
 - config models: ``ComponentConfig``, and the option types ``DistinctNames`` (a list that
   names each thing once) and ``PathPatterns`` (a source's ``path``);
 - data sources: ``DataSource``, ``SourceConfig``, ``SourceBatch``, and the row schema
-  (``RowLayout``, ``RowFormat``, ``RowShaper``, ``ActionType``, ``BadRow``, ``detect_layout``);
+  (``RowLayout``, ``RowFormat``, ``RowShaper``, ``ActionType``, ``BadRow``, ``detect_layout``,
+  ``majority_layout``);
 - everything that reads rows from outside (sources, ``serve``, ``score``, ``join``): the one
   rule for a row's values (``ValueProblem``, ``number_problem``, ``integer_problem``,
-  ``text_problem``, ``feature_map_problem``, ``json_text_problem``, ``invalid_text_rows``,
+  ``text_problem``, ``feature_map_problem``, ``invalid_text_rows``,
   ``FLOAT32_MAX``) and the
   one JSON line parser (``parse_json_line``, ``BadLine``, ``strip_bom``);
-- timeline engines: ``TimelineTransform``, ``TimelineConfig``, ``TimelineResult``,
+- timeline engines: ``TimelineEngine``, ``TimelineConfig``, ``TimelineResult``,
   ``timeline_schema``, ``eval_split_value``;
-- normalization engines: ``NormalizationTransform``, ``NormalizationConfig``,
-  ``group_map_values``; feature types: ``FeatureTransform``, ``NormalizationParameters``,
-  ``feature_module``;
-- trainers: ``TrainerBase``, ``TrainerConfig``, ``TrainingProblem``, the batch schema
+- normalization engines: ``NormalizationEngine``, ``NormalizationConfig``,
+  ``group_map_values``; feature types: ``FeatureType``, ``NormalizationParameters``,
+  ``feature_module`` (the three have a register hook each; ``TimelineTransform``,
+  ``NormalizationTransform`` and ``FeatureTransform``, of the deprecated transforms hook,
+  still import, with a ``DeprecationWarning``);
+- trainers: ``TrainerBase``, ``TrainerConfig``, ``TrainingProblem``, the optional
+  capabilities a trainer implements (``AnalyzesData``, ``ExploresOnline``,
+  ``OffersEvaluationModels`` with ``EvaluationModels``, ``Discounts``) and
+  ``InvertiblePreprocessing``, the batch schema
   (``BATCH_SCHEMA``, ``BatchField``, ``batch_fields``, ``check_batch``), ``TimelineTensors``,
   the policy helpers (``masked_scores``, ``action_probabilities``), and optimizers that do not
   import ``torch._dynamo`` (``ForeachAdam``, ``ForeachSgd``, ``ForeachOptimizer``);
@@ -33,8 +40,15 @@ names, and an import-linter contract run by ``make test`` holds them to it.
   ``estimates_table``;
 - exporters: ``ExporterBase``, ``ExportConfig``, ``PolicyBundle``; and for everything that
   loads an exported model, its checked metadata: ``ModelCard`` (``ActionBounds``),
-  ``read_model_card``, ``model_card_from_metadata``, ``ModelCardError``;
-- commands: ``user_errors``, the error-to-exit wrapper every ``horizon`` command runs under;
+  ``read_model_card``, ``model_card_from_metadata``, ``model_card_of_session``,
+  ``ModelCardError``;
+- stages (``horizon_register_stages``): ``Stage`` and ``SectionRule``; and for a stage whose
+  trainer analyses the timeline's data, its run and check: ``analyze_timeline``,
+  ``analysis_problems``;
+- hosts that drive a trainer with their own data (as the gym runner plays for it):
+  ``TrainingDriver``, ``ProblemDescription``, ``SampledData``;
+- commands: ``command``, which builds a ``horizon`` command (a click command) run under the
+  error-to-exit wrapper every ``horizon`` command runs under;
 - users: ``Engine`` and ``run_pipeline`` (imported on first use).
 
 ``import horizon_engine`` stays cheap for the command line: torch is imported only where a
@@ -43,10 +57,20 @@ tensor is made.
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any
 
+from horizon_engine.analysis_stage import analysis_problems, analyze_timeline
 from horizon_engine.batch_schema import BATCH_SCHEMA, BatchField, batch_fields, check_batch
-from horizon_engine.command_errors import user_errors
+from horizon_engine.capabilities import (
+    AnalyzesData,
+    Discounts,
+    EvaluationModels,
+    ExploresOnline,
+    InvertiblePreprocessing,
+    OffersEvaluationModels,
+)
+from horizon_engine.command_errors import command
 from horizon_engine.components import (
     Component,
     ComponentConfig,
@@ -58,15 +82,13 @@ from horizon_engine.components import (
     SourceBatch,
     SourceConfig,
     Trainer,
-    Transform,
 )
 from horizon_engine.dataset import TimelineTensors
+from horizon_engine.driver import ProblemDescription, SampledData, TrainingDriver
 from horizon_engine.errors import (
     BAD_ROWS_SHOWN,
     ConfigError,
     HorizonError,
-    PluginError,
-    StageInputError,
 )
 from horizon_engine.estimation import (
     Estimate,
@@ -75,7 +97,8 @@ from horizon_engine.estimation import (
     EvaluationEpisodes,
     NotApplicable,
 )
-from horizon_engine.evaluation import estimates_table, evaluate_run
+from horizon_engine.evaluation import estimates_table
+from horizon_engine.evaluation_stage import evaluate_run
 from horizon_engine.exploration import Exploration
 from horizon_engine.export import ExportConfig, ExporterBase, PolicyBundle
 from horizon_engine.files import atomic_output
@@ -86,12 +109,13 @@ from horizon_engine.model_card import (
     ModelCard,
     ModelCardError,
     model_card_from_metadata,
+    model_card_of_session,
     read_model_card,
 )
 from horizon_engine.normalization import (
     NormalizationConfig,
+    NormalizationEngine,
     NormalizationParameters,
-    NormalizationTransform,
     group_map_values,
 )
 from horizon_engine.optimizers import ForeachAdam, ForeachOptimizer, ForeachSgd
@@ -102,23 +126,32 @@ from horizon_engine.policies import (
     masked_scores,
     policy_output,
 )
-from horizon_engine.preprocessor import FeatureTransform, feature_module
+from horizon_engine.preprocessor import FeatureType, feature_module
 from horizon_engine.row_values import (
     FLOAT32_MAX,
     ValueProblem,
     feature_map_problem,
     integer_problem,
     invalid_text_rows,
-    json_text_problem,
     number_problem,
     text_problem,
 )
 from horizon_engine.run_context import RunContext, StageReport
-from horizon_engine.schema import ActionType, BadRow, RowFormat, RowLayout, RowShaper, detect_layout
+from horizon_engine.run_folder import RunFolder
+from horizon_engine.schema import (
+    ActionType,
+    BadRow,
+    RowFormat,
+    RowLayout,
+    RowShaper,
+    detect_layout,
+    majority_layout,
+)
+from horizon_engine.stages import SectionRule, Stage
 from horizon_engine.timeline import (
     TimelineConfig,
+    TimelineEngine,
     TimelineResult,
-    TimelineTransform,
     eval_split_value,
     timeline_schema,
 )
@@ -135,6 +168,7 @@ __all__ = [
     "FLOAT32_MAX",
     "ActionBounds",
     "ActionType",
+    "AnalyzesData",
     "BadLine",
     "BadRow",
     "BatchField",
@@ -142,6 +176,7 @@ __all__ = [
     "ComponentConfig",
     "ConfigError",
     "DataSource",
+    "Discounts",
     "DistinctNames",
     "Engine",
     "Estimate",
@@ -149,49 +184,59 @@ __all__ = [
     "EstimatorBase",
     "EstimatorConfig",
     "EvaluationEpisodes",
+    "EvaluationModels",
     "Exploration",
     "ExplorationConfig",
+    "ExploresOnline",
     "ExportConfig",
     "Exporter",
     "ExporterBase",
-    "FeatureTransform",
+    "FeatureType",
     "ForeachAdam",
     "ForeachOptimizer",
     "ForeachSgd",
     "HorizonError",
+    "InvertiblePreprocessing",
     "ModelCard",
     "ModelCardError",
     "NormalizationConfig",
+    "NormalizationEngine",
     "NormalizationParameters",
-    "NormalizationTransform",
     "NotApplicable",
+    "OffersEvaluationModels",
     "PathPatterns",
-    "PluginError",
     "PolicyBundle",
     "PolicyOutput",
+    "ProblemDescription",
     "RowFormat",
     "RowLayout",
     "RowShaper",
     "RunContext",
+    "RunFolder",
+    "SampledData",
+    "SectionRule",
     "SourceBatch",
     "SourceConfig",
-    "StageInputError",
+    "Stage",
     "StageReport",
     "TimelineConfig",
+    "TimelineEngine",
     "TimelineResult",
     "TimelineTensors",
-    "TimelineTransform",
     "Trainer",
     "TrainerBase",
     "TrainerConfig",
+    "TrainingDriver",
     "TrainingProblem",
-    "Transform",
     "ValueProblem",
     "__version__",
     "action_probabilities",
+    "analysis_problems",
+    "analyze_timeline",
     "atomic_output",
     "batch_fields",
     "check_batch",
+    "command",
     "detect_layout",
     "estimates_table",
     "eval_split_value",
@@ -202,9 +247,10 @@ __all__ = [
     "hookimpl",
     "integer_problem",
     "invalid_text_rows",
-    "json_text_problem",
+    "majority_layout",
     "masked_scores",
     "model_card_from_metadata",
+    "model_card_of_session",
     "number_problem",
     "parse_json_line",
     "policy_output",
@@ -213,10 +259,12 @@ __all__ = [
     "strip_bom",
     "text_problem",
     "timeline_schema",
-    "user_errors",
 ]
 
 _LAZY = {"Engine", "run_pipeline"}
+_DEPRECATED_BASES = {"TimelineTransform", "NormalizationTransform", "FeatureTransform"}
+"""The base classes of the deprecated transforms hook (``legacy_transforms``), importable with
+a ``DeprecationWarning``."""
 
 
 def __getattr__(name: str) -> Any:
@@ -224,4 +272,18 @@ def __getattr__(name: str) -> Any:
         from horizon_engine import pipeline
 
         return getattr(pipeline, name)
+    if name in _DEPRECATED_BASES:
+        from horizon_engine import legacy_transforms
+
+        replacement = legacy_transforms.DEPRECATED_BASES[name]
+        warnings.warn(
+            f"horizon_engine.{name} is deprecated: subclass horizon_engine.{replacement} and "
+            "register it with its family's hook (docs/plugins.md)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        # Kept, so that the warning is given once: ``from horizon_engine import name`` looks
+        # the name up twice.
+        globals()[name] = getattr(legacy_transforms, name)
+        return globals()[name]
     raise AttributeError(f"module 'horizon_engine' has no attribute {name!r}")

@@ -15,13 +15,14 @@ import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from horizon_engine import __version__
-from horizon_engine.command_errors import user_errors
+from horizon_engine import __version__, command_errors
+from horizon_engine.run_folder import RunFolder
 
 if TYPE_CHECKING:
     from horizon_engine.plugins import PluginHost
@@ -39,8 +40,11 @@ def _warn_of_plugin_failures() -> None:
     command without a plugin the user installed must not pass for one with it."""
     from horizon_engine.plugins import get_plugin_host
 
-    for failure in get_plugin_host().failures:
+    host = get_plugin_host()
+    for failure in host.failures:
         click.echo(f"warning: {failure}; {failure.remedy} (see `horizon plugins`)", err=True)
+    for deprecation in host.deprecations:
+        click.echo(f"warning: {deprecation}", err=True)
 
 
 _set_option = click.option(
@@ -86,7 +90,7 @@ def main(ctx: click.Context) -> None:
         _warn_of_plugin_failures()
 
 
-@main.command()
+@command_errors.command(group=main)
 @click.argument("pipeline", type=click.Path(dir_okay=False, path_type=Path))
 @_set_option
 @click.option(
@@ -107,7 +111,6 @@ def main(ctx: click.Context) -> None:
     "training continues from its last complete epoch, and the result is the uninterrupted "
     "run's (the config must be the one it ran with).",
 )
-@user_errors
 def run(
     pipeline: Path,
     overrides: tuple[str, ...],
@@ -152,7 +155,8 @@ def run(
             click.echo(f"  warning: {warning}")
     if "evaluation" in manifest["executed"]:
         _echo_estimates(Path(output_dir))
-    click.echo(f"run {manifest['run_id']} {manifest['status']}: {output_dir}/manifest.json")
+    manifest_path = RunFolder(output_dir).file(RunFolder.MANIFEST)
+    click.echo(f"run {manifest['run_id']} {manifest['status']}: {manifest_path}")
 
 
 INTERRUPTED_EXIT_STATUS = 130
@@ -176,24 +180,24 @@ def _interrupts_as_keyboard_interrupt() -> Iterator[None]:
 
 def _echo_estimates(run_dir: Path) -> None:
     """The evaluation stage's estimates (``cpe.json``) as a table."""
-    from horizon_engine.evaluation import CPE_FILE, estimates_table
+    from horizon_engine.evaluation import estimates_table
 
-    record = json.loads((run_dir / CPE_FILE).read_text(encoding="utf-8"))
-    click.echo(estimates_table(record))
-    click.echo(f"(every figure, and each epoch's: {run_dir / CPE_FILE})")
+    folder = RunFolder(run_dir)
+    click.echo(estimates_table(folder.cpe()))
+    click.echo(f"(every figure, and each epoch's: {folder.file(RunFolder.CPE)})")
 
 
-@main.command()
+@command_errors.command(group=main)
 @click.argument("pipeline", type=click.Path(dir_okay=False, path_type=Path))
 @_set_option
-@user_errors
 def validate(pipeline: Path, overrides: tuple[str, ...]) -> None:
     """Check PIPELINE without running it; list the stages a run executes, each with its
     component and where its settings come from (a section of the file, or its defaults)."""
     from horizon_engine.pipeline import Engine, planned_stages
 
-    spec = Engine(_plugin_host()).validate(pipeline, overrides)
-    planned = planned_stages(spec)
+    host = _plugin_host()
+    spec = Engine(host).validate(pipeline, overrides)
+    planned = planned_stages(spec, host.stages())
     click.echo(f"{pipeline}: valid; a run executes {len(planned)} stage{'s' * (len(planned) > 1)}:")
     name_width = max(len(stage.name) for stage in planned)
     component_width = max(len(stage.component) for stage in planned)
@@ -203,11 +207,10 @@ def validate(pipeline: Path, overrides: tuple[str, ...]) -> None:
         )
 
 
-@main.command()
+@command_errors.command(group=main)
 @click.option("--json", "as_json", is_flag=True, help="Print the listing as JSON.")
-@user_errors
 def plugins(as_json: bool) -> None:
-    """List plugins, their versions, hooks and components with their options."""
+    """List plugins, their versions, hooks, stages and components with their options."""
     from horizon_engine.plugins import get_plugin_host
 
     root = click.get_current_context().find_root()
@@ -217,7 +220,13 @@ def plugins(as_json: bool) -> None:
     failures = host.load_failures()
     sections = _sections(root.command)
     if as_json:
-        found = {"sections": sections, "plugins": listing, "failures": failures}
+        deprecations = [asdict(deprecation) for deprecation in host.deprecations]
+        found = {
+            "sections": sections,
+            "plugins": listing,
+            "failures": failures,
+            "deprecations": deprecations,
+        }
         click.echo(json.dumps(found, indent=2, default=str))
         return
     for section in sections:
@@ -228,16 +237,21 @@ def plugins(as_json: bool) -> None:
         click.echo(f"  hooks: {', '.join(plugin['hooks']) or 'none'}")
         if plugin["commands"]:
             click.echo(f"  commands: {', '.join(f'horizon {name}' for name in plugin['commands'])}")
-        for component in plugin["components"]:
-            engine = f" (engine {component['engine']})" if "engine" in component else ""
+        for stage in plugin["stages"]:
+            reads = ", ".join(stage["reads"]) or "nothing"
             click.echo(
-                f"  {component['family']}: {component['name']}{engine}  {component['summary']}"
+                f"  stage: {stage['name']} [{stage['section']}]  reads {reads}; "
+                f"writes {', '.join(stage['writes'])}"
             )
+        for component in plugin["components"]:
+            click.echo(f"  {component['family']}: {component['name']}  {component['summary']}")
             _echo_options(component["options"], "      ")
     for failure in failures:
         click.echo(
             f"FAILED {failure['name']} [{failure['entry_point']}]: {failure['error']}", err=True
         )
+    for deprecation in host.deprecations:
+        click.echo(f"DEPRECATED {deprecation}", err=True)
 
 
 def _sections(cli: click.Group) -> list[dict[str, Any]]:
@@ -283,19 +297,18 @@ def _echo_options(options: list[dict[str, Any]], indent: str) -> None:
         click.echo(f"{indent}{option['name']}: {option['type']} ({default})  {option['help']}")
 
 
-@main.command()
+@command_errors.command(group=main)
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @_set_option
-@user_errors
 def export(run_dir: Path, overrides: tuple[str, ...]) -> None:
     """Export the trained policy of RUN_DIR (the output folder of `horizon run`, or of a
     command that trains, such as `horizon gym train`) as its [export] says (ONNX by default),
     from the run's own manifest and latest checkpoint."""
-    from horizon_engine.export import export_run_folder, read_manifest
+    from horizon_engine.export_stage import export_run_folder
     from horizon_engine.pipeline import Engine
 
     plugins = _plugin_host()
-    config = read_manifest(run_dir / "manifest.json")["config"]
+    config = RunFolder(run_dir).manifest()["config"]
     if "pipeline" not in config:
         exported = export_run_folder(run_dir, overrides, plugins)
         _echo_export(run_dir, exported["outputs"], exported["details"])

@@ -23,9 +23,10 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic import Field, ValidationError, field_validator
 
 from horizon_engine.components import Component, ComponentConfig, DistinctNames
-from horizon_engine.errors import ConfigError, PluginError
+from horizon_engine.errors import ConfigError, HorizonError, PluginError
 from horizon_engine.plugins import PluginHost, RegisteredComponent
 from horizon_engine.row_values import text_problem
+from horizon_engine.stages import SectionRule
 
 
 class PipelineSection(ComponentConfig):
@@ -54,46 +55,6 @@ class PipelineSection(ComponentConfig):
         return output_dir
 
 
-@dataclass(frozen=True)
-class SectionRule:
-    """How a section of pipeline.toml picks its component."""
-
-    family: str
-    selector: str
-    fixed_name: str | None = None
-    default_selector: str | None = None
-    many: bool = False
-
-
-SECTIONS: dict[str, SectionRule] = {
-    "source": SectionRule("data_sources", "kind"),
-    "timeline": SectionRule(
-        "transforms", "engine", fixed_name="timeline", default_selector="local"
-    ),
-    "normalization": SectionRule(
-        "transforms", "engine", fixed_name="normalization", default_selector="local"
-    ),
-    "trainer": SectionRule("trainers", "kind"),
-    "evaluation": SectionRule("estimators", "kind", many=True),
-    "export": SectionRule("exporters", "kind"),
-    "analysis": SectionRule("trainers", "kind", default_selector="world_model"),
-}
-"""The component sections, in pipeline order; ``[pipeline]`` is the core's own. ``[analysis]``
-chooses a trainer that also analyses the data (``analyze``: the world model's MDP checks)."""
-
-STAGE_SECTIONS: dict[str, str] = {
-    "source": "source",
-    "timeline": "timeline",
-    "normalization": "normalization",
-    "train": "trainer",
-    "evaluation": "evaluation",
-    "export": "export",
-    "analysis": "analysis",
-}
-"""The stages this version runs, in order, and the section configuring each: ``[pipeline]
-stages`` is checked against them when the file is loaded, so that a misspelt stage is reported
-with its line. The pipeline module implements the stages (a test keeps the two in step)."""
-
 DEFAULT_BODIES: dict[str, dict[str, Any]] = {
     "timeline": {},
     "normalization": {},
@@ -113,28 +74,27 @@ INTEGER_LIMIT = 2**31 - 1
 no upper bound of its own: beyond any count or size a run can use (``epochs = 1e12`` would
 train for ever, a layer of that width could never be allocated)."""
 
-CONTINUOUS_ACTION_TRAINERS = ("ddpg", "sac", "td3")
-"""Trainers the actor-critic plugin is to provide; a pipeline asking for one that is not
-registered is told where they come from rather than only that the kind is unknown."""
-AC_PACKAGE, AC_PLUGIN = "horizon_plugins_ac", "ac"
-"""The actor-critic plugin package and the entry-point name it is loaded under."""
-
 
 @dataclass(frozen=True)
 class Choice:
-    """A section's chosen component and its validated config."""
+    """A section's chosen component (None for a section that selects none: ``SectionRule``)
+    and its validated config."""
 
     section: str
-    component: RegisteredComponent
+    component: RegisteredComponent | None
     config: ComponentConfig
+    rule: SectionRule
 
     def create(self) -> Component:
+        if self.component is None:
+            raise HorizonError(f"[{self.section}] selects no component to create")
         return self.component.cls(self.config)
 
     def resolved(self) -> dict[str, Any]:
-        rule = SECTIONS[self.section.split("[")[0]]
-        selected = self.component.engine if rule.fixed_name else self.component.name
-        return {rule.selector: selected, **self.config.model_dump(mode="json")}
+        options = self.config.model_dump(mode="json")
+        if self.component is None:
+            return options
+        return {self.rule.selector: self.component.name, **options}
 
 
 @dataclass
@@ -150,6 +110,9 @@ class PipelineSpec:
     at_defaults: list[str] = field(default_factory=list)
     """The sections in ``sections`` that the file leaves out, which run at their defaults
     because the stages it configures need them (``implied_sections``)."""
+    rules: dict[str, SectionRule] = field(default_factory=dict)
+    """Every section the registered stages are configured by, in stage order, with its rule
+    (``PluginHost.sections``)."""
 
     def where(self, section: str, key: str | None = None) -> str:
         """``file:line`` of ``key`` in ``[section]`` (or of the section), for messages."""
@@ -160,7 +123,7 @@ class PipelineSpec:
         line in the file, the ``--set`` options that made it, or its defaults."""
         if section in self.at_defaults:
             return f"defaults (no [{section}] section)"
-        header = f"[[{section}]]" if SECTIONS[section].many else f"[{section}]"
+        header = f"[[{section}]]" if self.rules[section].many else f"[{section}]"
         if self.locate is None:
             return f"{header} in {self.origin}"
         return self.locate.origin_of(section, header)
@@ -324,15 +287,31 @@ class ConfigBuilder:
         self.origin = origin
         self.locate = _Locator(origin, text, overridden)
         self.problems: list[str] = []
+        self.sections = plugins.sections()
+        """The sections the registered stages are configured by, each with its rule."""
+
+    def rule(self, section: str) -> SectionRule:
+        """How ``section`` picks its component; a section no registered stage is configured by
+        is an error (its stage's plugin is not loaded)."""
+        if section not in self.sections:
+            raise ConfigError(
+                [
+                    f"{self.origin}: no registered stage is configured by [{section}]; see "
+                    "`horizon plugins` for the stages and the plugins that failed to load"
+                ]
+            )
+        return self.sections[section]
 
     def build(self, raw: Mapping[str, Any]) -> PipelineSpec:
         self.check_values(raw)
         if self.problems:
             raise ConfigError(self.problems)
-        self.check_section_names(raw, ["pipeline", *SECTIONS], "pipeline", PipelineSection)
+        self.check_section_names(raw, ["pipeline", *self.sections], "pipeline", PipelineSection)
         pipeline = self.validate("pipeline", PipelineSection, raw.get("pipeline", {}), None)
-        spec = PipelineSpec(self.origin, pipeline or PipelineSection(), locate=self.locate)
-        for name, rule in SECTIONS.items():
+        spec = PipelineSpec(
+            self.origin, pipeline or PipelineSection(), locate=self.locate, rules=self.sections
+        )
+        for name, rule in self.sections.items():
             if name not in raw:
                 continue
             if rule.many:
@@ -360,11 +339,13 @@ class ConfigBuilder:
         if self.problems:
             raise ConfigError(self.problems)
         for name in implied:
-            choice = self.choose(name, SECTIONS[name], dict(DEFAULT_BODIES[name]))
+            choice = self.choose(name, self.sections[name], dict(DEFAULT_BODIES[name]))
             if choice is not None:
                 spec.sections[name] = choice
                 spec.at_defaults.append(name)
-        spec.sections = {name: spec.sections[name] for name in SECTIONS if name in spec.sections}
+        spec.sections = {
+            name: spec.sections[name] for name in self.sections if name in spec.sections
+        }
         if self.problems:
             raise ConfigError(self.problems)
         return spec
@@ -384,18 +365,19 @@ class ConfigBuilder:
         not among the ``configured`` ones (written, or run at its defaults)."""
         configured = set(configured)
         where = self.locate.where("pipeline", "stages")
+        sections = {stage.name: stage.section for stage in self.plugins.stages()}
         for name in stages or []:
-            if name not in STAGE_SECTIONS:
-                close = difflib.get_close_matches(name, list(STAGE_SECTIONS), n=1)
+            if name not in sections:
+                close = difflib.get_close_matches(name, list(sections), n=1)
                 hint = f"; did you mean '{close[0]}'?" if close else "."
                 self.problems.append(
                     f"{where}: [pipeline] key 'stages': unknown stage '{name}'{hint} "
-                    f"Stages: {', '.join(STAGE_SECTIONS)}."
+                    f"Stages: {', '.join(sections)}."
                 )
-            elif STAGE_SECTIONS[name] not in configured:
+            elif sections[name] not in configured:
                 self.problems.append(
                     f"{where}: [pipeline] key 'stages': stage '{name}' has no "
-                    f"[{STAGE_SECTIONS[name]}] section; add the section or leave the stage out"
+                    f"[{sections[name]}] section; add the section or leave the stage out"
                 )
 
     def check_section_names(
@@ -408,7 +390,8 @@ class ConfigBuilder:
         """Report every top-level name of ``raw`` that is not a section in ``known``: a key
         above every header (suggesting ``[home]`` when ``home_model`` has it) or an unknown
         section (suggesting the nearest known one)."""
-        headers = [f"[[{s}]]" if s in SECTIONS and SECTIONS[s].many else f"[{s}]" for s in known]
+        many = {name for name, rule in self.sections.items() if rule.many}
+        headers = [f"[[{s}]]" if s in many else f"[{s}]" for s in known]
         for name, value in raw.items():
             if name in known:
                 continue
@@ -440,6 +423,9 @@ class ConfigBuilder:
                 f"{where}: [{label}] must be a table, found {type(body).__name__} {body!r}"
             )
             return None
+        if rule.family is None:
+            config = self.validate(label, rule.options, body, index)
+            return Choice(label, None, config, rule) if config is not None else None
         selected = body.get(rule.selector, rule.default_selector)
         if selected is None:
             available = [entry.label for entry in self.plugins.components(rule.family)]
@@ -449,41 +435,13 @@ class ConfigBuilder:
             )
             return None
         try:
-            if rule.fixed_name:
-                component = self.plugins.component(rule.family, rule.fixed_name, str(selected))
-            else:
-                component = self.plugins.component(rule.family, str(selected))
+            component = self.plugins.component(rule.family, str(selected))
         except PluginError as exc:
-            hint = self._continuous_trainer_hint(str(selected)) if rule.family == "trainers" else ""
-            self.problems.append(f"{where}: [{label}] {rule.selector} = {selected!r}: {exc}{hint}")
+            self.problems.append(f"{where}: [{label}] {rule.selector} = {selected!r}: {exc}")
             return None
         options = {key: value for key, value in body.items() if key != rule.selector}
         config = self.validate(label, component.cls.Config, options, index, component)
-        return Choice(label, component, config) if config is not None else None
-
-    def _continuous_trainer_hint(self, kind: str) -> str:
-        """Where a continuous-action trainer that is not registered comes from, and what that
-        plugin registers in this installation."""
-        if kind not in CONTINUOUS_ACTION_TRAINERS:
-            return ""
-        origin = (
-            f" Continuous-action trainers ({', '.join(CONTINUOUS_ACTION_TRAINERS)}) come from "
-            f"the plugin package {AC_PACKAGE} (plugin '{AC_PLUGIN}')"
-        )
-        plugin = self.plugins.plugins.get(AC_PLUGIN)
-        if plugin is None:
-            if any(failure.name == AC_PLUGIN for failure in self.plugins.failures):
-                return f"{origin}, which failed to load; see `horizon plugins`."
-            return (
-                f"{origin}, which is not loaded here (not installed, or left out by "
-                "HORIZON_DISABLE_PLUGINS or HORIZON_LOAD_PLUGINS)."
-            )
-        trainers = [entry.name for entry in plugin.components if entry.family == "trainers"]
-        if not trainers:
-            return (
-                f"{origin}, which registers no trainer yet: they are not available in this version."
-            )
-        return f"{origin}, which registers {', '.join(trainers)} in this version."
+        return Choice(label, component, config, rule) if config is not None else None
 
     def validate(
         self,
@@ -697,7 +655,7 @@ def implied_sections(spec: PipelineSpec) -> list[str]:
     exported for it unless ``[export]`` asks.
     """
     configured = set(spec.sections) | ({"evaluation"} if spec.evaluation else set())
-    order = list(SECTIONS)
+    order = list(spec.rules)
     implied = [
         name
         for name in ("timeline", "normalization")

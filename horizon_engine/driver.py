@@ -1,7 +1,9 @@
 """The training driver: one way of driving a trainer, whatever the data comes from.
 
 ``horizon run``'s train stage and ``horizon gym train`` both train through it (issue 10), so a
-trainer cannot tell them apart and a run folder records training the same way:
+trainer cannot tell them apart and a run folder records training the same way. It is public
+(``horizon_engine.TrainingDriver``, with ``ProblemDescription`` and ``SampledData``): a
+plugin's command with its own source of data drives a trainer as the gym runner does.
 
 - the problem: a ``ProblemDescription`` (action type, actions, feature ids, the data's n-step
   window, seed) and the normalization become the ``TrainingProblem`` a trainer is set up for
@@ -47,8 +49,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from horizon_engine.errors import HorizonError
+from horizon_engine.run_folder import RunFolder
 from horizon_engine.schema import ActionType
-from horizon_engine.training import CHECKPOINTS, resolve_threads
+from horizon_engine.training import resolve_threads
 
 if TYPE_CHECKING:
     import torch
@@ -58,7 +61,7 @@ if TYPE_CHECKING:
     from horizon_engine.evaluation import EpisodeEvaluation
     from horizon_engine.normalization import NormalizationParameters
     from horizon_engine.plugins import PluginHost
-    from horizon_engine.run_context import RunContext
+    from horizon_engine.run_context import RunContext, StageRun
     from horizon_engine.training import TrainerBase, TrainingProblem
 
 Batch = Mapping[str, "torch.Tensor"]
@@ -71,12 +74,6 @@ epoch's ``Training/<name>`` figures like the trainer's own."""
 
 Normalization = dict[str, dict[str, "NormalizationParameters"]]
 """``normalization.json`` as read: ``state_features`` (and ``action_features``) -> parameters."""
-
-PROBLEM_FILE = "problem.json"
-"""The problem a run's trainer was set up for, in the run folder."""
-
-CHECK_ROWS_FILE = "check_rows.pt"
-"""Rows an exported model is checked on, in the run folder."""
 
 RESUME_STATE = "resume"
 """The key of a checkpoint's state for resuming (generators, counts, metrics so far)."""
@@ -146,6 +143,35 @@ class ProblemDescription:
     """The trainer plays for its own data (``horizon gym train``'s replay buffer) rather than
     learning from logs; options meant to keep a policy near logged actions can then be off."""
 
+    @classmethod
+    def for_data(
+        cls,
+        action_type: ActionType,
+        actions: list[str],
+        normalization: Normalization,
+        n_step: int,
+        seed: int,
+        max_feature_value: float,
+        online: bool = False,
+    ) -> ProblemDescription:
+        """The one way a run's problem is built, by the pipeline (from its timeline) and by
+        ``horizon gym train`` (from its environment) alike: the features are those of
+        ``normalization``, in its order (the network's inputs follow it)."""
+        description = cls(
+            action_type=action_type,
+            actions=list(actions),
+            feature_ids=list(normalization.get("state_features", {})),
+            action_feature_ids=list(normalization.get("action_features", {})),
+            n_step=n_step,
+            seed=seed,
+            max_feature_value=max_feature_value,
+            online=online,
+        )
+        malformed = description._malformed_field()
+        if malformed:
+            raise HorizonError(f"the run's problem is malformed: {malformed}")
+        return description
+
     def problem(
         self,
         state: torch.nn.Module,
@@ -173,13 +199,13 @@ class ProblemDescription:
         from horizon_engine.files import write_json
 
         data = {**asdict(self), "action_type": self.action_type.value}
-        write_json(Path(run_dir) / PROBLEM_FILE, data)
-        return PROBLEM_FILE
+        write_json(RunFolder(run_dir).file(RunFolder.PROBLEM), data)
+        return RunFolder.PROBLEM
 
     @classmethod
     def read(cls, run_dir: Path) -> ProblemDescription:
         """The description a run folder's training wrote, or an error saying it has none."""
-        path = Path(run_dir) / PROBLEM_FILE
+        path = RunFolder(run_dir).file(RunFolder.PROBLEM)
         try:
             found = json.loads(path.read_text(encoding="utf-8"))
             description = cls(**{**found, "action_type": ActionType(found["action_type"])})
@@ -272,34 +298,32 @@ def restore_trainer(
 ) -> tuple[TrainerBase, TrainingProblem]:
     """A run's trainer as its latest checkpoint left it, set up on ``device`` from the run's
     normalization: for an export or an evaluation (``purpose``, named in errors)."""
-    from horizon_engine.normalization import NORMALIZATION_FILE, read_normalization
     from horizon_engine.training import load_checkpoint
 
-    normalization = read_normalization(Path(run_dir) / NORMALIZATION_FILE)
+    normalization = RunFolder(run_dir).normalization()
     trainer, problem = set_up_trainer(choice, description, normalization, plugins, device)
     trainer.load_state_dict(load_checkpoint(Path(run_dir), purpose)["trainer"])
     return trainer, problem
 
 
-def timeline_problem(run: RunContext) -> tuple[ProblemDescription, Normalization]:
+def timeline_problem(run: StageRun) -> tuple[ProblemDescription, Normalization]:
     """The description of a pipeline run's data: its ``timeline/timeline.json`` and
     ``normalization.json``, and the normalization itself."""
-    from horizon_engine.normalization import NORMALIZATION_FILE, read_normalization
     from horizon_engine.timeline import TimelineInfo
 
-    info = TimelineInfo.read(run.output_dir / "timeline")
-    normalization = read_normalization(run.output_dir / NORMALIZATION_FILE)
+    folder = RunFolder(run.output_dir)
+    info = TimelineInfo.read(folder.timeline)
+    normalization = folder.normalization()
     max_feature_value = 6.0
     if "normalization" in run.spec.sections:
         max_feature_value = run.spec.sections["normalization"].config.max_feature_value
-    description = ProblemDescription(
-        action_type=ActionType(info.action_type),
-        actions=info.actions or [],
-        feature_ids=list(normalization["state_features"]),
-        action_feature_ids=list(normalization.get("action_features", {})),
-        n_step=info.n_step,
-        seed=run.seed,
-        max_feature_value=max_feature_value,
+    description = ProblemDescription.for_data(
+        ActionType(info.action_type),
+        info.actions or [],
+        normalization,
+        info.n_step,
+        run.seed,
+        max_feature_value,
     )
     return description, normalization
 
@@ -312,7 +336,7 @@ def load_split(
     from horizon_engine.dataset import load_timeline
 
     return load_timeline(
-        run.output_dir / "timeline" / split,
+        RunFolder(run.output_dir).split(split),
         description.action_type,
         description.feature_ids,
         description.action_feature_ids,
@@ -328,7 +352,7 @@ def read_check_rows(run_dir: Path, description: ProblemDescription) -> dict[str,
     anything else in it stops the export with the file and the field named."""
     import torch
 
-    path = Path(run_dir) / CHECK_ROWS_FILE
+    path = RunFolder(run_dir).file(RunFolder.CHECK_ROWS)
     if not path.is_file():
         raise HorizonError(
             f"{path} does not exist: {run_dir} holds no finished training of this version "
@@ -364,7 +388,7 @@ def read_check_rows(run_dir: Path, description: ProblemDescription) -> dict[str,
         ):
             raise HorizonError(
                 f"{path}: field '{name}' has shape {shape}, expected {expected} for the "
-                f"problem in {PROBLEM_FILE}"
+                f"problem in {RunFolder.PROBLEM}"
             )
         named = zip(wanted, shape, strict=True)
         sizes.update({dim: size for dim, size in named if isinstance(dim, str)})
@@ -386,22 +410,25 @@ class TrainingDriver:
         description: ProblemDescription,
         normalization: Normalization,
         callbacks: Iterable[BatchCallback] = (),
+        *,
+        plugins: PluginHost | None = None,
     ) -> None:
         import torch
 
+        from horizon_engine.plugins import get_plugin_host
         from horizon_engine.training import load_checkpoint, resolve_device
 
         self.run = run
         self.config = choice.config
         self.device = resolve_device(self.config.device)
         self.trainer, self.problem = set_up_trainer(
-            choice, description, normalization, run.plugins, self.device
+            choice, description, normalization, plugins or get_plugin_host(), self.device
         )
         if self.config.warm_start_from:
             state = load_checkpoint(Path(self.config.warm_start_from))["trainer"]
             self.trainer.load_state_dict(state)
         self.callbacks = list(callbacks)
-        self.folder = run.output_dir / CHECKPOINTS
+        self.folder = RunFolder(run.output_dir)
         self.outputs = [description.write(run.output_dir)]
         self.checkpoints: list[str] = []
         self.history: list[dict[str, float]] = []
@@ -544,21 +571,20 @@ class TrainingDriver:
         if estimators is not None:
             found |= estimators.epoch_metrics(self.trainer)
         self.history.append(found)
-        self.run.plugins.on_epoch_end(self.run, self.epoch, found)
+        self.run.emit_epoch_metrics(self.epoch, found)
         state = {
             "trainer": self.trainer.state_dict(),
             RESUME_STATE: self._resume_state(estimators),
             **(checkpoint or {}),
         }
-        saved = save_checkpoint(self.folder, self.epoch, state)
-        self.checkpoints.append(f"{CHECKPOINTS}/{saved.name}")
+        save_checkpoint(self.folder, self.epoch, state)
+        self.checkpoints.append(RunFolder.checkpoint_name(self.epoch))
         self._list_latest()
         return found
 
     def _list_latest(self) -> None:
-        latest = f"{CHECKPOINTS}/latest.pt"
-        if latest not in self.outputs:
-            self.outputs.append(latest)
+        if RunFolder.LATEST_CHECKPOINT not in self.outputs:
+            self.outputs.append(RunFolder.LATEST_CHECKPOINT)
 
     def _resume_state(self, estimators: EpisodeEvaluation | None) -> dict[str, Any]:
         """What the epochs after this one depend on besides the trainer's own state: the
@@ -586,13 +612,9 @@ class TrainingDriver:
         import torch
 
         from horizon_engine.files import atomic_output
-        from horizon_engine.training import (
-            epoch_checkpoint_name,
-            last_epoch_checkpoint,
-            read_checkpoint,
-        )
+        from horizon_engine.training import read_checkpoint
 
-        path = last_epoch_checkpoint(self.folder)
+        path = self.folder.last_epoch_checkpoint()
         if path is None:
             return None
         checkpoint = read_checkpoint(path, "--resume")
@@ -613,11 +635,11 @@ class TrainingDriver:
         if estimators is not None and "estimators" in state:
             estimators.restore(json.loads(state["estimators"]))
         self.checkpoints = [
-            f"{CHECKPOINTS}/{epoch_checkpoint_name(epoch)}"
+            RunFolder.checkpoint_name(epoch)
             for epoch in range(1, self.epoch + 1)
-            if (self.folder / epoch_checkpoint_name(epoch)).is_file()
+            if self.folder.checkpoint_path(epoch).is_file()
         ]
-        with atomic_output(self.folder / "latest.pt") as temporary:
+        with atomic_output(self.folder.latest_checkpoint) as temporary:
             temporary.write_bytes(path.read_bytes())
         self._list_latest()
         return checkpoint
@@ -633,6 +655,6 @@ class TrainingDriver:
             name: tensors[name][:CHECK_ROWS].cpu().clone()
             for name in CHECK_FIELDS[self.problem.action_type]
         }
-        with atomic_output(self.run.output_dir / CHECK_ROWS_FILE) as temporary:
+        with atomic_output(self.folder.file(RunFolder.CHECK_ROWS)) as temporary:
             torch.save(rows, temporary)
-        self.outputs.append(CHECK_ROWS_FILE)
+        self.outputs.append(RunFolder.CHECK_ROWS)

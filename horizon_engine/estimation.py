@@ -19,6 +19,7 @@ from abc import abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from horizon_engine.capabilities import NO_EVALUATION_MODELS, EvaluationModels
 from horizon_engine.components import ComponentConfig, Estimator
 from horizon_engine.errors import HorizonError
 from horizon_engine.policies import ExplorationConfig
@@ -99,11 +100,11 @@ class EvaluationEpisodes:
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)
     """Each logged metric's value per row (``[N]``, 0 where a row lacks it), when rows carry a
     ``metrics`` map; the reward is ``data.reward``."""
-    models: dict[str, Any] = field(default_factory=dict)
-    """What ``TrainerBase.evaluation_models()`` offers: reward and value models trained beside
-    the policy, by name."""
+    models: EvaluationModels = NO_EVALUATION_MODELS
+    """What the trainer offers besides its policy (``OffersEvaluationModels``): the
+    Q-network's features, ...; none of them when it offers none."""
     discount: float | None = None
-    """The trainer's discount per step (``TrainerBase.discount()``), None when it has none."""
+    """The trainer's discount per step (``Discounts``), None when it has none."""
     seed: int | None = None
     """The run's seed, for estimators that draw random numbers (bootstrap intervals)."""
 

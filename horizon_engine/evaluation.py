@@ -25,8 +25,8 @@ The files, each written whole (temporary name, then rename) and owned by one sta
   file: a later ``--stages train`` run replaces ``cpe_epochs.json`` and marks ``cpe.json``
   stale, as for any output read from a replaced one.
 
-``evaluate_run`` evaluates a finished run's latest checkpoint on its own eval split or another
-timeline's (``horizon evaluate``), and ``estimates_table`` prints estimates for people.
+The evaluation stage and ``evaluate_run`` (``horizon evaluate``) live in
+``horizon_engine.evaluation_stage``; ``estimates_table`` prints estimates for people.
 """
 
 from __future__ import annotations
@@ -35,32 +35,23 @@ import json
 import math
 import sys
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from horizon_engine.errors import HorizonError
-from horizon_engine.run_context import StageReport
 
 if TYPE_CHECKING:
     import torch
 
+    from horizon_engine.capabilities import EvaluationModels
     from horizon_engine.config import Choice
     from horizon_engine.dataset import TimelineTensors
-    from horizon_engine.driver import ProblemDescription
     from horizon_engine.estimation import Estimate, EstimatorBase, EvaluationEpisodes
-    from horizon_engine.plugins import PluginHost
     from horizon_engine.policies import ExplorationConfig, PolicyOutput
-    from horizon_engine.run_context import RunContext
     from horizon_engine.schema import ActionType
     from horizon_engine.training import TrainerBase
-
-CPE_FILE = "cpe.json"
-"""The evaluation stage's output, in the run folder."""
-
-CPE_EPOCHS_FILE = "cpe_epochs.json"
-"""The train stage's record of the per-epoch estimates, in the run folder."""
 
 EPOCHS_WRITE_SECONDS = 1.0
 """Least time between two rewrites of ``cpe_epochs.json`` while training."""
@@ -210,9 +201,16 @@ class EpisodeEvaluation:
         estimator raised ``NotApplicable`` is left out and its reason kept in
         ``not_applicable``. numpy's and scipy's BLAS compute on as many threads as torch
         meanwhile (``blas_threads``)."""
+        from horizon_engine.capabilities import (
+            NO_EVALUATION_MODELS,
+            Discounts,
+            OffersEvaluationModels,
+        )
+
         policy = trainer.policy()
-        models = trainer.evaluation_models()
-        discount = trainer.discount()
+        offers = isinstance(trainer, OffersEvaluationModels)
+        models = trainer.evaluation_models() if offers else NO_EVALUATION_MODELS
+        discount = trainer.discount() if isinstance(trainer, Discounts) else None
         results: Results = {}
         outputs: dict[str, PolicyOutput] = {}
         with blas_threads():
@@ -223,7 +221,7 @@ class EpisodeEvaluation:
         self,
         every_epoch_only: bool,
         policy: torch.nn.Module,
-        models: dict[str, Any],
+        models: EvaluationModels,
         discount: float | None,
         results: Results,
         outputs: dict[str, PolicyOutput],
@@ -321,7 +319,7 @@ class EpisodeEvaluation:
         return entries
 
     def _episodes(
-        self, output: PolicyOutput, models: dict[str, Any], discount: float | None
+        self, output: PolicyOutput, models: EvaluationModels, discount: float | None
     ) -> EvaluationEpisodes:
         from horizon_engine.estimation import EvaluationEpisodes
 
@@ -375,199 +373,6 @@ class EpisodeEvaluation:
             for name in fields
         }
         return PolicyOutput(self.action_type, **joined)
-
-
-def _evaluate_split(
-    run: RunContext,
-    choices: list[Choice],
-    description: ProblemDescription,
-    split: Path,
-    purpose: str,
-) -> tuple[EpisodeEvaluation, Results]:
-    """The latest checkpoint's policy, evaluated by ``choices`` on the timeline split folder
-    ``split`` (rows with ``description``'s features and actions)."""
-    from horizon_engine.dataset import load_timeline
-    from horizon_engine.driver import restore_trainer
-    from horizon_engine.training import resolve_device
-
-    trainer_choice = run.spec.sections["trainer"]
-    device = resolve_device(trainer_choice.config.device)
-    trainer, _ = restore_trainer(
-        run.output_dir, trainer_choice, description, run.plugins, device, purpose
-    )
-    rows = load_timeline(
-        split,
-        description.action_type,
-        description.feature_ids,
-        description.action_feature_ids,
-        description.actions,
-    ).to(device)
-    if not len(rows):
-        raise HorizonError(
-            f"[[evaluation]] {split} holds no rows: the estimators need an eval split "
-            "([timeline] eval_fraction > 0)"
-        )
-    evaluation = EpisodeEvaluation(
-        choices, description.action_type, rows, read_metrics(split), run.seed
-    )
-    return evaluation, evaluation.run(trainer)
-
-
-def run_evaluation_stage(run: RunContext, choices: list[Choice]) -> StageReport:
-    """Run every ``[[evaluation]]`` estimator once on the eval split, for the latest
-    checkpoint's policy; write ``cpe.json`` with these final estimates and the per-epoch ones
-    the train stage recorded (``cpe_epochs.json``, when it ran estimators every epoch)."""
-    from horizon_engine.driver import timeline_problem
-    from horizon_engine.files import write_json
-
-    description, _ = timeline_problem(run)
-    split = run.output_dir / "timeline" / "eval"
-    if not any(split.glob("*.parquet")):
-        raise HorizonError(
-            f"[[evaluation]] {split} holds no rows: the estimators need an eval split "
-            "([timeline] eval_fraction > 0)"
-        )
-    evaluation, results = _evaluate_split(run, choices, description, split, "evaluation")
-    epochs = []
-    epochs_file = run.output_dir / CPE_EPOCHS_FILE
-    if epochs_file.is_file():
-        epochs = json.loads(epochs_file.read_text(encoding="utf-8")).get("epochs", [])
-    final = results_json(results)
-    record = {
-        "eval_rows": len(evaluation.data),
-        "episodes": evaluation.episode_count,
-        "entries": evaluation.entries(),
-        "final": final,
-        "epochs": epochs,
-    }
-    write_json(run.output_dir / CPE_FILE, record)
-    return StageReport(
-        "evaluation",
-        rows_in=len(evaluation.data),
-        rows_out=len(evaluation.data),
-        outputs=[CPE_FILE],
-        details={
-            "episodes": evaluation.episode_count,
-            "estimates": final,
-            "not_applicable": dict(evaluation.not_applicable),
-        },
-    )
-
-
-def evaluate_run(
-    run_dir: str | Path,
-    data: str | Path | None = None,
-    default_evaluation: Iterable[Mapping[str, Any]] = (),
-    overrides: Iterable[str] = (),
-    plugins: PluginHost | None = None,
-) -> dict[str, Any]:
-    """Evaluate a finished ``horizon run``'s latest checkpoint with its ``[[evaluation]]``
-    entries (``default_evaluation``, entries as in pipeline.toml, when it has none) on its own
-    eval split, or on ``data``: another run's eval split (a run folder, its ``timeline``
-    folder or a split folder of timeline Parquet) with the same actions and state features.
-
-    ``overrides`` are ``--set`` overrides of the run's config (``evaluation.0.weight_clip=10``).
-    Returns what ``cpe.json`` holds but the epochs, with ``run_dir`` and ``data``; writes
-    nothing.
-    """
-    import copy
-    import uuid
-
-    from horizon_engine.config import build_spec
-    from horizon_engine.driver import ProblemDescription
-    from horizon_engine.export import read_manifest
-    from horizon_engine.plugins import get_plugin_host
-    from horizon_engine.run_context import RunContext
-    from horizon_engine.run_folder import EarlierRun
-
-    run_dir = Path(run_dir)
-    plugins = plugins or get_plugin_host()
-    manifest = read_manifest(run_dir / "manifest.json")
-    config = copy.deepcopy(manifest["config"])
-    if "pipeline" not in config or "trainer" not in config:
-        raise HorizonError(
-            f"{run_dir}: not the folder of a `horizon run` that trained a policy (its manifest "
-            "has no [pipeline] and [trainer])"
-        )
-    incomplete = EarlierRun(manifest).incomplete_stages().get("train")
-    if incomplete:
-        raise HorizonError(
-            f"{run_dir}: its training is incomplete ({incomplete}), so its latest checkpoint "
-            "is no finished policy; run the train stage again (--stages train)"
-        )
-    config["pipeline"]["output_dir"] = str(run_dir)
-    config["pipeline"]["stages"] = None
-    if not config.get("evaluation"):
-        config["evaluation"] = [dict(entry) for entry in default_evaluation]
-    if not config["evaluation"]:
-        raise HorizonError(f"{run_dir}: the run has no [[evaluation]] entries to run")
-    spec = build_spec(config, plugins, overrides)
-    description = ProblemDescription.read(run_dir)
-    split = run_dir / "timeline" / "eval" if data is None else _split_folder(Path(data))
-    if data is not None:
-        _check_data(split, description)
-    elif not any(split.glob("*.parquet")):
-        raise HorizonError(
-            f"{split} holds no eval split to evaluate on: give another timeline with --data"
-        )
-    run = RunContext(spec, run_dir, plugins, uuid.uuid4().hex[:12])
-    evaluation, results = _evaluate_split(run, spec.evaluation, description, split, "evaluation")
-    return {
-        "run_dir": str(run_dir),
-        "data": str(split),
-        "eval_rows": len(evaluation.data),
-        "episodes": evaluation.episode_count,
-        "entries": evaluation.entries(),
-        "final": results_json(results),
-    }
-
-
-def _split_folder(path: Path) -> Path:
-    """The split folder ``--data`` names: a run folder's ``timeline/eval``, a timeline
-    folder's ``eval``, or a folder of timeline Parquet itself."""
-    for candidate in (path / "timeline" / "eval", path / "eval", path):
-        if candidate.is_dir() and any(candidate.glob("*.parquet")):
-            return candidate
-    raise HorizonError(
-        f"--data {path}: no timeline rows there (expected a run folder, its timeline folder "
-        "or a folder of timeline Parquet files)"
-    )
-
-
-def _check_data(split: Path, description: ProblemDescription) -> None:
-    """Another timeline's split must have the run's action type, actions and state (and
-    action) features, or the policy cannot be evaluated on it."""
-    import pyarrow.parquet as pq
-
-    from horizon_engine.schema import map_entries
-    from horizon_engine.timeline import TIMELINE_INFO, TimelineInfo
-
-    if (split.parent / TIMELINE_INFO).is_file():
-        info = TimelineInfo.read(split.parent)
-        if info.action_type != description.action_type.value:
-            raise HorizonError(
-                f"--data {split}: its actions are {info.action_type}, the run's policy "
-                f"decides {description.action_type.value} actions"
-            )
-        if description.actions and (info.actions or []) != description.actions:
-            raise HorizonError(
-                f"--data {split}: its actions are {info.actions}, the run's policy was "
-                f"trained on {description.actions} (the same names in the same order)"
-            )
-    columns = [("state_features", description.feature_ids, "state")]
-    if description.action_feature_ids:
-        columns.append(("action", description.action_feature_ids, "action"))
-    table = pq.read_table(split, columns=[name for name, _, _ in columns])
-    for name, feature_ids, kind in columns:
-        column = table[name].combine_chunks()
-        _, keys, _ = map_entries(column)
-        found = set(keys.unique().to_pylist())
-        missing = [feature for feature in feature_ids if feature not in found]
-        if missing:
-            raise HorizonError(
-                f"--data {split}: no row has the {kind} feature(s) {missing} that the run's "
-                f"policy reads (the data has {sorted(found)[:20]})"
-            )
 
 
 def _number(value: float | None, digits: int = 3) -> str:

@@ -1,8 +1,9 @@
 """Every hook Horizon Engine calls, in one place.
 
-Three kinds of hook live here. The five ``horizon_register_*`` families hand the plugin a
-``register`` callback, so the core owns naming, duplicate detection and config validation
-(the pattern of ``llm`` and ``tox``). ``horizon_register_commands`` adds subcommands to the
+Three kinds of hook live here. The seven component families' ``horizon_register_*`` hooks, and
+``horizon_register_stages`` for pipeline stages, hand the plugin a ``register`` callback, so
+the core owns naming, duplicate detection and config validation (the pattern of ``llm`` and
+``tox``). ``horizon_register_commands`` adds subcommands to the
 ``horizon`` command line (``horizon gym`` is one, registered by a built-in plugin). The
 ``horizon_on_*`` lifecycle hooks observe a run; they are called per stage, per epoch or per
 run, never per row.
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 
     from horizon_engine.components import Component
     from horizon_engine.run_context import RunContext, StageReport
+    from horizon_engine.stages import Stage
 
 Register = Callable[[type["Component"]], None]
 """The callback a ``horizon_register_*`` hook receives: call it once per component class."""
@@ -42,13 +44,42 @@ def horizon_register_data_sources(register: Register) -> None:
 
 
 @hookspec
-def horizon_register_transforms(register: Register) -> None:
-    """Register row transforms (the timeline) and feature transforms (normalization types).
+def horizon_register_timeline_engines(register: Register) -> None:
+    """Register timeline engines, such as ``local`` or the Spark plugin's ``spark``.
 
     Called once, when the plugins are loaded. ``register(cls)`` takes a subclass of
-    ``horizon_engine.Transform``; ``name`` plus ``engine`` identify it, so a Spark plugin can
-    register ``timeline`` for ``engine = "spark"`` beside the built-in local one.
+    ``horizon_engine.TimelineEngine``; its ``name`` is what ``[timeline] engine`` selects.
     Returns nothing.
+    """
+
+
+@hookspec
+def horizon_register_normalization_engines(register: Register) -> None:
+    """Register normalization engines (how the feature sample is drawn), such as ``local``.
+
+    Called once, when the plugins are loaded. ``register(cls)`` takes a subclass of
+    ``horizon_engine.NormalizationEngine``; its ``name`` is what ``[normalization] engine``
+    selects. Returns nothing.
+    """
+
+
+@hookspec
+def horizon_register_feature_types(register: Register) -> None:
+    """Register normalization types, such as ``continuous`` or ``enum``.
+
+    Called once, when the plugins are loaded. ``register(cls)`` takes a subclass of
+    ``horizon_engine.FeatureType``; its ``name`` is what a feature's ``feature_type`` in
+    ``normalization.json`` and ``[normalization] overrides`` name. Returns nothing.
+    """
+
+
+@hookspec
+def horizon_register_transforms(register: Register) -> None:
+    """Deprecated: register with the three hooks above instead.
+
+    Called once, when the plugins are loaded. Each class ``register(cls)`` takes goes to the
+    family of its base class (``TimelineEngine``, ``NormalizationEngine`` or ``FeatureType``),
+    and the plugin is reported as using a deprecated hook. Returns nothing.
     """
 
 
@@ -83,6 +114,21 @@ def horizon_register_exporters(register: Register) -> None:
 
 
 @hookspec
+def horizon_register_stages(register: Callable[[Stage], None]) -> None:
+    """Register pipeline stages, such as the core's ``train`` or the world model's ``analysis``.
+
+    Called once, when the plugins are loaded. ``register(stage)`` takes a
+    ``horizon_engine.Stage``: its name (what ``--stages`` and the manifest say), the section
+    of pipeline.toml that configures it with the rule by which that section picks its
+    component (``horizon_engine.SectionRule``), the run-relative paths it reads and those it
+    writes, and its run function. A run executes the configured stages each after the stages
+    whose outputs it reads, ties in registration order. A stage with the name, section or a
+    written path of another, one reading a path no stage writes, or one in a cycle of reads
+    leaves its plugin out, as a plugin failure. Returns nothing.
+    """
+
+
+@hookspec
 def horizon_register_commands(cli: click.Group) -> None:
     """Add subcommands to the ``horizon`` command line, such as ``gym`` or ``serve``.
 
@@ -98,7 +144,7 @@ def horizon_register_commands(cli: click.Group) -> None:
 def horizon_on_stage_start(run: RunContext, stage: str) -> None:
     """Called before a pipeline stage runs.
 
-    ``run`` is the ``RunContext`` (config, output folder, seed); ``stage`` is the stage name
+    ``run`` is the ``RunContext`` (output folder, seed, run id); ``stage`` is the stage name
     (``source``, ``timeline``, ``normalization``, ``train``, ``evaluation``, ``export``).
     Returns nothing.
     """

@@ -16,24 +16,20 @@ the command line) leaves the manifest ``"status": "interrupted"``, ready to resu
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import math
-import os
 import re
-import socket
 import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from horizon_engine.config import SECTIONS, Choice, PipelineSpec, build_spec
-from horizon_engine.driver import CHECK_ROWS_FILE, PROBLEM_FILE
+from horizon_engine.config import Choice, PipelineSpec, build_spec
 from horizon_engine.errors import (
     BAD_ROWS_SHOWN,
     BadRowsError,
@@ -41,16 +37,14 @@ from horizon_engine.errors import (
     HorizonError,
     StageInputError,
 )
-from horizon_engine.evaluation import CPE_EPOCHS_FILE, CPE_FILE, run_evaluation_stage
-from horizon_engine.files import staged_outputs, write_json
+from horizon_engine.files import staged_outputs
 from horizon_engine.import_clock import import_clock
-from horizon_engine.normalization import NORMALIZATION_FILE
 from horizon_engine.plugins import PluginHost, get_plugin_host
 from horizon_engine.preflight import check_before_run
-from horizon_engine.run_context import RunContext, StageReport
+from horizon_engine.run_context import StageReport, StageRun
 from horizon_engine.run_folder import (
-    MANIFEST,
     EarlierRun,
+    RunFolder,
     existing_claims,
     matches,
     read_earlier_run,
@@ -58,9 +52,14 @@ from horizon_engine.run_folder import (
     remove_inside,
     take_over,
 )
-from horizon_engine.training import CHECKPOINTS
+from horizon_engine.stages import Stage
 
 if TYPE_CHECKING:
+    import numpy as np
+
+    from horizon_engine.driver import Normalization
+    from horizon_engine.normalization import NormalizationConfig
+    from horizon_engine.preprocessor import FeatureType
     from horizon_engine.schema import BadRow, RowLayout
     from horizon_engine.timeline import TimelineConfig, TimelineResult
 
@@ -68,32 +67,6 @@ if TYPE_CHECKING:
 ROW_GROUP_ROWS = 256_000
 """Rows gathered before the source stage writes a Parquet row group: sources yield small
 batches, and a file of many small row groups reads back as many chunks, slow to gather."""
-
-
-@dataclass(frozen=True)
-class Stage:
-    """A pipeline stage: the section that configures it, what it reads and how it runs."""
-
-    name: str
-    section: str
-    claims: tuple[str, ...]
-    """Every path it writes, run-relative (glob patterns allowed): what it may replace."""
-    reads: tuple[str, ...]
-    run: Callable[..., StageReport]
-    """Called with the run and the section's ``Choice`` (a list of them for ``[[evaluation]]``),
-    and ``resume=True`` for a stage that continues from ``resumes_from`` on ``--resume``."""
-    resumes_from: tuple[str, ...] = ()
-    """Outputs (claims) an interrupted run of the stage leaves for ``--resume`` to continue
-    from, rather than to remove: the train stage's epoch checkpoints and the event files of
-    the epochs they hold."""
-
-    def configured(self, spec: PipelineSpec) -> bool:
-        return (
-            bool(spec.evaluation) if self.section == "evaluation" else self.section in spec.sections
-        )
-
-    def choice(self, spec: PipelineSpec) -> Choice | list[Choice]:
-        return spec.evaluation if self.section == "evaluation" else spec.sections[self.section]
 
 
 class BadRowSink:
@@ -180,7 +153,7 @@ def _natural_order(location: str) -> list[tuple[int, int | str]]:
     ]
 
 
-def run_source_stage(run: RunContext, choice: Choice) -> StageReport:
+def run_source_stage(run: StageRun, choice: Choice) -> StageReport:
     """Read the source, validate every row, and write the good ones to ``source/rows.parquet``.
 
     Bad rows stop the run (``on_bad_rows = "fail"``, after reading everything so that all of
@@ -195,20 +168,23 @@ def run_source_stage(run: RunContext, choice: Choice) -> StageReport:
     timeline = run.spec.sections.get("timeline")
     actions = getattr(timeline.config, "actions", None) if timeline else None
     quarantine = run.spec.pipeline.on_bad_rows == "quarantine"
-    report = StageReport("source", outputs=["source/rows.parquet"])
+    report = StageReport("source", outputs=[RunFolder.SOURCE_ROWS])
     ignored: Counter[str] = Counter()
     pending: list[pa.Table] = []
     layout = checker = writer = None
     with (
-        staged_outputs(run.output_dir / "source") as folder,
+        staged_outputs(RunFolder(run.output_dir).file(RunFolder.SOURCE_ROWS).parent) as folder,
         run.progress("reading rows") as advance,
     ):
-        sink = BadRowSink(folder / "quarantine.jsonl" if quarantine else None)
+        quarantined = folder / Path(RunFolder.SOURCE_QUARANTINE).name
+        sink = BadRowSink(quarantined if quarantine else None)
         try:
             for batch in source.read(run):
                 if layout is None:
                     layout, checker = batch.layout, RowChecker(batch.layout, actions)
-                    writer = pq.ParquetWriter(folder / "rows.parquet", layout.schema)
+                    writer = pq.ParquetWriter(
+                        folder / Path(RunFolder.SOURCE_ROWS).name, layout.schema
+                    )
                 elif batch.layout != layout:
                     raise HorizonError(
                         f"[source] {batch.locations[0] if batch.locations else ''}: found "
@@ -237,15 +213,16 @@ def run_source_stage(run: RunContext, choice: Choice) -> StageReport:
             raise sink.error()
         if not report.rows_out:
             # The quarantine is kept for the user to read; an empty rows file is not written.
-            (folder / "rows.parquet").unlink()
+            (folder / Path(RunFolder.SOURCE_ROWS).name).unlink()
     if not report.rows_out:
         raise HorizonError(
             f"[source] every one of the {report.rows_in} rows read was bad "
             f"({_counts_text(sink.counts)}), so no rows are left; see "
-            f"{run.output_dir / 'source' / 'quarantine.jsonl'} for each row and its reason"
+            f"{RunFolder(run.output_dir).file(RunFolder.SOURCE_QUARANTINE)} for each row and "
+            "its reason"
         )
     if sink.counts:
-        report.outputs.append("source/quarantine.jsonl")
+        report.outputs.append(RunFolder.SOURCE_QUARANTINE)
     report.dropped = dict(sink.counts)
     report.warnings = [
         f"ignored field '{name}' (not part of {layout}) in {count} rows"
@@ -258,7 +235,7 @@ def run_source_stage(run: RunContext, choice: Choice) -> StageReport:
     return report
 
 
-def run_timeline_stage(run: RunContext, choice: Choice) -> StageReport:
+def run_timeline_stage(run: StageRun, choice: Choice) -> StageReport:
     """Build ``timeline/train`` and ``timeline/eval`` from ``source/rows.parquet``.
 
     Rows that already are timeline rows (Horizon's own output) skip the transform: they are
@@ -269,7 +246,7 @@ def run_timeline_stage(run: RunContext, choice: Choice) -> StageReport:
     from horizon_engine.schema import RowFormat, RowLayout
     from horizon_engine.timeline import TimelineInfo, split_timeline_rows
 
-    rows = run.output_dir / "source" / "rows.parquet"
+    rows = RunFolder(run.output_dir).file(RunFolder.SOURCE_ROWS)
     layout = RowLayout.from_schema(pq.read_schema(rows), str(rows))
     quarantine = run.spec.pipeline.on_bad_rows == "quarantine"
     actions, actions_from = _discrete_actions(run, rows, layout, choice.config)
@@ -277,9 +254,9 @@ def run_timeline_stage(run: RunContext, choice: Choice) -> StageReport:
     if layout.row_format is RowFormat.TIMELINE:
         engine = "none: the source rows are timeline rows already"
     else:
-        engine = choice.component.engine
+        engine = choice.component.name
     warnings = _reward_weight_warnings(run, rows, config.reward) if config.reward else []
-    with staged_outputs(run.output_dir / "timeline") as folder:
+    with staged_outputs(RunFolder(run.output_dir).timeline) as folder:
         if layout.row_format is RowFormat.TIMELINE:
             result = split_timeline_rows(rows, folder, config, run.seed)
         else:
@@ -308,7 +285,7 @@ def run_timeline_stage(run: RunContext, choice: Choice) -> StageReport:
         rows_in=result.rows_in,
         rows_out=result.train_rows + result.eval_rows,
         dropped={**result.dropped, **result.rejected},
-        outputs=["timeline/train", "timeline/eval", "timeline/timeline.json"],
+        outputs=[*RunFolder.TIMELINE_SPLITS, RunFolder.TIMELINE_INFO],
         warnings=[*warnings, *_eval_split_warnings(run, result, config.eval_fraction)],
         details={
             "engine": engine,
@@ -337,7 +314,7 @@ SUGGESTED_EVAL_EPISODES = 5
 fewer than ``MIN_EVAL_EPISODES`` is rare (4% of seeds or fewer: a Poisson tail, e^-5 * 6)."""
 
 
-def _eval_split_warnings(run: RunContext, result: TimelineResult, fraction: float) -> list[str]:
+def _eval_split_warnings(run: StageRun, result: TimelineResult, fraction: float) -> list[str]:
     """A warning when the eval split holds fewer than ``MIN_EVAL_EPISODES`` episodes, with
     the count, what it costs and what to change; none for ``eval_fraction = 0``, which asks
     for no eval split (the train stage still says what its absence costs)."""
@@ -369,7 +346,7 @@ def _eval_split_warnings(run: RunContext, result: TimelineResult, fraction: floa
 
 
 def _discrete_actions(
-    run: RunContext, rows: Path, layout: RowLayout, config: TimelineConfig
+    run: StageRun, rows: Path, layout: RowLayout, config: TimelineConfig
 ) -> tuple[list[str] | None, str | None]:
     """The discrete action names the timeline numbers, and where they come from: ``[timeline]
     actions`` when set; else the entries of timeline rows' ``possible_actions`` masks ("0",
@@ -391,7 +368,7 @@ def _discrete_actions(
     return logged_action_names(rows), "every name the rows log (whole numbers first, by value)"
 
 
-def _reward_weight_warnings(run: RunContext, rows: Path, weights: dict[str, float]) -> list[str]:
+def _reward_weight_warnings(run: StageRun, rows: Path, weights: dict[str, float]) -> list[str]:
     """A weight for a metric no row carries is an error (every reward would lack its term);
     for one that some rows lack, a warning with the count (it counts as 0 there)."""
     from horizon_engine.logged_facts import metric_coverage
@@ -415,56 +392,67 @@ def _reward_weight_warnings(run: RunContext, rows: Path, weights: dict[str, floa
     ]
 
 
-def run_normalization_stage(run: RunContext, choice: Choice) -> StageReport:
+def identify_feature_sets(
+    sets: Mapping[str, tuple[Mapping[str, np.ndarray], Mapping[str, Any], bool]],
+    config: NormalizationConfig,
+    feature_types: Mapping[str, FeatureType],
+) -> tuple[Normalization, list[str]]:
+    """Identify and fit each feature set (``state_features``, ``action_features``: its
+    samples by feature, its overrides, whether its features are continuous actions), for the
+    normalization stage from the timeline and for ``horizon gym train`` from its warm-up
+    alike: the same rules, overrides and notes. Returns the normalization and the notes."""
+    from horizon_engine.normalization import identify_all
+
+    normalization: Normalization = {}
+    notes: list[str] = []
+    for name, (samples, overrides, action) in sets.items():
+        where = f"[normalization] {'action_' if name == 'action_features' else ''}overrides"
+        result = identify_all(samples, config, overrides, feature_types, action, where)
+        normalization[name] = result.parameters
+        notes += result.notes
+    return normalization, notes
+
+
+def run_normalization_stage(run: StageRun, choice: Choice) -> StageReport:
     """Identify and fit each feature's normalization from a sample of ``timeline/train``.
 
     State features always; action features too for parametric and continuous actions (whose
     actions are feature maps). Writes ``normalization.json``; notes (constant features, too few
     samples, overrides) become the stage's warnings.
     """
-    from horizon_engine.normalization import (
-        FeatureType,
-        identify_all,
-        write_normalization,
-    )
     from horizon_engine.timeline import TimelineInfo
 
     config = choice.config
-    timeline = run.output_dir / "timeline"
-    info = TimelineInfo.read(timeline)
+    folder = RunFolder(run.output_dir)
+    info = TimelineInfo.read(folder.timeline)
     if not info.train_rows:
         raise HorizonError(
-            f"[normalization] {timeline / 'train'} holds no rows to fit the normalization on"
+            f"[normalization] {folder.split('train')} holds no rows to fit the normalization on"
         )
     transform = choice.create()
-    known_types = {str(kind) for kind in FeatureType} | run.plugins.feature_types()
-    sets = {"state_features": ("state_features", config.overrides, False)}
+    columns = {"state_features": ("state_features", config.overrides, False)}
     if info.action_type != "discrete":
         continuous = info.action_type == "continuous"
-        sets["action_features"] = ("action", config.action_overrides, continuous)
-    feature_sets = {}
-    report = StageReport("normalization", outputs=[NORMALIZATION_FILE])
-    for name, (column, overrides, action) in sets.items():
-        samples = transform.sample(run, timeline / "train", column, config.num_samples)
-        result = identify_all(
-            samples,
-            config,
+        columns["action_features"] = ("action", config.action_overrides, continuous)
+    sets = {
+        name: (
+            transform.sample(run, folder.split("train"), column, config.num_samples),
             overrides,
-            known_types,
             action,
-            f"[normalization] {'action_' if name == 'action_features' else ''}overrides",
         )
-        feature_sets[name] = result.parameters
-        report.warnings += result.notes
-        report.details[name] = dict(
-            Counter(params.feature_type for params in result.parameters.values())
-        )
-    write_normalization(run.output_dir / NORMALIZATION_FILE, feature_sets)
+        for name, (column, overrides, action) in columns.items()
+    }
+    normalization, notes = identify_feature_sets(sets, config, run.plugins.feature_types())
+    written = folder.write_normalization(normalization)
+    report = StageReport("normalization", outputs=[written])
+    report.warnings += notes
+    for name, parameters in normalization.items():
+        report.details[name] = dict(Counter(params.feature_type for params in parameters.values()))
     report.rows_in = report.rows_out = info.train_rows
     return report
 
 
-def run_train_stage(run: RunContext, choice: Choice, resume: bool = False) -> StageReport:
+def run_train_stage(run: StageRun, choice: Choice, resume: bool = False) -> StageReport:
     """Train on ``timeline/train``, evaluate on ``timeline/eval`` after every epoch; with
     ``resume``, from the last complete epoch's checkpoint in the folder (epoch 1 without one).
 
@@ -480,7 +468,7 @@ def run_train_stage(run: RunContext, choice: Choice, resume: bool = False) -> St
     from horizon_engine.driver import TrainingDriver, load_split, timeline_problem
 
     description, normalization = timeline_problem(run)
-    driver = TrainingDriver(run, choice, description, normalization)
+    driver = TrainingDriver(run, choice, description, normalization, plugins=run.plugins)
     train, evaluation = (
         load_split(run, description, split, driver.device) for split in ("train", "eval")
     )
@@ -493,9 +481,9 @@ def run_train_stage(run: RunContext, choice: Choice, resume: bool = False) -> St
             run.spec.evaluation,
             description.action_type,
             evaluation,
-            read_metrics(run.output_dir / "timeline" / "eval"),
+            read_metrics(RunFolder(run.output_dir).split("eval")),
             run.seed,
-            run.output_dir / CPE_EPOCHS_FILE,
+            RunFolder(run.output_dir).file(RunFolder.CPE_EPOCHS),
         )
     resumed_at = 0
     if resume and driver.resume(estimators) is not None:
@@ -504,13 +492,15 @@ def run_train_stage(run: RunContext, choice: Choice, resume: bool = False) -> St
     recorded = []
     if estimators is not None:
         estimators.write_epochs()
-        recorded.append(CPE_EPOCHS_FILE)
+        recorded.append(RunFolder.CPE_EPOCHS)
     return StageReport(
         "train",
         rows_in=len(train),
         rows_out=len(train),
         outputs=[*driver.outputs, *driver.checkpoints, *recorded],
-        warnings=[] if len(evaluation) else [_NO_EVAL_ROWS.format(run.output_dir / "timeline")],
+        warnings=[]
+        if len(evaluation)
+        else [_NO_EVAL_ROWS.format(RunFolder(run.output_dir).timeline)],
         details={
             "device": str(driver.device),
             "epochs": driver.planned_epochs(train),
@@ -533,112 +523,25 @@ _NO_EVAL_ROWS = (
 """The train stage's warning for an empty eval split (the timeline stage's says why)."""
 
 
-def run_export_stage(run: RunContext, choice: Choice) -> StageReport:
+def run_export_stage(run: StageRun, choice: Choice) -> StageReport:
     """Export the trained policy (the latest checkpoint) with the configured exporter."""
-    from horizon_engine.export import export_policy, trained_policy
+    from horizon_engine.export_stage import export_policy, trained_policy
 
     model = trained_policy(run.output_dir, run.spec.sections["trainer"], run.plugins)
     exported = export_policy(run, choice, model)
     return StageReport("export", outputs=exported["outputs"], details=exported["details"])
 
 
-def run_analysis_stage(run: RunContext, choice: Choice) -> StageReport:
-    """Analyse the timeline's data with the ``[analysis]`` trainer's ``analyze`` (the world
-    model's MDP checks), before or without training: the trainer is set up for the timeline's
-    problem as the train stage sets it up, and is handed both splits with the state
-    preprocessor's output; it writes its files under ``analysis/`` and returns the report."""
-    from horizon_engine.driver import load_split, set_up_trainer, timeline_problem
-    from horizon_engine.training import resolve_device
-
-    description, normalization = timeline_problem(run)
-    device = resolve_device(choice.config.device)
-    trainer, problem = set_up_trainer(choice, description, normalization, run.plugins, device)
-    splits = [
-        load_split(run, description, split, device).with_preprocessed(problem.state_preprocessor)
-        for split in ("train", "eval")
-    ]
-    return trainer.analyze(run, problem, splits)
-
-
-STAGES: tuple[Stage, ...] = (
-    Stage(
-        "source",
-        "source",
-        ("source/rows.parquet", "source/quarantine.jsonl"),
-        (),
-        run_source_stage,
-    ),
-    Stage(
-        "timeline",
-        "timeline",
-        ("timeline/train", "timeline/eval", "timeline/timeline.json", "timeline/quarantine"),
-        ("source/rows.parquet",),
-        run_timeline_stage,
-    ),
-    Stage(
-        "normalization",
-        "normalization",
-        (NORMALIZATION_FILE,),
-        ("timeline/timeline.json",),
-        run_normalization_stage,
-    ),
-    Stage(
-        "train",
-        "trainer",
-        (
-            f"{CHECKPOINTS}/latest.pt",
-            f"{CHECKPOINTS}/epoch-*.pt",
-            PROBLEM_FILE,
-            CHECK_ROWS_FILE,
-            CPE_EPOCHS_FILE,
-            "tensorboard/events.out.tfevents.*",
-        ),
-        ("timeline/timeline.json", NORMALIZATION_FILE),
-        run_train_stage,
-        resumes_from=(
-            f"{CHECKPOINTS}/latest.pt",
-            f"{CHECKPOINTS}/epoch-*.pt",
-            "tensorboard/events.out.tfevents.*",
-        ),
-    ),
-    Stage(
-        "evaluation",
-        "evaluation",
-        (CPE_FILE,),
-        ("timeline/timeline.json", NORMALIZATION_FILE, f"{CHECKPOINTS}/latest.pt"),
-        run_evaluation_stage,
-    ),
-    Stage(
-        "export",
-        "export",
-        ("model.onnx",),
-        (
-            f"{CHECKPOINTS}/latest.pt",
-            PROBLEM_FILE,
-            CHECK_ROWS_FILE,
-            NORMALIZATION_FILE,
-        ),
-        run_export_stage,
-    ),
-    Stage(
-        "analysis",
-        "analysis",
-        ("analysis/*",),
-        ("timeline/timeline.json", NORMALIZATION_FILE),
-        run_analysis_stage,
-    ),
-)
-"""The stages this version can run, in pipeline order. The analysis comes last, though it
-reads only the data stages' outputs: running it again marks no training stale."""
-
-
-def select_stages(spec: PipelineSpec, names: list[str] | None = None) -> list[Stage]:
-    """The stages a run of ``spec`` executes, in pipeline order: every configured one (written
-    or run at its defaults), or those of them ``names`` (``--stages``) chooses."""
-    configured = [stage for stage in STAGES if stage.configured(spec)]
+def select_stages(
+    spec: PipelineSpec, stages: list[Stage], names: list[str] | None = None
+) -> list[Stage]:
+    """Of the registered ``stages`` (in run order), those a run of ``spec`` executes: every
+    configured one (written or run at its defaults), or those of them ``names`` (``--stages``)
+    chooses."""
+    configured = [stage for stage in stages if stage.configured(spec)]
     if not names:
         return configured
-    by_name = {stage.name: stage for stage in STAGES}
+    by_name = {stage.name: stage for stage in stages}
     problems = []
     for name in names:
         if name not in by_name:
@@ -659,21 +562,25 @@ class PlannedStage:
 
     name: str
     component: str
-    """The component that runs it (``dqn``; ``engine local`` for a transform)."""
+    """The component that runs it (``dqn``; ``engine local`` for an engine; ``-`` for a section
+    that selects none)."""
     settings: str
     """Where its settings come from (``PipelineSpec.settings_origin``)."""
 
 
-def planned_stages(spec: PipelineSpec) -> list[PlannedStage]:
-    """Each stage a run of ``spec`` (``[pipeline] stages``, or every configured stage)
-    executes, with its component and where its settings come from."""
+def planned_stages(spec: PipelineSpec, stages: list[Stage]) -> list[PlannedStage]:
+    """Each of the registered ``stages`` a run of ``spec`` (``[pipeline] stages``, or every
+    configured stage) executes, with its component and where its settings come from."""
 
     def component(choice: Choice) -> str:
-        rule = SECTIONS[choice.section.split("[")[0]]
-        return f"engine {choice.component.engine}" if rule.fixed_name else choice.component.name
+        if choice.component is None:
+            return "-"
+        if choice.rule.selector == "engine":
+            return f"engine {choice.component.name}"
+        return choice.component.name
 
     planned = []
-    for stage in select_stages(spec, spec.pipeline.stages):
+    for stage in select_stages(spec, stages, spec.pipeline.stages):
         choice = stage.choice(spec)
         chosen = choice if isinstance(choice, list) else [choice]
         planned.append(
@@ -722,8 +629,8 @@ def plan_resume(
     output_dir = spec.pipeline.output_dir
     if earlier is None:
         raise HorizonError(
-            f"--resume: {output_dir} holds no run to resume (no readable {MANIFEST}); run "
-            "without --resume to start one"
+            f"--resume: {output_dir} holds no run to resume (no readable "
+            f"{RunFolder.MANIFEST}); run without --resume to start one"
         )
     if earlier.manifest.get("command"):
         raise HorizonError(
@@ -734,9 +641,9 @@ def plan_resume(
     if changed:
         raise HorizonError(
             f"--resume: the config differs from the one {earlier.describe()} recorded in "
-            f"{Path(output_dir) / MANIFEST}, in {', '.join(changed)}; resuming would not give "
-            "that run's result. Undo the change (the same file and --set options), or start "
-            "a new run (--overwrite, or another output_dir)"
+            f"{Path(output_dir) / RunFolder.MANIFEST}, in {', '.join(changed)}; resuming would "
+            "not give that run's result. Undo the change (the same file and --set options), or "
+            "start a new run (--overwrite, or another output_dir)"
         )
     incomplete = earlier.incomplete_stages()
     complete = {
@@ -748,7 +655,8 @@ def plan_resume(
     if not pending:
         raise NothingToResume(
             f"nothing to resume: {earlier.describe()} completed every stage "
-            f"({', '.join(stage.name for stage in selected)}); see {Path(output_dir) / MANIFEST}"
+            f"({', '.join(stage.name for stage in selected)}); see "
+            f"{Path(output_dir) / RunFolder.MANIFEST}"
         )
     stages = selected[pending[0] :]
     first = stages[0]
@@ -785,12 +693,6 @@ def config_changes(recorded: Any, resolved: Mapping[str, Any]) -> list[str]:
     return changes
 
 
-def _horizon_version() -> str:
-    from horizon_engine import __version__
-
-    return __version__
-
-
 class Engine:
     """The Python API: ``Engine().run("pipeline.toml")`` or ``Engine().run(config_dict)``."""
 
@@ -810,27 +712,18 @@ class Engine:
         checked before a stage runs (``horizon_engine.preflight``) for ``stages`` (every
         configured one by default)."""
         spec = build_spec(config, self.plugins, overrides)
-        runnable = {stage.section for stage in STAGES}
+        registered = self.plugins.stages()
         problems = [
-            f"{spec.origin}: [{section}] is configured, but this version of Horizon Engine has "
-            f"no '{section}' stage yet; remove the section or use --stages"
-            for section in [*spec.sections, *(["evaluation"] if spec.evaluation else [])]
-            if section not in runnable and section in SECTIONS
+            problem
+            for stage in registered
+            if stage.check is not None and stage.configured(spec)
+            for problem in stage.check(spec, stage.section)
         ]
-        analysis = spec.sections.get("analysis")
-        if analysis is not None and not analysis.component.cls.analyzes_data():
-            problems.append(
-                f"{spec.where('analysis', 'kind')}: [analysis] kind = "
-                f"{analysis.component.name!r} is a trainer that does not analyse data (it does "
-                "not implement analyze); kind = 'world_model' does"
-            )
         if not spec.sections and not problems:
             problems.append(NO_SOURCE.format(origin=spec.origin, why=": nothing would run"))
         normalization = spec.sections.get("normalization")
         if normalization is not None:
-            from horizon_engine.normalization import FeatureType
-
-            known = {str(kind) for kind in FeatureType} | self.plugins.feature_types()
+            known = self.plugins.feature_types()
             for option in ("overrides", "action_overrides"):
                 for feature, override in getattr(normalization.config, option).items():
                     kind = override if isinstance(override, str) else override.type
@@ -845,13 +738,13 @@ class Engine:
                     )
         if problems:
             raise ConfigError(problems)
-        selected = select_stages(spec, list(stages) if stages else spec.pipeline.stages)
+        selected = select_stages(spec, registered, list(stages) if stages else spec.pipeline.stages)
         output_dir = Path(spec.pipeline.output_dir)
         unconfigured = {
             needed: producer
             for stage in selected
             for needed in stage.reads
-            for producer in STAGES
+            for producer in registered
             if matches(needed, producer.claims) and not producer.configured(spec)
         }
         missing = {  # without [trainer], the preflight says what needs it
@@ -871,7 +764,7 @@ class Engine:
                     for section, needed in missing.items()
                 ]
             )
-        check_before_run(spec, [stage.name for stage in selected])
+        check_before_run(spec, selected)
         return spec
 
     def run(
@@ -897,17 +790,20 @@ class Engine:
                 "--stages nor --overwrite"
             )
         spec = self.validate(config, overrides, stages)
-        selected = select_stages(spec, stages or spec.pipeline.stages)
+        registered = self.plugins.stages()
+        selected = select_stages(spec, registered, stages or spec.pipeline.stages)
         output_dir = Path(spec.pipeline.output_dir)
         earlier = read_earlier_run(output_dir)
         plan = plan_resume(spec, earlier, selected) if resume else ResumePlan(selected, None, [])
         selected = plan.stages
-        claims = {stage.name: stage.claims for stage in STAGES}
+        claims = {stage.name: stage.claims for stage in registered}
         names = [stage.name for stage in selected]
         resuming = stages is not None or resume
         notes = take_over(output_dir, earlier, claims, names, resuming, overwrite)
         output_dir.mkdir(parents=True, exist_ok=True)
-        run = RunContext(spec, output_dir, self.plugins, uuid.uuid4().hex[:12], self.show_progress)
+        run = StageRun.start(
+            spec, self.plugins, uuid.uuid4().hex[:12], self.show_progress, output_dir
+        )
         manifest = self._start_manifest(run, earlier if resuming else None, notes)
         if plan.continued_stage is not None:
             manifest["continued_runs"] = plan.continued_runs
@@ -948,10 +844,10 @@ class Engine:
         self._finish(run, manifest)
         return manifest
 
-    def _check_inputs(self, run: RunContext, stage: Stage, manifest: dict[str, Any]) -> None:
+    def _check_inputs(self, run: StageRun, stage: Stage, manifest: dict[str, Any]) -> None:
         """Every file the stage reads exists and is whole: not left by an interrupted stage."""
         for needed in stage.reads:
-            producer = next(s.name for s in STAGES if matches(needed, s.claims))
+            producer = next(s.name for s in self.plugins.stages() if matches(needed, s.claims))
             why = manifest["incomplete_stages"].get(producer)
             if why:
                 raise StageInputError(
@@ -972,7 +868,7 @@ class Engine:
 
     def _clear_stage(
         self,
-        run: RunContext,
+        run: StageRun,
         stage: Stage,
         earlier: EarlierRun | None,
         manifest: dict[str, Any],
@@ -986,21 +882,20 @@ class Engine:
             outputs |= set(existing_claims(run.output_dir, stage.claims))
         for path in sorted(outputs):
             if not (continued and matches(path, stage.resumes_from)):
-                remove_inside(run.output_dir, path, f"{MANIFEST}: stage '{stage.name}'")
+                remove_inside(run.output_dir, path, f"{RunFolder.MANIFEST}: stage '{stage.name}'")
         manifest["stages"].pop(stage.name, None)
         manifest["running_stage"] = stage.name
-        write_json(run.output_dir / MANIFEST, manifest)
+        RunFolder(run.output_dir).write_manifest(manifest)
 
     def _record(
-        self, run: RunContext, manifest: dict[str, Any], stage: Stage, report: StageReport
+        self, run: StageRun, manifest: dict[str, Any], stage: Stage, report: StageReport
     ) -> None:
         """Record a finished stage; carried-over outputs of later stages become stale."""
         manifest["stages"][stage.name] = {**asdict(report), "run_id": run.run_id}
         manifest["incomplete_stages"].pop(stage.name, None)
         if stage.name not in manifest["executed"]:
             manifest["executed"].append(stage.name)
-        later = [s.name for s in STAGES[STAGES.index(stage) + 1 :]]
-        for name in later:
+        for name in _readers_of(stage, self.plugins.stages()):
             record = manifest["stages"].get(name)
             if record and record["run_id"] != run.run_id and not record.get("stale"):
                 record["stale"] = (
@@ -1008,10 +903,10 @@ class Engine:
                     f"'{stage.name}' that run {run.run_id} has since replaced"
                 )
         manifest["running_stage"] = None
-        write_json(run.output_dir / MANIFEST, manifest)
+        RunFolder(run.output_dir).write_manifest(manifest)
 
     def _start_manifest(
-        self, run: RunContext, earlier: EarlierRun | None, notes: list[str]
+        self, run: StageRun, earlier: EarlierRun | None, notes: list[str]
     ) -> dict[str, Any]:
         """The new run's manifest; continuing an earlier run (``earlier``), its stage records
         are carried over, each naming the run that wrote it."""
@@ -1022,42 +917,48 @@ class Engine:
             for name, record in earlier.stages.items():
                 if isinstance(record, dict) and name not in incomplete:
                     carried[name] = {**record, "run_id": record.get("run_id", earlier.run_id)}
-        manifest = {
-            "horizon_version": _horizon_version(),
-            "run_id": run.run_id,
-            "name": run.spec.pipeline.name,
-            "status": "running",
-            "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "seed": run.seed,
-            "config_file": run.spec.origin,
-            "config": run.spec.resolved(),
-            "sections_at_defaults": list(run.spec.at_defaults),
-            "plugins": self.plugins.versions(),
-            "plugin_failures": self.plugins.load_failures(),
-            "executed": [],
-            "running_stage": None,
-            "stages": carried,
-            "incomplete_stages": incomplete,
-            "warnings": list(notes),
-        }
-        write_json(run.output_dir / MANIFEST, manifest)
-        return manifest
+        return RunFolder(run.output_dir).start_manifest(
+            run.run_id,
+            run.seed,
+            run.spec.origin,
+            run.spec.resolved(),
+            self.plugins,
+            name=run.spec.pipeline.name,
+            sections_at_defaults=list(run.spec.at_defaults),
+            executed=[],
+            running_stage=None,
+            stages=carried,
+            incomplete_stages=incomplete,
+            warnings=list(notes),
+        )
 
-    def _finish(self, run: RunContext, manifest: dict[str, Any]) -> None:
+    def _finish(self, run: StageRun, manifest: dict[str, Any]) -> None:
         """Write the final manifest, then tell the plugins; a failing observer is not hidden,
         but on a failed run it must not mask the stage's own error (see ``run``)."""
-        manifest["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-        write_json(run.output_dir / MANIFEST, manifest)
-        self.plugins.on_run_end(run, manifest)
+        RunFolder(run.output_dir).finish_manifest(manifest, partial(self.plugins.on_run_end, run))
 
-    def _finish_interrupted(self, run: RunContext, manifest: dict[str, Any]) -> None:
+    def _finish_interrupted(self, run: StageRun, manifest: dict[str, Any]) -> None:
         """``_finish`` for a run stopped by Ctrl-C (or SIGTERM): ``"status": "interrupted"``,
         which ``--resume`` continues."""
-        manifest["status"] = "interrupted"
-        manifest["error"] = "interrupted (Ctrl-C or SIGTERM); continue it with --resume"
-        self._finish(run, manifest)
+        RunFolder(run.output_dir).finish_interrupted(
+            manifest, partial(self.plugins.on_run_end, run)
+        )
+
+
+def _readers_of(stage: Stage, stages: list[Stage]) -> list[str]:
+    """The stages that read ``stage``'s outputs, directly or through another such stage's:
+    those a new run of ``stage`` makes stale. A stage that reads none of them (the analysis
+    after a new export) is not."""
+    readers: list[str] = []
+    replaced = [stage]
+    while replaced:
+        producer = replaced.pop()
+        for reader in stages:
+            reads_it = any(matches(path, producer.claims) for path in reader.reads)
+            if reads_it and reader.name not in readers and reader is not stage:
+                readers.append(reader.name)
+                replaced.append(reader)
+    return readers
 
 
 def _files_of_runs(folder: Path, run_ids: list[str]) -> list[str]:

@@ -38,7 +38,6 @@ import pluggy
 from horizon_engine import hookspecs
 from horizon_engine.components import (
     FAMILIES,
-    FAMILY_BASES,
     Component,
     ComponentConfig,
     component_options,
@@ -48,11 +47,14 @@ from horizon_engine.errors import HorizonError, PluginError
 if TYPE_CHECKING:
     import click
 
+    from horizon_engine.preprocessor import FeatureType
     from horizon_engine.run_context import RunContext, StageReport
+    from horizon_engine.stages import SectionRule, Stage
 
 ENTRY_POINT_GROUP = "horizon"
 
 DEFAULT_PLUGINS: tuple[str, ...] = (
+    "horizon_engine.builtin.stages",
     "horizon_engine.builtin.sources",
     "horizon_engine.builtin.timeline",
     "horizon_engine.builtin.normalization",
@@ -87,6 +89,32 @@ class PluginFailure:
         return f"disable it with HORIZON_DISABLE_PLUGINS={self.name}"
 
 
+@dataclass(frozen=True)
+class PluginDeprecation:
+    """A plugin that loaded, but through a hook that is going away, and what replaces it:
+    reported as failures are (by ``horizon plugins`` and once per command), so that its author
+    hears of it before the old way stops working."""
+
+    name: str
+    entry_point: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"plugin '{self.name}' ({self.entry_point}) is deprecated: {self.message}"
+
+
+LEGACY_TRANSFORMS_HOOK = "horizon_register_transforms"
+"""The hook timeline engines, normalization engines and feature types once shared; a class
+registered through it is routed to its family by its base class."""
+
+LEGACY_TRANSFORMS_ADVICE = (
+    f"{LEGACY_TRANSFORMS_HOOK} is deprecated; register timeline engines with "
+    "horizon_register_timeline_engines, normalization engines with "
+    "horizon_register_normalization_engines and feature types with "
+    "horizon_register_feature_types (docs/plugins.md)"
+)
+
+
 class _Refused(Exception):
     """A component Horizon cannot use, raised out of the plugin's register hook to stop it."""
 
@@ -107,12 +135,8 @@ class RegisteredComponent:
         return self.cls.name
 
     @property
-    def engine(self) -> str | None:
-        return getattr(self.cls, "engine", None) if self.family == "transforms" else None
-
-    @property
     def label(self) -> str:
-        return f"{self.name} (engine {self.engine})" if self.engine else self.name
+        return self.name
 
 
 @dataclass
@@ -126,6 +150,7 @@ class PluginInfo:
     components: list[RegisteredComponent] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
     distribution: str = "horizon-engine"
+    stages: list[Stage] = field(default_factory=list)
 
 
 def _split_names(value: str | None) -> set[str] | None:
@@ -151,7 +176,12 @@ class PluginHost:
         self.pm.add_hookspecs(hookspecs)
         self.plugins: dict[str, PluginInfo] = {}
         self.failures: list[PluginFailure] = []
-        self._components: dict[tuple[str, str, str | None], RegisteredComponent] = {}
+        self.left_out: list[str] = []
+        """Installed plugins not loaded (``HORIZON_DISABLE_PLUGINS``, ``HORIZON_LOAD_PLUGINS``):
+        a component asked for that is not registered may be theirs."""
+        self.deprecations: list[PluginDeprecation] = []
+        self._components: dict[tuple[str, str], RegisteredComponent] = {}
+        self._stages: list[Stage] = []
         self._load()
 
     def _load(self) -> None:
@@ -165,6 +195,7 @@ class PluginHost:
         for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
             name = entry_point.name
             if name in self.blocked or (self.allowed is not None and name not in self.allowed):
+                self.left_out.append(name)
                 continue
             if name in self.plugins:
                 taken = self.plugins[name].source
@@ -195,6 +226,7 @@ class PluginHost:
         self.pm.check_pending()
         for plugin in list(self.plugins):
             self._collect_components(plugin)
+        self._order_stages()
 
     def _register(
         self,
@@ -253,43 +285,89 @@ class PluginHost:
         return None
 
     def _collect_components(self, plugin: str) -> None:
-        """The plugin's components, every family's, kept all or none: a plugin whose register
+        """The plugin's components, every family's, and its stages, kept all or none: a
+        plugin whose register
         hook raises, or registers a component Horizon cannot use, is left out as a failure (as
         one that cannot be imported is), so one plugin's mistake never stops the others, nor
         leaves half of that plugin behind. Plugins are taken in registration order (built-ins
         first), so that a duplicate name is blamed on the plugin that came later."""
-        staged: dict[tuple[str, str, str | None], RegisteredComponent] = {}
-        for family in FAMILIES:
-            hook = getattr(self.pm.hook, f"horizon_register_{family}")
-            for impl in hook.get_hookimpls():
+        staged: dict[tuple[str, str], RegisteredComponent] = {}
+        for family in (*FAMILIES, None):
+            hook_name = f"horizon_register_{family}" if family else LEGACY_TRANSFORMS_HOOK
+            for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
                 if impl.plugin_name != plugin:
                     continue
                 try:
-                    impl.function(register=partial(self._stage, family, plugin, staged))
+                    impl.function(register=partial(self._stage, hook_name, family, plugin, staged))
                 except _Refused as refused:
                     self._leave_out(plugin, str(refused))
                     return
                 except Exception as exc:
-                    error = f"horizon_register_{family} raised {type(exc).__name__}: {exc}"
+                    error = f"{hook_name} raised {type(exc).__name__}: {exc}"
                     self._leave_out(plugin, error)
                     return
+                if family is None:
+                    deprecation = PluginDeprecation(
+                        plugin, self._entry_point(plugin), LEGACY_TRANSFORMS_ADVICE
+                    )
+                    self.deprecations.append(deprecation)
+        stages: list[Stage] = []
+        for impl in self.pm.hook.horizon_register_stages.get_hookimpls():
+            if impl.plugin_name != plugin:
+                continue
+            try:
+                impl.function(register=partial(_stage_registered, stages))
+            except _Refused as refused:
+                self._leave_out(plugin, f"horizon_register_stages registered {refused}")
+                return
+            except Exception as exc:
+                error = f"horizon_register_stages raised {type(exc).__name__}: {exc}"
+                self._leave_out(plugin, error)
+                return
         self._components.update(staged)
         self.plugins[plugin].components.extend(staged.values())
+        self.plugins[plugin].stages.extend(stages)
+
+    def _order_stages(self) -> None:
+        """Every plugin's stages in run order (``stages.order_stages``). A plugin whose stage
+        cannot be ordered (a name, section or path another stage has, a read no stage writes,
+        a cycle) is left out whole, components included, and the rest ordered again."""
+        from horizon_engine.stages import StageOrderError, order_stages
+
+        while True:
+            registered = [stage for info in self.plugins.values() for stage in info.stages]
+            try:
+                self._stages = order_stages(registered)
+                return
+            except StageOrderError as exc:
+                plugin = next(
+                    info.name for info in self.plugins.values() if exc.stage in info.stages
+                )
+                self._components = {
+                    key: entry for key, entry in self._components.items() if entry.plugin != plugin
+                }
+                self._leave_out(plugin, f"its stage cannot run: {exc}")
 
     def _stage(
         self,
-        family: str,
+        hook_name: str,
+        family: str | None,
         plugin: str,
-        staged: dict[tuple[str, str, str | None], RegisteredComponent],
+        staged: dict[tuple[str, str], RegisteredComponent],
         cls: type[Component],
     ) -> None:
-        """``register`` as the plugin's hook calls it: check ``cls`` and stage it."""
-        problem = _component_problem(family, cls)
+        """``register`` as the plugin's hook calls it: check ``cls`` and stage it. ``family``
+        is None for the deprecated transforms hook, whose classes go to the family their base
+        class says."""
+        problem = None
+        if family is None:
+            family, problem = _legacy_family(cls)
+        problem = problem or _component_problem(family, cls)
         if problem is not None:
             what = f"{cls.__module__}.{cls.__qualname__}" if isinstance(cls, type) else repr(cls)
-            raise _Refused(f"registered {what} in horizon_register_{family}: {problem}")
+            raise _Refused(f"registered {what} in {hook_name}: {problem}")
         entry = RegisteredComponent(cls, plugin)
-        key = (family, entry.name, entry.engine)
+        key = (family, entry.name)
         earlier = self._components.get(key) or staged.get(key)
         if earlier is not None:
             raise _Refused(
@@ -307,28 +385,31 @@ class PluginHost:
         del self.plugins[plugin]
         self.failures.append(PluginFailure(plugin, entry_point, error))
 
+    def stages(self) -> list[Stage]:
+        """Every registered stage, in the order a run executes them."""
+        return list(self._stages)
+
+    def sections(self) -> dict[str, SectionRule]:
+        """The component sections of pipeline.toml (``[pipeline]`` is the core's own), each
+        with its rule: one per stage, in stage order."""
+        return {stage.section: stage.rule for stage in self._stages}
+
     def components(self, family: str) -> list[RegisteredComponent]:
         """Every component registered in ``family``, in registration order."""
-        return [entry for (fam, _, _), entry in self._components.items() if fam == family]
+        return [entry for (fam, _), entry in self._components.items() if fam == family]
 
-    def feature_types(self) -> set[str]:
-        """The normalization types a feature may be given: the transforms that are feature
-        types, not the timeline or normalization engines registered in the same hook."""
-        from horizon_engine.preprocessor import FeatureTransform
+    def feature_types(self) -> dict[str, FeatureType]:
+        """The normalization types a feature may be given, by name, ready to ``fit``."""
+        registered = self.components("feature_types")
+        return {entry.name: entry.cls(entry.cls.Config()) for entry in registered}
 
-        return {
-            entry.name
-            for entry in self.components("transforms")
-            if issubclass(entry.cls, FeatureTransform)
-        }
-
-    def component(self, family: str, name: str, engine: str | None = None) -> RegisteredComponent:
+    def component(self, family: str, name: str) -> RegisteredComponent:
         """The component ``name`` of ``family``, or an error listing what is available."""
-        found = self._components.get((family, name, engine))
+        found = self._components.get((family, name))
         if found is not None:
             return found
         available = [entry.label for entry in self.components(family)]
-        wanted = f"{name} (engine {engine})" if engine else name
+        wanted = name
         message = f"no {family} component '{wanted}' is registered"
         close = difflib.get_close_matches(wanted, available, n=1)
         if close:
@@ -339,6 +420,11 @@ class PluginHost:
         if self.failures:
             failed = ", ".join(failure.name for failure in self.failures)
             message += f" Plugins that failed to load: {failed} (see `horizon plugins`)."
+        if self.left_out:
+            message += (
+                f" Installed plugins not loaded here: {', '.join(self.left_out)} (left out by "
+                "HORIZON_DISABLE_PLUGINS or HORIZON_LOAD_PLUGINS)."
+            )
         raise PluginError(message)
 
     def describe(self) -> list[dict[str, Any]]:
@@ -352,11 +438,19 @@ class PluginHost:
                     "source": info.source,
                     "hooks": info.hooks,
                     "commands": info.commands,
+                    "stages": [
+                        {
+                            "name": stage.name,
+                            "section": stage.section,
+                            "reads": list(stage.reads),
+                            "writes": list(stage.claims),
+                        }
+                        for stage in info.stages
+                    ],
                     "components": [
                         {
                             "family": entry.family,
                             "name": entry.name,
-                            **({"engine": entry.engine} if entry.engine else {}),
                             "summary": entry.cls.summary(),
                             "options": component_options(entry.cls),
                         }
@@ -456,23 +550,52 @@ class PluginHost:
         self.pm.hook.horizon_on_run_end(run=run, manifest=manifest)
 
 
-def family_contract(family: str, name: object) -> type[Component]:
-    """The base class a component of ``family`` named ``name`` must subclass: the family's
-    contract, with its required (abstract) methods. Transforms share one hook but not one
-    contract: ``timeline`` engines build the timeline, ``normalization`` engines sample it, and
-    every other name is a feature type (a normalization ``feature_type``)."""
+def _stage_registered(stages: list[Stage], stage: object) -> None:
+    """``register`` as a plugin's ``horizon_register_stages`` calls it: check and keep."""
+    from horizon_engine.stages import stage_problem
+
+    problem = stage_problem(stage)
+    if problem is not None:
+        raise _Refused(f"a stage Horizon cannot use: {problem}")
+    stages.append(stage)
+
+
+def family_bases() -> dict[str, type[Component]]:
+    """The base class of each family's components, by family name (as in its hook): the
+    family's contract, with its required (abstract) methods."""
+    from horizon_engine.components import DataSource
     from horizon_engine.estimation import EstimatorBase
     from horizon_engine.export import ExporterBase
-    from horizon_engine.normalization import NormalizationTransform
-    from horizon_engine.preprocessor import FeatureTransform
-    from horizon_engine.timeline import TimelineTransform
+    from horizon_engine.normalization import NormalizationEngine
+    from horizon_engine.preprocessor import FeatureType
+    from horizon_engine.timeline import TimelineEngine
     from horizon_engine.training import TrainerBase
 
-    if family == "transforms":
-        engines = {"timeline": TimelineTransform, "normalization": NormalizationTransform}
-        return engines.get(name, FeatureTransform) if isinstance(name, str) else FeatureTransform
-    contracts = {"trainers": TrainerBase, "estimators": EstimatorBase, "exporters": ExporterBase}
-    return contracts.get(family, FAMILY_BASES[family])
+    bases: tuple[type[Component], ...] = (
+        DataSource,
+        TimelineEngine,
+        NormalizationEngine,
+        FeatureType,
+        TrainerBase,
+        EstimatorBase,
+        ExporterBase,
+    )
+    return {base.family: base for base in bases}
+
+
+LEGACY_FAMILIES = ("timeline_engines", "normalization_engines", "feature_types")
+"""The families the deprecated transforms hook's classes are routed to."""
+
+
+def _legacy_family(cls: object) -> tuple[str, str | None]:
+    """The family a class registered through the deprecated transforms hook belongs to, by its
+    base class; or, where it has none of theirs, why it is refused."""
+    bases = family_bases()
+    for family in LEGACY_FAMILIES:
+        if isinstance(cls, type) and issubclass(cls, bases[family]):
+            return family, None
+    expected = ", ".join(f"horizon_engine.{bases[family].__name__}" for family in LEGACY_FAMILIES)
+    return LEGACY_FAMILIES[0], f"expected a subclass of one of {expected}"
 
 
 def _component_problem(family: str, cls: object) -> str | None:
@@ -481,31 +604,31 @@ def _component_problem(family: str, cls: object) -> str | None:
     Checked at registration so that a plugin's mistake is reported by plugin name when Horizon
     starts, not as an AttributeError (or a half-built object) deep inside a run.
     """
-    base = FAMILY_BASES[family]
+    bases = family_bases()
+    base = bases[family]
     if not (isinstance(cls, type) and issubclass(cls, base)):
         expected = f"expected a subclass of horizon_engine.{base.__name__}"
-        for other, other_base in FAMILY_BASES.items():
-            if isinstance(cls, type) and issubclass(cls, other_base):
-                return f"it is a {other} component; {expected} (register it in the right hook)"
+        other = getattr(cls, "family", None) if isinstance(cls, type) else None
+        if other in bases and other != family:
+            return (
+                f"it is a {other} component; {expected} (register it in horizon_register_{other})"
+            )
         return expected
     name = getattr(cls, "name", None)
     if not isinstance(name, str) or not name:
-        return "it has no name; set the class attribute name = '...' that pipeline.toml selects"
+        return (
+            "it has no name; set the class attribute name = '...' that pipeline.toml selects "
+            f"(every horizon_engine.{base.__name__} needs one)"
+        )
     if not (isinstance(cls.Config, type) and issubclass(cls.Config, ComponentConfig)):
         return (
             f"its Config is {cls.Config!r}; expected a subclass of horizon_engine.ComponentConfig"
-        )
-    contract = family_contract(family, name)
-    if not issubclass(cls, contract):
-        return (
-            f"a component named '{name}' in horizon_register_{family} must subclass "
-            f"horizon_engine.{contract.__name__}"
         )
     missing = sorted(getattr(cls, "__abstractmethods__", ()))
     if missing:
         return (
             f"it does not implement {', '.join(missing)}, which horizon_engine."
-            f"{contract.__name__} requires"
+            f"{base.__name__} requires"
         )
     return None
 

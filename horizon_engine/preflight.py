@@ -16,17 +16,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from horizon_engine.errors import ConfigError
-from horizon_engine.run_folder import output_dir_problem
+from horizon_engine.run_folder import RunFolder, output_dir_problem
 
 if TYPE_CHECKING:
     from horizon_engine.config import PipelineSpec
-
-CHECKPOINT = "checkpoints/latest.pt"
-TIMELINE_INFO = "timeline/timeline.json"
+    from horizon_engine.stages import Stage
 
 
-def preflight_problems(spec: PipelineSpec, stages: list[str]) -> list[str]:
-    """Every problem found for running ``stages`` (stage names) of ``spec``."""
+def preflight_problems(spec: PipelineSpec, selected: list[Stage]) -> list[str]:
+    """Every problem found for running the ``selected`` stages of ``spec``."""
+    stages = [stage.name for stage in selected]
     problems: list[str] = []
     output_dir = Path(spec.pipeline.output_dir)
     problem = output_dir_problem(output_dir, spec.where("pipeline", "output_dir"))
@@ -50,9 +49,9 @@ def preflight_problems(spec: PipelineSpec, stages: list[str]) -> list[str]:
         )
     if "trainer" in spec.sections and ({"train", "export"} & set(stages)):
         problems += _trainer_problems(spec, output_dir, "train" in stages, "timeline" in stages)
-    for section, stage in (("trainer", "train"), ("analysis", "analysis")):
-        if section in spec.sections and stage in stages:
-            problems += _network_size_problems(spec, section)
+    for stage in selected:
+        if stage.rule.family == "trainers" and stage.section in spec.sections:
+            problems += _network_size_problems(spec, stage.section)
     return problems
 
 
@@ -113,8 +112,12 @@ def _trainer_problems(
             "replaces before it could read them; to continue this run's training, run "
             "`horizon run PIPELINE --resume` (without warm_start_from)"
         )
-    elif training and warm_start and not (Path(warm_start) / CHECKPOINT).is_file():
-        found = "does not exist" if not Path(warm_start).exists() else f"has no {CHECKPOINT}"
+    elif training and warm_start and not RunFolder(warm_start).latest_checkpoint.is_file():
+        found = (
+            "does not exist"
+            if not Path(warm_start).exists()
+            else f"has no {RunFolder.LATEST_CHECKPOINT}"
+        )
         problems.append(
             f"{spec.where('trainer', 'warm_start_from')}: [trainer] warm_start_from = "
             f"{warm_start!r} {found}; it names the output folder of an earlier run"
@@ -140,7 +143,7 @@ def _timeline_n_step(
             return n_step, f"[timeline] ({spec.where('timeline', 'n_step')})"
     if rebuilding:
         return None, ""
-    info = output_dir / TIMELINE_INFO
+    info = output_dir / RunFolder.TIMELINE_INFO
     try:
         return int(json.loads(info.read_text(encoding="utf-8"))["n_step"]), str(info)
     except (OSError, ValueError, KeyError, TypeError):
@@ -153,8 +156,8 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def check_before_run(spec: PipelineSpec, stages: list[str]) -> None:
+def check_before_run(spec: PipelineSpec, selected: list[Stage]) -> None:
     """Raise a ``ConfigError`` listing every preflight problem, if any."""
-    problems = preflight_problems(spec, stages)
+    problems = preflight_problems(spec, selected)
     if problems:
         raise ConfigError(problems)

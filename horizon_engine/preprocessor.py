@@ -6,13 +6,13 @@ module does the same with a torch module built from ``normalization.json``'s par
 
 - the input is a dense float32 ``[batch, F]`` tensor of raw features (in ``feature_ids`` order)
   and a presence mask of the same shape (1.0 present, 0.0 missing);
-- features are grouped by type; each type's ``FeatureTransform`` (a component registered through
-  ``horizon_register_transforms``, so a plugin can add a type) builds ONE module that transforms
+- features are grouped by type; each type's ``FeatureType`` (a component registered through
+  ``horizon_register_feature_types``, so a plugin can add a type) builds ONE module that transforms
   all its k features at once, their parameters stacked into buffers. The forward pass loops
   over types (a handful), never over features or rows;
-- the output columns follow Horizon's order: by type (``FeatureType`` order, then plugin types
-  by name), then by feature id (numerically when every id is an integer); an enum expands to one
-  column per possible value;
+- the output columns follow Horizon's order: by type (the core's types in the order it
+  registers them, then plugin types by name), then by feature id (numerically when every id is
+  an integer); an enum expands to one column per possible value;
 - a missing feature's columns are exactly 0, whatever its raw value holds (NaN, infinity,
   Horizon's -1337.1337): every output column depends on its own feature only, so the columns are
   simply replaced after the transforms, with ``where`` (a product would turn an infinity into
@@ -24,7 +24,7 @@ math, sums over a fixed axis): no boolean-mask indexing and no data-dependent sh
 exported graph has a dynamic batch axis and gives the same numbers.
 
 Importing this module does not import torch: ``horizon plugins`` imports the built-in feature
-types, which subclass ``FeatureTransform``, and must start fast. The torch modules
+types, which subclass ``FeatureType``, and must start fast. The torch modules
 (``Preprocessor``, ``FeatureModule``) live in ``horizon_engine.preprocessor_modules``, imported
 when a preprocessor is built; they can be imported from here as well.
 """
@@ -34,21 +34,24 @@ from __future__ import annotations
 import math
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from horizon_engine.components import Transform
+from horizon_engine.components import Component
 from horizon_engine.errors import HorizonError, PluginError
-from horizon_engine.normalization import FeatureType, NormalizationParameters, sort_feature_ids
+from horizon_engine.normalization import NormalizationParameters, sort_feature_ids
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
+    from horizon_engine.normalization import NormalizationConfig
     from horizon_engine.plugins import PluginHost
     from horizon_engine.preprocessor_modules import FeatureModule, Preprocessor
 
 __all__ = [
     "FeatureModule",
-    "FeatureTransform",
+    "FeatureType",
     "Preprocessor",
     "build_preprocessor",
     "feature_module",
@@ -56,16 +59,26 @@ __all__ = [
 ]
 
 
-class FeatureTransform(Transform):
-    """Base of a normalization type: builds the module that transforms all features of its type.
+class FeatureType(Component):
+    """A normalization type: fits its parameters from a sample, and builds the module that
+    transforms all features of its type.
 
-    Register a subclass through ``horizon_register_transforms``; its ``name`` is the type name
-    that ``NormalizationParameters.feature_type`` refers to (``engine`` stays ``"local"``).
-    ``required`` lists the parameters the type needs; ``check`` rejects parameters without them
-    (or with non-finite values) before anything is built, naming the feature.
+    Register a subclass through ``horizon_register_feature_types``; its ``name`` is the type name
+    that ``NormalizationParameters.feature_type`` refers to (and that ``[normalization]
+    overrides`` name). ``fit`` is how the normalization stage gets its parameters, for a type
+    ``identify`` picks and for one an override names alike. ``required`` lists the parameters
+    the type needs; ``check`` rejects parameters without them (or with non-finite values)
+    before anything is built, naming the feature.
     """
 
+    family = "feature_types"
     required: ClassVar[tuple[str, ...]] = ()
+
+    @abstractmethod
+    def fit(self, values: np.ndarray, config: NormalizationConfig) -> NormalizationParameters:
+        """This type's parameters for a feature whose sample is ``values`` (float64, finite,
+        missing values removed, at least ``config.min_samples`` of them), with
+        ``feature_type`` set to this type's ``name``."""
 
     def check(self, parameters: NormalizationParameters, feature: str) -> None:
         """Raise a ``HorizonError`` naming ``feature`` if this type cannot use ``parameters``."""
@@ -119,7 +132,7 @@ def feature_module(
     with ``.to(device)``, save with ``state_dict`` and export to ONNX as initializers; Python
     numbers stay constants. ``function`` should be a module-level function, so the module pickles.
     ``inverse(y, **values)``, when given, maps outputs back to raw values (the module's
-    ``inverse``, which ``Preprocessor.inverse`` calls): a type of one output column per
+    ``inverse``, which ``InvertiblePreprocessor.inverse`` calls): a type of one output column per
     feature that actions are normalized with gives one, as ``continuous_action`` does.
     """
     from horizon_engine.preprocessor_modules import FeatureModule
@@ -137,7 +150,7 @@ def build_preprocessor(
 
     ``parameters`` must cover every feature in ``feature_ids`` (it may hold more: a
     normalization.json serves state and action features alike). Each type is looked up among the
-    ``transforms`` components of ``plugins`` (the process-wide host by default); an unknown type
+    ``feature_types`` components of ``plugins`` (the process-wide host by default); an unknown type
     is an error naming the feature. ``max_feature_value`` bounds continuous and Box-Cox outputs.
     """
     import numpy as np
@@ -167,7 +180,7 @@ def build_preprocessor(
     groups = []
     output_names: list[str] = []
     output_features: list[int] = []
-    for type_name in sorted(by_type, key=_type_order):
+    for type_name in sorted(by_type, key=partial(_type_order, host)):
         features = by_type[type_name]
         transform = _feature_transform(host, type_name, features[0])
         group_parameters = [parameters[feature] for feature in features]
@@ -183,30 +196,29 @@ def build_preprocessor(
         _check_width(module, host, type_name, len(features), width)
         groups.append((np.array([position[feature] for feature in features]), module))
 
-    return Preprocessor(columns, groups, np.array(output_features), output_names)
+    return Preprocessor.build(columns, groups, np.array(output_features), output_names)
 
 
-def _type_order(type_name: str) -> tuple[int, int, str]:
-    """Built-in types in ``FeatureType`` order, then plugin types by name."""
-    builtin = list(FeatureType)
-    if type_name in builtin:
-        return (0, builtin.index(FeatureType(type_name)), "")
+CORE_TYPES_PLUGIN = "feature_types"
+"""The built-in plugin whose types come first, in the order it registers them (Horizon's)."""
+
+
+def _type_order(host: PluginHost, type_name: str) -> tuple[int, int, str]:
+    """The core's types in registration order, then plugin types by name."""
+    registered = host.components("feature_types")
+    core = [entry.name for entry in registered if entry.plugin == CORE_TYPES_PLUGIN]
+    if type_name in core:
+        return (0, core.index(type_name), "")
     return (1, 0, type_name)
 
 
-def _feature_transform(host: PluginHost, type_name: str, feature: str) -> FeatureTransform:
+def _feature_transform(host: PluginHost, type_name: str, feature: str) -> FeatureType:
     try:
-        entry = host.component("transforms", type_name, "local")
+        entry = host.component("feature_types", type_name)
     except PluginError as exc:
         raise PluginError(
             f"feature {feature!r} has normalization type {type_name!r}: {exc}"
         ) from None
-    if not issubclass(entry.cls, FeatureTransform):
-        raise PluginError(
-            f"feature {feature!r} has normalization type {type_name!r}, but the transform "
-            f"{type_name!r} of plugin '{entry.plugin}' is not a normalization type "
-            "(a subclass of horizon_engine.preprocessor.FeatureTransform)"
-        )
     return entry.cls(entry.cls.Config())
 
 
@@ -220,7 +232,7 @@ def _check_width(
     with torch.no_grad():
         shape = tuple(module(torch.zeros(2, features)).shape)
     if shape != (2, width):
-        plugin = host.component("transforms", type_name, "local").plugin
+        plugin = host.component("feature_types", type_name).plugin
         raise PluginError(
             f"normalization type {type_name!r} (plugin '{plugin}') turned [2, {features}] into "
             f"{list(shape)}; its width() says [2, {width}]"

@@ -1,7 +1,7 @@
 """The torch half of ``horizon_engine.preprocessor``: the modules a preprocessor is made of.
 
 Kept apart so that ``horizon_engine.preprocessor`` (which plugins import for
-``FeatureTransform``) does not import torch; this module is imported when a preprocessor is built.
+``FeatureType``) does not import torch; this module is imported when a preprocessor is built.
 """
 
 from __future__ import annotations
@@ -89,40 +89,25 @@ class Preprocessor(torch.nn.Module):
         order = np.concatenate([columns for columns, _ in groups])
         self.register_buffer("input_order", torch.as_tensor(order, dtype=torch.long))
         self.register_buffer("output_features", torch.as_tensor(output_features, dtype=torch.long))
-        # Where each input column's (one) output column is, for ``inverse``: not saved with the
-        # module's state, as it follows from ``input_order``.
-        self.register_buffer(
-            "inverse_order", torch.as_tensor(np.argsort(order), dtype=torch.long), persistent=False
-        )
 
-    @property
-    def invertible(self) -> bool:
-        """Whether ``inverse`` applies: one output column per feature, and every type's module
-        has an inverse (true of action features normalized as ``continuous_action``)."""
-        return len(self.output_names) == len(self.feature_ids) and all(
-            getattr(module, "inverse_function", None) is not None for module in self.types
+    @classmethod
+    def build(
+        cls,
+        feature_ids: list[str],
+        groups: list[tuple[np.ndarray, torch.nn.Module]],
+        output_features: np.ndarray,
+        output_names: list[str],
+    ) -> Preprocessor:
+        """An ``InvertiblePreprocessor`` when every feature has one output column and every
+        type's module an inverse (action features normalized as ``continuous_action``), else a
+        ``Preprocessor``: whether it has ``inverse`` is its type
+        (``horizon_engine.capabilities.InvertiblePreprocessing``)."""
+        one_column_each = len(output_names) == len(feature_ids)
+        inverses = all(
+            getattr(module, "inverse_function", None) is not None for _, module in groups
         )
-
-    def inverse(self, out: torch.Tensor) -> torch.Tensor:
-        """The raw values ``[batch, len(feature_ids)]``, in ``feature_ids`` order, that
-        ``forward`` maps to ``out`` ``[batch, len(output_names)]`` (the features present): how
-        an actor's normalized action goes back to the user's units. Only for an ``invertible``
-        preprocessor; an error naming why otherwise. Export-friendly (slices, elementwise math
-        and a gather by a constant index)."""
-        if not self.invertible:
-            raise HorizonError(
-                f"the preprocessor of features {self.feature_ids} has no inverse: it needs one "
-                "output column per feature and every type invertible (continuous_action is; "
-                f"the output columns are {self.output_names})"
-            )
-        raw = torch.cat(
-            [
-                module.inverse(out[:, start:end])
-                for module, (start, end) in zip(self.types, self.slices, strict=True)
-            ],
-            dim=1,
-        )
-        return raw.index_select(1, self.inverse_order)
+        kind = InvertiblePreprocessor if one_column_each and inverses else Preprocessor
+        return kind(feature_ids, groups, output_features, output_names)
 
     def forward(self, x: torch.Tensor, presence: torch.Tensor) -> torch.Tensor:
         """``x`` and ``presence`` are ``[batch, len(feature_ids)]``; returns
@@ -141,3 +126,37 @@ class Preprocessor(torch.nn.Module):
         # not a product: infinity times 0 is NaN. (The float mask is gathered, then compared:
         # gathering a boolean one is several times slower.)
         return torch.where(presence.index_select(1, self.output_features) != 0, out, 0.0)
+
+
+class InvertiblePreprocessor(Preprocessor):
+    """A preprocessor that maps its output back to raw values (``inverse``): one output column
+    per feature, every type's module with an inverse."""
+
+    def __init__(
+        self,
+        feature_ids: list[str],
+        groups: list[tuple[np.ndarray, torch.nn.Module]],
+        output_features: np.ndarray,
+        output_names: list[str],
+    ) -> None:
+        super().__init__(feature_ids, groups, output_features, output_names)
+        # Where each input column's (one) output column is: not saved with the module's
+        # state, as it follows from ``input_order``.
+        order = self.input_order.cpu().numpy()
+        self.register_buffer(
+            "inverse_order", torch.as_tensor(np.argsort(order), dtype=torch.long), persistent=False
+        )
+
+    def inverse(self, out: torch.Tensor) -> torch.Tensor:
+        """The raw values ``[batch, len(feature_ids)]``, in ``feature_ids`` order, that
+        ``forward`` maps to ``out`` ``[batch, len(output_names)]`` (the features present): how
+        an actor's normalized action goes back to the user's units. Export-friendly (slices,
+        elementwise math and a gather by a constant index)."""
+        raw = torch.cat(
+            [
+                module.inverse(out[:, start:end])
+                for module, (start, end) in zip(self.types, self.slices, strict=True)
+            ],
+            dim=1,
+        )
+        return raw.index_select(1, self.inverse_order)

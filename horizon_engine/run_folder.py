@@ -1,5 +1,10 @@
 """Who owns what in a run's output folder, and what an earlier run left behind there.
 
+``RunFolder`` names every file a run writes and reads and writes the ones the engine reads
+back (manifest, problem description, normalization, checkpoints, check rows, CPE files): no
+other module spells a run-folder path, so a stage, a command and the gym runner cannot
+disagree on where a file lives or what it holds.
+
 Several runs may write to one folder over time: a first full run, then ``--stages train`` with
 new trainer options, then ``horizon export``. The folder's ``manifest.json`` is the record of
 what the engine wrote there, and these rules keep it honest:
@@ -27,6 +32,7 @@ what the engine wrote there, and these rules keep it honest:
 
 from __future__ import annotations
 
+import datetime as dt
 import fnmatch
 import json
 import os
@@ -35,12 +41,225 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from horizon_engine.errors import HorizonError
-from horizon_engine.files import remove_path
+from horizon_engine.files import remove_path, write_json
 
-MANIFEST = "manifest.json"
+if TYPE_CHECKING:
+    import torch
+
+    from horizon_engine.driver import Normalization, ProblemDescription
+    from horizon_engine.plugins import PluginHost
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """A run's output folder: the name of every file a run writes there, and the typed reading
+    and writing of those the engine reads back. Names are run-relative (what a manifest
+    records and a stage claims); methods give paths under ``path``."""
+
+    path: Path
+
+    SOURCE_ROWS: ClassVar[str] = "source/rows.parquet"
+    SOURCE_QUARANTINE: ClassVar[str] = "source/quarantine.jsonl"
+    TIMELINE: ClassVar[str] = "timeline"
+    TIMELINE_SPLITS: ClassVar[tuple[str, ...]] = ("timeline/train", "timeline/eval")
+    TIMELINE_INFO: ClassVar[str] = "timeline/timeline.json"
+    TIMELINE_QUARANTINE: ClassVar[str] = "timeline/quarantine"
+    NORMALIZATION: ClassVar[str] = "normalization.json"
+    CHECKPOINTS: ClassVar[str] = "checkpoints"
+    LATEST_CHECKPOINT: ClassVar[str] = "checkpoints/latest.pt"
+    EPOCH_CHECKPOINTS: ClassVar[str] = "checkpoints/epoch-*.pt"
+    ONLINE_STATES: ClassVar[str] = "checkpoints/online-[0-9][0-9][0-9][0-9].pt"
+    """The gym runner's state at each evaluation, kept for ``horizon gym train --resume``."""
+    PROBLEM: ClassVar[str] = "problem.json"
+    CHECK_ROWS: ClassVar[str] = "check_rows.pt"
+    CPE: ClassVar[str] = "cpe.json"
+    CPE_EPOCHS: ClassVar[str] = "cpe_epochs.json"
+    CPE_EVALUATE: ClassVar[str] = "cpe_evaluate.json"
+    """``horizon evaluate``'s estimates without ``-o``: beside (never over) ``cpe.json``."""
+    MANIFEST: ClassVar[str] = "manifest.json"
+    MODEL: ClassVar[str] = "model.onnx"
+    TENSORBOARD: ClassVar[str] = "tensorboard"
+    TENSORBOARD_EVENTS: ClassVar[str] = "tensorboard/events.out.tfevents.*"
+    ANALYSIS: ClassVar[str] = "analysis"
+
+    def __init__(self, path: str | Path) -> None:
+        object.__setattr__(self, "path", Path(path))
+
+    def file(self, name: str) -> Path:
+        """The path of ``name``, one of the run-relative names above."""
+        return self.path / name
+
+    def split(self, split: str) -> Path:
+        """The folder of one timeline split (``train`` or ``eval``)."""
+        return self.path / self.TIMELINE / split
+
+    @property
+    def timeline(self) -> Path:
+        return self.path / self.TIMELINE
+
+    def manifest(self) -> dict[str, Any]:
+        """The folder's ``manifest.json``, or an error saying it holds no run's manifest."""
+        path = self.file(self.MANIFEST)
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError) as exc:
+            raise HorizonError(f"{path}: not a run's manifest ({exc})") from None
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict):
+            raise HorizonError(f"{path}: not a run's manifest (no config in it)")
+        pipeline = manifest["config"].get("pipeline", {})
+        if not isinstance(pipeline, dict):
+            raise HorizonError(
+                f"{path}: config.pipeline is {json.dumps(pipeline)[:80]}, not a table of options"
+            )
+        return manifest
+
+    def write_manifest(self, manifest: dict[str, Any]) -> None:
+        """Replace ``manifest.json`` atomically."""
+        write_json(self.file(self.MANIFEST), manifest)
+
+    def start_manifest(
+        self,
+        run_id: str,
+        seed: int,
+        config_file: str,
+        config: dict[str, Any],
+        plugins: PluginHost,
+        **fields: Any,
+    ) -> dict[str, Any]:
+        """Write and return the manifest of a run that starts now, for every command that
+        runs in a folder (``horizon run``, ``horizon gym train``): ``"status": "running"``
+        with the process and host (so that another run sees it is still going), the config,
+        the plugins and their load failures, and the command's own ``fields``."""
+        from horizon_engine import __version__
+
+        manifest = {
+            "horizon_version": __version__,
+            "run_id": run_id,
+            "status": "running",
+            "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "seed": seed,
+            "config_file": config_file,
+            "config": config,
+            "plugins": plugins.versions(),
+            "plugin_failures": plugins.load_failures(),
+            **fields,
+        }
+        self.write_manifest(manifest)
+        return manifest
+
+    def finish_manifest(
+        self, manifest: dict[str, Any], on_run_end: Callable[[dict[str, Any]], None]
+    ) -> None:
+        """Write the final manifest, then tell the plugins (``on_run_end``: the run's
+        ``horizon_on_run_end``)."""
+        manifest["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        self.write_manifest(manifest)
+        on_run_end(manifest)
+
+    def finish_interrupted(
+        self, manifest: dict[str, Any], on_run_end: Callable[[dict[str, Any]], None]
+    ) -> None:
+        """``finish_manifest`` for a run stopped by Ctrl-C (or SIGTERM): ``"status":
+        "interrupted"``, which ``--resume`` continues."""
+        manifest["status"] = "interrupted"
+        manifest["error"] = "interrupted (Ctrl-C or SIGTERM); continue it with --resume"
+        self.finish_manifest(manifest, on_run_end)
+
+    def problem(self) -> ProblemDescription:
+        """The problem description the run's training wrote (``problem.json``)."""
+        from horizon_engine.driver import ProblemDescription
+
+        return ProblemDescription.read(self.path)
+
+    def normalization(self) -> Normalization:
+        """``normalization.json``: state (and action) features -> their parameters."""
+        from horizon_engine.normalization import read_normalization
+
+        return read_normalization(self.file(self.NORMALIZATION))
+
+    def normalization_record(self) -> dict[str, Any]:
+        """``normalization.json`` as the JSON it holds (what an exported model carries)."""
+        path = self.file(self.NORMALIZATION)
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError) as exc:
+            raise HorizonError(f"{path}: cannot read normalization parameters: {exc}") from None
+
+    def write_normalization(self, normalization: Normalization) -> str:
+        """Write ``normalization.json``; return its run-relative name (an output)."""
+        from horizon_engine.normalization import write_normalization
+
+        write_normalization(self.file(self.NORMALIZATION), normalization)
+        return self.NORMALIZATION
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / self.CHECKPOINTS
+
+    @property
+    def latest_checkpoint(self) -> Path:
+        return self.file(self.LATEST_CHECKPOINT)
+
+    @classmethod
+    def checkpoint_name(cls, epoch: int) -> str:
+        """Epoch ``epoch``'s own checkpoint, run-relative (``checkpoints/epoch-0001.pt``)."""
+        return f"{cls.CHECKPOINTS}/epoch-{epoch:04d}.pt"
+
+    def checkpoint_path(self, epoch: int) -> Path:
+        return self.file(self.checkpoint_name(epoch))
+
+    def last_epoch_checkpoint(self) -> Path | None:
+        """The highest-numbered ``epoch-NNNN.pt``: the last epoch whose checkpoint was written
+        whole (each is renamed into place complete), or None when there is none."""
+        found = sorted(self.checkpoints.glob("epoch-[0-9][0-9][0-9][0-9].pt"))
+        return found[-1] if found else None
+
+    def online_state_path(self, epoch: int) -> Path:
+        """The gym runner's state at evaluation ``epoch`` (one of ``ONLINE_STATES``)."""
+        return self.checkpoints / f"online-{epoch:04d}.pt"
+
+    def online_states(self) -> list[Path]:
+        return sorted(self.path.glob(self.ONLINE_STATES))
+
+    def check_rows(self, description: ProblemDescription) -> dict[str, torch.Tensor]:
+        """The rows the training kept to check an export on (``check_rows.pt``), checked
+        against ``description``."""
+        from horizon_engine.driver import read_check_rows
+
+        return read_check_rows(self.path, description)
+
+    def cpe(self) -> dict[str, Any]:
+        """``cpe.json``: the evaluation stage's estimates."""
+        return self._json(self.CPE)
+
+    def cpe_epochs(self) -> list[Any]:
+        """The per-epoch estimates the train stage recorded (``cpe_epochs.json``), or none."""
+        if not self.file(self.CPE_EPOCHS).is_file():
+            return []
+        epochs = self._json(self.CPE_EPOCHS).get("epochs", [])
+        return epochs if isinstance(epochs, list) else []
+
+    def write_json(self, name: str, record: dict[str, Any]) -> str:
+        """Write one of the run's JSON files (``CPE``, ``CPE_EPOCHS``) atomically; return
+        ``name``."""
+        write_json(self.file(name), record)
+        return name
+
+    def _json(self, name: str) -> dict[str, Any]:
+        path = self.file(name)
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError) as exc:
+            raise HorizonError(f"{path}: cannot be read ({exc})") from None
+        if not isinstance(record, dict):
+            raise HorizonError(f"{path}: holds no JSON object")
+        return record
+
 
 GLOB_CHARACTERS = frozenset("*?[")
 
@@ -139,7 +358,7 @@ class EarlierRun:
     def check_inside(self, folder: Path) -> None:
         """Refuse (``UnsafePathError``) a manifest whose stage records list an output that is
         not a path inside ``folder`` (``inside_path``), before any of them is acted on."""
-        manifest = folder / MANIFEST
+        manifest = folder / RunFolder.MANIFEST
         for stage, report in self.stages.items():
             if not isinstance(report, dict):
                 continue
@@ -195,7 +414,7 @@ def read_earlier_run(folder: Path) -> EarlierRun | None:
     a manifest: then nothing in the folder counts as the engine's). A manifest listing an
     output outside the folder is refused (``EarlierRun.check_inside``)."""
     try:
-        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+        manifest = json.loads((folder / RunFolder.MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(manifest, dict):
@@ -238,7 +457,7 @@ def output_dir_problem(path: Path, where: str) -> str | None:
 def _holds_a_run(folder: Path) -> bool:
     """Whether ``folder`` holds a run's manifest (one with its stages)."""
     try:
-        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+        manifest = json.loads((folder / RunFolder.MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
         return False
     return isinstance(manifest, dict) and isinstance(manifest.get("stages"), dict)
@@ -358,7 +577,7 @@ def take_over(
     if unrecorded:
         raise HorizonError(
             f"{folder} holds {', '.join(unrecorded)}, which this run would write, but no run "
-            f"recorded in {folder / MANIFEST} wrote it; move it away or choose another "
+            f"recorded in {folder / RunFolder.MANIFEST} wrote it; move it away or choose another "
             "output_dir (Horizon never deletes files it did not write)"
         )
     if earlier is None or resuming:
@@ -371,16 +590,16 @@ def take_over(
         shown = ", ".join(present[:6]) + (f" and {len(present) - 6} more" * (len(present) > 6))
         raise HorizonError(
             f"{folder} holds the outputs of an earlier run ({earlier.describe()} last wrote "
-            f"{MANIFEST}): {shown}. Run with "
+            f"{RunFolder.MANIFEST}): {shown}. Run with "
             "--overwrite to replace them (files Horizon did not write are kept), use --stages "
             "to continue that run, or choose another output_dir"
         )
     for path in present:
-        remove_inside(folder, path, f"{folder / MANIFEST}: an earlier run's outputs")
+        remove_inside(folder, path, f"{folder / RunFolder.MANIFEST}: an earlier run's outputs")
     if present:
         notes.append(
             f"--overwrite: replaced the outputs of an earlier run ({earlier.describe()} last "
-            f"wrote {MANIFEST})"
+            f"wrote {RunFolder.MANIFEST})"
         )
     return notes
 

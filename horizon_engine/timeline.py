@@ -1,7 +1,7 @@
 """The Timeline transform's contract, shared by every engine that builds it.
 
 Horizon's Timeline job turns logged decisions into the rows RL training needs. Engines (the
-built-in local one, the Spark plugin's) subclass ``TimelineTransform`` and must build the same
+built-in local one, the Spark plugin's) subclass ``TimelineEngine`` and must build the same
 table; this module holds what makes that possible: the one config model, the output schema,
 and the train/eval split, defined by a hash any engine can compute.
 
@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import Field
 
-from horizon_engine.components import ComponentConfig, DistinctNames, Transform
+from horizon_engine.components import Component, ComponentConfig, DistinctNames
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -126,10 +126,13 @@ class TimelineResult:
     """The n-step window the rows were built with (1: none); None leaves it to the config."""
 
 
-class TimelineTransform(Transform):
-    """Builds the timeline table from validated pre-timeline rows (``source/rows.parquet``)."""
+class TimelineEngine(Component):
+    """Builds the timeline table from validated pre-timeline rows (``source/rows.parquet``).
 
-    name = "timeline"
+    Registered through ``horizon_register_timeline_engines``; its ``name`` is what
+    ``[timeline] engine`` selects (``local``, ``spark``)."""
+
+    family = "timeline_engines"
     Config: ClassVar[type[ComponentConfig]] = TimelineConfig
 
     @abstractmethod

@@ -22,16 +22,13 @@ from pydantic import Field, field_validator, model_validator
 
 from horizon_engine.components import ComponentConfig, Trainer
 from horizon_engine.errors import HorizonError
+from horizon_engine.run_folder import RunFolder
 
 if TYPE_CHECKING:
     import torch
 
     from horizon_engine.dataset import TimelineTensors
-    from horizon_engine.run_context import RunContext, StageReport
     from horizon_engine.schema import ActionType
-
-CHECKPOINTS = "checkpoints"
-"""The run's folder of checkpoints: ``epoch-0001.pt``, ... and ``latest.pt``."""
 
 PARALLEL_UPDATE_WORK = 1_000_000_000
 """Rows times parameters of an update from which ``[trainer] threads = "auto"`` computes on
@@ -133,7 +130,9 @@ class TrainerBase(Trainer):
     The driver calls ``setup`` once, then ``train_step`` for every minibatch (a mapping of tensors
     named as the batch schema says, already on the device) and ``evaluate`` on the eval split
     after every epoch; ``state_dict``/``load_state_dict`` make checkpoints and warm
-    starts; ``policy`` is the trained model for export and evaluation.
+    starts; ``policy`` is the trained model for export and evaluation. What only some trainers
+    can do (analyse data, explore online, offer models to the estimators, discount) is a
+    capability a trainer adds by implementing its protocol (``horizon_engine.capabilities``).
     """
 
     Config: ClassVar[type[ComponentConfig]] = TrainerConfig
@@ -180,21 +179,6 @@ class TrainerBase(Trainer):
         ``(action, log_density)`` for a stochastic policy. ``policy_output`` turns it into the
         ``PolicyOutput`` that export and the estimators read."""
 
-    def exploration_policy(self) -> torch.nn.Module | None:
-        """For continuous actions online: a module raw ``(values, presence)`` -> action
-        ``[B, D]`` in the user's units, drawn with the trainer's own exploration noise (SAC
-        samples its Gaussian; TD3 and DDPG add Gaussian or Ornstein-Uhlenbeck noise), inside
-        the action bounds; when the module has a ``reset()`` method the gym runner calls it at
-        every episode start. None (the default): the runner explores as it does for discrete
-        actions.
-
-        ``horizon gym train`` asks for a fresh module every ``[gym] policy_refresh_ts`` steps,
-        as it copies ``policy()`` for discrete actions, and acts with it under
-        ``torch.no_grad()``; noise that carries state from step to step (Ornstein-Uhlenbeck)
-        should keep it where successive modules share it (the trainer), or a refresh restarts
-        it. On a Box action space a trainer that returns None is an error naming it."""
-        return None
-
     @classmethod
     def data_problems(cls, config: ComponentConfig, n_step: int, origin: str) -> dict[str, str]:
         """What is wrong with this trainer's ``config`` for data whose n-step window is
@@ -203,34 +187,6 @@ class TrainerBase(Trainer):
         Nothing by default; a trainer whose options must agree with the data says so here, so
         the core never reads another component's option by name."""
         return {}
-
-    def analyze(
-        self, run: RunContext, problem: TrainingProblem, splits: list[TimelineTensors]
-    ) -> StageReport:
-        """The ``analysis`` stage's work, for a trainer that models the data rather than (or
-        besides) a policy, such as ``world_model``'s MDP check: called once set up, with the
-        timeline's train and eval splits (with the state preprocessor's output); it writes its
-        files under ``analysis/`` and returns the stage's report. Optional: a trainer that
-        does not override it is refused in ``[analysis]`` when the pipeline is validated."""
-        raise HorizonError(f"[analysis] kind = {self.name!r} does not analyse data")
-
-    @classmethod
-    def analyzes_data(cls) -> bool:
-        """Whether the trainer overrides ``analyze`` (can be an ``[analysis]`` kind)."""
-        return cls.analyze is not TrainerBase.analyze
-
-    def evaluation_models(self) -> dict[str, Any]:
-        """Models trained beside the policy that estimators may use (a reward model, the
-        policy's Q), by name; none by default."""
-        return {}
-
-    def discount(self) -> float | None:
-        """What a reward one step later is worth now to this trainer (its gamma), which
-        sequential estimators discount with unless told otherwise; None (the default) when the
-        trainer has no such notion. A trainer that returns one declares that its policy's
-        scores are Q-values of the reward under this discount (a Q-learner's are), so the
-        sequential estimators may take them as the evaluated policy's Q."""
-        return None
 
 
 def resolve_device(choice: str) -> torch.device:
@@ -257,10 +213,10 @@ def resolve_threads(choice: int | str, device: torch.device, work: int) -> int:
     return torch.get_num_threads()
 
 
-def save_checkpoint(folder: Path, epoch: int, state: dict[str, Any]) -> Path:
-    """Write ``epoch-NNNN.pt`` and ``latest.pt`` atomically (temporary name, then rename), the
-    state serialized once for both. ``epoch-NNNN.pt`` is written first: the highest epoch file
-    is the last complete epoch, whatever moment a kill came at."""
+def save_checkpoint(folder: RunFolder, epoch: int, state: dict[str, Any]) -> Path:
+    """Write the run's ``epoch-NNNN.pt`` and ``latest.pt`` atomically (temporary name, then
+    rename), the state serialized once for both. ``epoch-NNNN.pt`` is written first: the
+    highest epoch file is the last complete epoch, whatever moment a kill came at."""
     import io
 
     import torch
@@ -269,30 +225,18 @@ def save_checkpoint(folder: Path, epoch: int, state: dict[str, Any]) -> Path:
 
     serialized = io.BytesIO()
     torch.save({"epoch": epoch, **state}, serialized)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / epoch_checkpoint_name(epoch)
-    for target in (path, folder / "latest.pt"):
+    folder.checkpoints.mkdir(parents=True, exist_ok=True)
+    path = folder.checkpoint_path(epoch)
+    for target in (path, folder.latest_checkpoint):
         with atomic_output(target) as temporary:
             temporary.write_bytes(serialized.getvalue())
     return path
 
 
-def epoch_checkpoint_name(epoch: int) -> str:
-    """The file name of epoch ``epoch``'s own checkpoint (``epoch-0001.pt``, ...)."""
-    return f"epoch-{epoch:04d}.pt"
-
-
-def last_epoch_checkpoint(folder: Path) -> Path | None:
-    """The highest-numbered ``epoch-NNNN.pt`` in ``folder``: the last epoch whose checkpoint
-    was written whole (each is renamed into place complete), or None when there is none."""
-    found = sorted(Path(folder).glob("epoch-[0-9][0-9][0-9][0-9].pt"))
-    return found[-1] if found else None
-
-
 def load_checkpoint(run_folder: Path, purpose: str = "warm start") -> dict[str, Any]:
     """The latest checkpoint of a run: an earlier one for a warm start, or this one for an
     export (``purpose`` = "export"), named in the error when there is none."""
-    path = Path(run_folder) / CHECKPOINTS / "latest.pt"
+    path = RunFolder(run_folder).latest_checkpoint
     where = f"[trainer] warm_start_from = {str(run_folder)!r}"
     if purpose != "warm start":
         where = f"{purpose} of {run_folder}"

@@ -16,7 +16,16 @@ import copy
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from horizon_engine import ActionType, ComponentConfig, HorizonError, TrainerBase, TrainingProblem
+from horizon_engine import (
+    ActionType,
+    ComponentConfig,
+    Discounts,
+    ExploresOnline,
+    HorizonError,
+    InvertiblePreprocessing,
+    TrainerBase,
+    TrainingProblem,
+)
 from horizon_plugins_ac.config import (
     ActorCriticConfig,
     DdpgConfig,
@@ -35,7 +44,7 @@ EVAL_CHUNK_ROWS = 65_536
 """Rows evaluated at once on the eval split, bounding its memory."""
 
 
-class ActorCriticTrainer(TrainerBase):
+class ActorCriticTrainer(TrainerBase, Discounts, ExploresOnline):
     """What ``sac``, ``td3`` and ``ddpg`` share. A subclass builds ``actor`` (``build_actor``),
     says how many critics it has, and implements ``next_value``, ``actor_loss`` and
     ``policy``."""
@@ -61,7 +70,7 @@ class ActorCriticTrainer(TrainerBase):
                 f"actions are {problem.action_type.value}"
             )
         action_preprocessor = problem.action_preprocessor
-        if action_preprocessor is None or not getattr(action_preprocessor, "invertible", False):
+        if not isinstance(action_preprocessor, InvertiblePreprocessing):
             raise HorizonError(
                 f"[trainer] kind = {self.name!r} needs the action features normalized as "
                 "continuous_action (the default for continuous actions), which maps them to "

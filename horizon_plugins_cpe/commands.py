@@ -14,13 +14,10 @@ from pathlib import Path
 
 import click
 
-from horizon_engine import atomic_output, estimates_table, evaluate_run, user_errors
-
-OUTPUT_FILE = "cpe_evaluate.json"
-"""Where the estimates go without ``-o``: inside RUN_DIR, beside (never over) ``cpe.json``."""
+from horizon_engine import RunFolder, atomic_output, command, estimates_table, evaluate_run
 
 
-@click.command("evaluate")
+@command("evaluate")
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.option(
     "--data",
@@ -40,9 +37,8 @@ OUTPUT_FILE = "cpe_evaluate.json"
     "-o",
     "--output",
     type=click.Path(dir_okay=False, path_type=Path),
-    help=f"JSON file to write the estimates to [default: RUN_DIR/{OUTPUT_FILE}].",
+    help=f"JSON file to write the estimates to [default: RUN_DIR/{RunFolder.CPE_EVALUATE}].",
 )
-@user_errors
 def evaluate_command(
     run_dir: Path, data: Path | None, overrides: tuple[str, ...], output: Path | None
 ) -> None:
@@ -51,7 +47,7 @@ def evaluate_command(
     from horizon_plugins_cpe.estimators import KINDS
 
     record = evaluate_run(run_dir, data, [{"kind": kind} for kind in KINDS], overrides)
-    output = output or run_dir / OUTPUT_FILE
+    output = output or RunFolder(run_dir).file(RunFolder.CPE_EVALUATE)
     with atomic_output(output) as temporary:
         temporary.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     click.echo(f"{run_dir}'s latest checkpoint on {record['data']}:")

@@ -10,9 +10,9 @@ features. The models the formulas need are cross-fitted here on the eval split
 (``horizon_plugins_cpe.models``): a reward model for ``dm`` and ``dr``; ``ips`` and ``snips``
 need none. The sequential kinds need the evaluated policy's ``Q``: with ``q_model = "auto"``
 (the default) it is fitted for every metric by bounded FQE on the trained network's hidden
-layer where the trainer offers it (``q_features`` among ``TrainerBase.evaluation_models()``,
-as dqn does: ``"network_fqe"``); else the policy's own scores when the trainer declares them
-Q-values of the reward under its discount (``TrainerBase.discount()`` is not None), as
+layer where the trainer offers it (``EvaluationModels.q_features``, from a trainer with
+``OffersEvaluationModels``, as dqn: ``"network_fqe"``); else the policy's own scores when the
+trainer declares them Q-values of the reward under its discount (it ``Discounts``), as
 Horizon used its DQN's Q, with FQE on the state features for the other metrics; else FQE on
 the state features for every metric (``"fqe"``). On the CartPole example (truth: the greedy
 policy's discounted return 4.24 times random play's) weighted DR said 4.23 with the hidden
@@ -74,11 +74,6 @@ CONTINUOUS_REASON = (
 CONTINUOUS_KINDS = ("dm", "fqe")
 """The kinds that evaluate a continuous policy: models of (state, action) at its own action
 (``horizon_plugins_cpe.continuous``)."""
-
-Q_FEATURES = "q_features"
-"""The name under which a trainer's ``evaluation_models()`` offers a module mapping raw
-``(values, presence)`` states to its Q-network's last hidden layer ``[N, H]``: the features
-``q_model = "network_fqe"`` fits the evaluated policy's Q on."""
 
 REWARD_METRIC = "reward"
 """The name of the reward's estimates; a logged metric of that name is ``metrics.reward``
@@ -400,7 +395,7 @@ class CpeEstimator(EstimatorBase):
         wanted = self.config.q_model
         if wanted == "fqe":
             return "q"
-        if wanted in ("auto", "network_fqe") and Q_FEATURES in episodes.models:
+        if wanted in ("auto", "network_fqe") and episodes.models.q_features is not None:
             return "network_fqe"
         if episodes.policy.scores is None:
             return "q"
@@ -430,8 +425,10 @@ class CpeEstimator(EstimatorBase):
             return q_model_values(inputs, options)
         if model == "network_fqe":
             data = episodes.data
+            q_features = episodes.models.q_features
+            assert q_features is not None  # _q_model chose network_fqe because it is offered
             with torch.no_grad():
-                features = episodes.models[Q_FEATURES](data.state, data.state_presence)
+                features = q_features(data.state, data.state_presence)
             return q_model_values(inputs, options, _numpy(features))
         scores = entry.policy.scores.detach().cpu().double().numpy()
         scores = np.where(inputs.possible, scores, 0.0)

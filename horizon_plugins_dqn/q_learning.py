@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from horizon_engine import ComponentConfig, HorizonError, TrainerBase
+from horizon_engine import ComponentConfig, Discounts, HorizonError, TrainerBase
 from horizon_plugins_dqn.config import QLearningConfig
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ class Bootstrap:
     """``next_state`` or ``next_n_state``; its presence is ``{state}_presence``."""
 
 
-class QLearningTrainer(TrainerBase):
+class QLearningTrainer(TrainerBase, Discounts):
     """The shared half of a Q-learning trainer. A subclass builds ``q_network`` and
     ``preprocessor`` in ``setup``, then calls ``finish_setup`` for the target network and the
     optimizer."""

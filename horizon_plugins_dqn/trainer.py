@@ -14,7 +14,13 @@ import copy
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from horizon_engine import ActionType, HorizonError, TrainingProblem
+from horizon_engine import (
+    ActionType,
+    EvaluationModels,
+    HorizonError,
+    OffersEvaluationModels,
+    TrainingProblem,
+)
 from horizon_plugins_dqn.config import DqnConfig
 from horizon_plugins_dqn.q_learning import EVAL_CHUNK_ROWS, QLearningTrainer, checkpoint_mismatch
 
@@ -25,7 +31,7 @@ if TYPE_CHECKING:
     from horizon_plugins_dqn.networks import DqnPolicy
 
 
-class DqnTrainer(QLearningTrainer):
+class DqnTrainer(QLearningTrainer, OffersEvaluationModels):
     """Discrete-action DQN (double Q, dueling, n-step, SARSA, CQL, discrete BCQ)."""
 
     name = "dqn"
@@ -206,7 +212,7 @@ class DqnTrainer(QLearningTrainer):
         )
         return copy.deepcopy(live).eval().requires_grad_(False)
 
-    def evaluation_models(self) -> dict[str, Any]:
+    def evaluation_models(self) -> EvaluationModels:
         """``q_features``: a frozen copy of the Q-network's last hidden layer on raw states.
         The sequential CPE estimators fit the evaluated policy's Q linearly on it
         (``q_model = "network_fqe"``, their default where it is offered) rather than take
@@ -217,7 +223,7 @@ class DqnTrainer(QLearningTrainer):
 
         # The preprocessor is fixed while training: shared, only the layers are copied.
         body = copy.deepcopy(self.q_network.body).eval().requires_grad_(False)
-        return {"q_features": HiddenFeatures(self.preprocessor, body)}
+        return EvaluationModels(q_features=HiddenFeatures(self.preprocessor, body))
 
     def state_dict(self) -> dict[str, Any]:
         """The Q-learning state, plus the behaviour model and its optimizer with BCQ."""

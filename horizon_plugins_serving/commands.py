@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
@@ -31,13 +31,10 @@ from horizon_engine import (
     BadLine,
     HorizonError,
     atomic_output,
+    command,
     parse_json_line,
     strip_bom,
-    user_errors,
 )
-
-if TYPE_CHECKING:
-    from horizon_engine import Exploration
 
 BATCH = 1024
 """Rows scored per session call."""
@@ -51,28 +48,26 @@ TOKEN_VARIABLE = "HORIZON_SERVE_TOKEN"
 
 def exploration_options(command: Callable[..., None]) -> Callable[..., None]:
     """``--policy``, ``--epsilon``, ``--temperature`` and ``--seed``: how ``horizon score`` and
-    ``horizon serve`` explore (``exploration`` turns them into an ``Exploration``)."""
+    ``horizon serve`` explore. The first three default to the model card's policy (the
+    ``[export]`` section's), each one given overriding it (``served_policy.served_policy``)."""
     options = [
         click.option(
             "--policy",
             type=click.Choice(["greedy", "epsilon_greedy", "softmax"]),
-            default="greedy",
-            show_default=True,
-            help="How the action is drawn from the model's scores.",
+            help="How the action is drawn from the model's scores. Default: the policy the "
+            "model was exported with ([export] policy, recorded in its card), else greedy.",
         ),
         click.option(
             "--epsilon",
             type=float,
-            default=0.1,
-            show_default=True,
-            help="epsilon_greedy's chance of a uniform draw over the possible actions.",
+            help="epsilon_greedy's chance of a uniform draw over the possible actions. "
+            "Default: the model card's when it records epsilon_greedy, else 0.1.",
         ),
         click.option(
             "--temperature",
             type=float,
-            default=1.0,
-            show_default=True,
-            help="softmax's temperature: exp(score / temperature).",
+            help="softmax's temperature: exp(score / temperature). Default: the model "
+            "card's when it records softmax, else 1.0.",
         ),
         click.option("--seed", type=int, default=0, show_default=True, help="Seeds the draws."),
     ]
@@ -90,14 +85,7 @@ strict_features_option = click.option(
 """``horizon score`` and ``horizon serve`` alike: ``Predictor(strict_features=...)``."""
 
 
-def exploration(policy: str, epsilon: float, temperature: float) -> Exploration:
-    """The ``Exploration`` the options name (``--epsilon`` counts for epsilon_greedy only)."""
-    from horizon_engine import Exploration
-
-    return Exploration(policy, epsilon if policy == "epsilon_greedy" else 0.0, temperature)
-
-
-@click.command("score")
+@command("score")
 @click.argument("model", type=click.Path(dir_okay=False, exists=True, path_type=Path))
 @click.argument("rows", type=click.Path(dir_okay=False, exists=True, path_type=Path))
 @click.option(
@@ -113,32 +101,33 @@ def exploration(policy: str, epsilon: float, temperature: float) -> Exploration:
     "--skip-bad-rows", is_flag=True, help="Count and skip bad input rows instead of failing."
 )
 @strict_features_option
-@user_errors
 def score_command(
     model: Path,
     rows: Path,
     output: Path,
-    policy: str,
-    epsilon: float,
-    temperature: float,
+    policy: str | None,
+    epsilon: float | None,
+    temperature: float | None,
     seed: int,
     skip_bad_rows: bool,
     strict_features: bool,
 ) -> None:
     """Score ROWS.jsonl's state_features with MODEL (an exported model.onnx) and write a
-    decision log with each chosen action and its propensity under --policy."""
+    decision log with each chosen action and its propensity under the policy the model was
+    exported with, or --policy."""
     from horizon_plugins_serving.decision_log import (
         DecisionLog,
         ParquetDecisionLog,
         decision_rows,
     )
     from horizon_plugins_serving.predictor import Predictor
+    from horizon_plugins_serving.served_policy import PolicyFlags
 
     predictor = Predictor(
         model,
-        exploration(policy, epsilon, temperature),
         seed=seed,
         strict_features=strict_features,
+        flags=PolicyFlags(policy, epsilon, temperature),
     )
     bad: list[tuple[int, str]] = []
     scored = 0
@@ -158,6 +147,7 @@ def score_command(
                     predictor.actions,
                     [row.get("mdp_id") for row in batch],
                     [row.get("sequence_number", 0) for row in batch],
+                    policy=predictor.served.label,
                 )
             )
             batch.clear()
@@ -191,12 +181,13 @@ def score_command(
     if len(bad) > 10:
         click.echo(f"... and {len(bad) - 10} more bad rows", err=True)
     click.echo(
-        f"scored {scored} rows with {model} (model_id {predictor.model_id}, policy {policy}), "
+        f"scored {scored} rows with {model} (model_id {predictor.model_id}, policy "
+        f"{predictor.served.describe()}), "
         f"skipped {len(bad)} bad rows; wrote {output}"
     )
 
 
-@click.command("serve")
+@command("serve")
 @click.argument("model", type=click.Path(dir_okay=False, exists=True, path_type=Path))
 @click.option(
     "--host",
@@ -272,15 +263,14 @@ def score_command(
     help="Serve a host other than loopback without a token (a network you trust).",
 )
 @strict_features_option
-@user_errors
 def serve_command(
     model: Path,
     host: str,
     port: int,
     log_path: Path,
-    policy: str,
-    epsilon: float,
-    temperature: float,
+    policy: str | None,
+    epsilon: float | None,
+    temperature: float | None,
     seed: int,
     max_body_bytes: int,
     max_batch: int,
@@ -293,18 +283,19 @@ def serve_command(
     insecure: bool,
     strict_features: bool,
 ) -> None:
-    """Serve MODEL's decisions over HTTP (POST /decisions, GET /health), each one logged.
+    """Serve MODEL's decisions over HTTP (POST /decisions, GET /health), each one logged,
+    under the policy the model was exported with, or --policy.
 
     SIGINT or SIGTERM stops the server once the requests in flight are answered and every
     answered decision is in the log. A host other than loopback needs a bearer token
     (--token-file or HORIZON_SERVE_TOKEN) or --insecure."""
+    from horizon_plugins_serving.served_policy import PolicyFlags
     from horizon_plugins_serving.server import serve
 
-    chosen = exploration(policy, epsilon, temperature)
     token = serve_token(token_file, os.environ.get(TOKEN_VARIABLE))
     serve(
         model,
-        chosen,
+        PolicyFlags(policy, epsilon, temperature),
         host=host,
         port=port,
         log_path=log_path,

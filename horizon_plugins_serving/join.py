@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -43,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from horizon_engine import FLOAT32_MAX, HorizonError, atomic_output, number_problem
+from horizon_engine import FLOAT32_MAX, atomic_output, command, number_problem
 from horizon_plugins_serving.join_readers import (
     DecisionLogReader,
     Rewards,
@@ -324,7 +323,7 @@ def join_local(
     return report
 
 
-@click.command("join")
+@command("join")
 @click.argument("decisions", type=click.Path(exists=True, path_type=Path))
 @click.argument("rewards", type=click.Path(exists=True, path_type=Path))
 @click.option(
@@ -379,16 +378,12 @@ def join_command(
         defaults = None if drop_unrewarded else parse_defaults(default_pairs)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--default") from None
-    try:
-        if engine == "spark":
-            from horizon_plugins_serving.join_spark import join_spark
+    if engine == "spark":
+        from horizon_plugins_serving.join_spark import join_spark
 
-            report = join_spark(decisions, rewards, output, window, defaults, skip_bad_rows)
-        else:
-            report = join_local(decisions, rewards, output, window, defaults, skip_bad_rows)
-        with atomic_output(report_path(output)) as temporary:
-            temporary.write_text(json.dumps(asdict(report), indent=2) + "\n", encoding="utf-8")
-    except HorizonError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+        report = join_spark(decisions, rewards, output, window, defaults, skip_bad_rows)
+    else:
+        report = join_local(decisions, rewards, output, window, defaults, skip_bad_rows)
+    with atomic_output(report_path(output)) as temporary:
+        temporary.write_text(json.dumps(asdict(report), indent=2) + "\n", encoding="utf-8")
     click.echo(report.summary(output))

@@ -28,9 +28,10 @@ from horizon_engine import (
     HorizonError,
     feature_map_problem,
     integer_problem,
-    model_card_from_metadata,
+    model_card_of_session,
     text_problem,
 )
+from horizon_plugins_serving.served_policy import PolicyFlags, ServedPolicy, served_policy
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +161,9 @@ class Predictor:
     (one by default: a single request's latency) and reads its metadata: the state
     ``feature_ids``, the ``actions`` (or the parametric ``action_feature_ids``), the
     ``action_type`` and ``action_bounds``. ``model_id`` is the file's sha256, 16 hex digits.
+    With ``flags`` (``horizon serve`` and ``horizon score``) the policy is the card's, each
+    flag given overriding it (``served_policy``); else it is ``exploration`` (greedy when
+    None). ``served`` says which policy applies and where it came from.
     """
 
     def __init__(
@@ -169,6 +173,7 @@ class Predictor:
         seed: int | None = None,
         intra_op_threads: int = 1,
         strict_features: bool = False,
+        flags: PolicyFlags | None = None,
     ) -> None:
         import onnxruntime
 
@@ -184,9 +189,7 @@ class Predictor:
             )
         except Exception as exc:  # onnxruntime raises its own untyped errors
             raise HorizonError(f"{self.path}: not a model onnxruntime can load ({exc})") from exc
-        metadata = self.session.get_modelmeta().custom_metadata_map
-        self.metadata = metadata
-        self.card = model_card_from_metadata(metadata, str(self.path))
+        self.card = model_card_of_session(self.session, str(self.path))
         self.feature_ids: list[str] = list(self.card.feature_ids)
         self.actions: list[str] = list(self.card.actions)
         self.action_feature_ids: list[str] = list(self.card.action_feature_ids)
@@ -215,7 +218,13 @@ class Predictor:
             except Exception:  # pruning only saves time: a model it breaks is run whole
                 logger.debug("%s: pruned to %s, onnxruntime refused it", self.path, self.fetch)
         self.one_row = OneRowBinding.for_model(self)
-        self.exploration = exploration or Exploration()
+        if flags is not None:
+            self.served = served_policy(self.card, flags)
+        elif self.continuous:
+            self.served = ServedPolicy(Exploration(), actor=True)
+        else:
+            self.served = ServedPolicy(exploration or Exploration(), {"policy": "the caller"})
+        self.exploration = self.served.exploration
         self.rng = np.random.default_rng(seed)
         self.strict_features = strict_features
         self.featureless_rows = 0

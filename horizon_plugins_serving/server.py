@@ -3,10 +3,12 @@
 The command::
 
     horizon serve MODEL [--host 127.0.0.1] [--port 8000] [--log decisions.jsonl]
-        [--policy greedy|epsilon_greedy|softmax] [--epsilon 0.1] [--temperature 1.0]
+        [--policy greedy|epsilon_greedy|softmax] [--epsilon E] [--temperature T]
         [--seed 0] [--max-body-bytes 1048576] [--max-batch 1024]
         [--target-send-rate R --send-action NAME]
 
+applies the policy the model was exported with (its card's ``[export]`` policy; each of
+``--policy``, ``--epsilon``, ``--temperature`` given overrides it: ``served_policy``),
 listens on 127.0.0.1 unless told otherwise (``--port 0`` takes a free port), prints one line
 with its URL, and on SIGINT or SIGTERM stops taking requests, answers those in flight, writes
 every answered decision to the log, and exits 0. ``--log`` ending ``.parquet`` is a folder of
@@ -21,10 +23,13 @@ TOKEN``; a ``--host`` that is not loopback needs one, or ``--insecure``.
 The endpoints:
 
 - ``GET /health`` -> ``{"status": "ok", "model_id", "action_type", "actions", "policy",
-  "decisions_logged", "featureless_rows"}`` (and ``action_feature_ids`` for a parametric or
-  continuous model). ``featureless_rows`` counts the rows decided on the model's defaults
-  alone, none of their state features being one the model uses (``--strict-features``
-  refuses them with 422 instead).
+  "served_policy", "decisions_logged", "featureless_rows"}`` (and ``action_feature_ids`` for a
+  parametric or continuous model). ``served_policy`` is ``{"label", "from"}``: the policy
+  every logged row records (``epsilon_greedy(epsilon=0.1)``) and where each of its settings
+  came from (``model card``, the flag, ``default``): by default the policy the model was
+  exported with (``served_policy``). ``featureless_rows`` counts the rows decided on the
+  model's defaults alone, none of their state features being one the model uses
+  (``--strict-features`` refuses them with 422 instead).
   ``decisions_logged`` counts the decisions the writer has handed to the log; answered ones
   still queued are not counted yet. When the log has failed: 503 with ``"status": "failed"``.
 - ``POST /decisions`` with ``{"rows": [ROW, ...]}``, each ROW a ``horizon score`` input line:
@@ -125,9 +130,9 @@ from horizon_plugins_serving.request_body import BodyError, decode_body
 if TYPE_CHECKING:
     import uvicorn
 
-    from horizon_engine import Exploration
     from horizon_plugins_serving.decision_log import ParquetDecisionLog
     from horizon_plugins_serving.predictor import Predictor, SendRateController
+    from horizon_plugins_serving.served_policy import PolicyFlags
 
 Headers = Sequence[tuple[bytes, bytes]]
 """An ASGI request's or response's headers."""
@@ -365,6 +370,26 @@ class DecisionService:
     def policy(self) -> str:
         return "send_drop" if self.send_drop else self.predictor.exploration.policy
 
+    @property
+    def policy_label(self) -> str:
+        """The policy each logged row records (``decision_rows``' ``policy``)."""
+        if self.send_drop:
+            return f"send_drop(target={self.send_rate.target})"
+        return self.predictor.served.label
+
+    def describe_policy(self) -> str:
+        """The policy and where it came from, for the startup line."""
+        if self.send_drop:
+            return f"{self.policy_label} (--target-send-rate, --send-action {self.send_drop[0]})"
+        return self.predictor.served.describe()
+
+    def served_policy(self) -> dict[str, Any]:
+        """What ``GET /health`` says of the policy: the label each logged row records and
+        where each of its settings came from."""
+        if self.send_drop:
+            return {"label": self.policy_label, "from": {"policy": "--target-send-rate"}}
+        return self.predictor.served.as_dict()
+
     async def health(self, request: Request) -> JSONResponse:
         predictor = self.predictor
         body: dict[str, Any] = {
@@ -373,6 +398,7 @@ class DecisionService:
             "action_type": predictor.action_type,
             "actions": predictor.actions,
             "policy": self.policy,
+            "served_policy": self.served_policy(),
             "decisions_logged": self.writer.logged,
             "featureless_rows": predictor.featureless_rows,
         }
@@ -538,6 +564,7 @@ class DecisionService:
             predictor.actions,
             [row.get("mdp_id") for row in rows],
             [row.get("sequence_number", 0) for row in rows],
+            policy=self.policy_label,
         )
         answers = [
             {
@@ -720,7 +747,7 @@ def is_loopback(host: str) -> bool:
 
 def serve(
     model: Path,
-    exploration: Exploration,
+    flags: PolicyFlags,
     *,
     host: str,
     port: int,
@@ -754,7 +781,7 @@ def serve(
         limits = ConnectionLimits(
             request_timeout, connection_cap(max_connections, raise_file_limit()), keep_alive_timeout
         )
-        predictor = Predictor(model, exploration, seed=seed, strict_features=strict_features)
+        predictor = Predictor(model, seed=seed, strict_features=strict_features, flags=flags)
         send_rate = None
         if target_send_rate is not None:
             send_rate = SendRateController(target_send_rate)
@@ -776,7 +803,7 @@ def serve(
         sys.exit(1)
     service: DecisionService = app.state.service
     click.echo(
-        f"serving {model} (model_id {predictor.model_id}, policy {service.policy}) on "
+        f"serving {model} (model_id {predictor.model_id}, policy {service.describe_policy()}) on "
         f"{_url(listening.getsockname())}; logging decisions to {log_path}"
     )
     click.echo(

@@ -19,6 +19,7 @@ from typing import Any
 
 from horizon_engine import (
     RunContext,
+    RunFolder,
     StageReport,
     TimelineTensors,
     TrainingProblem,
@@ -27,7 +28,7 @@ from horizon_engine import (
 from horizon_plugins_worldmodel.config import WorldModelConfig
 from horizon_plugins_worldmodel.statistics import plain
 
-FOLDER = "analysis"
+FOLDER = RunFolder.ANALYSIS
 RESULT_FILE = f"{FOLDER}/mdp_check.json"
 REPORT_FILE = f"{FOLDER}/mdp_check.txt"
 CHART_FILE = f"{FOLDER}/feature_importance.svg"
@@ -51,7 +52,7 @@ def _analyse(
 
     def log_epoch(epoch: int, losses: dict[str, float]) -> None:
         metrics = {f"WorldModel/{name}": value for name, value in losses.items()}
-        run.plugins.on_epoch_end(run, epoch, metrics)
+        run.emit_epoch_metrics(epoch, metrics)
 
     result = MdpAnalysis(config, data, problem.seed).run(log_epoch, advance)
     return plain(

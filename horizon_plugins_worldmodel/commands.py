@@ -10,14 +10,13 @@ or ``[normalization]``) gets the section with its defaults.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-from horizon_engine import Engine, user_errors
+from horizon_engine import Engine, HorizonError, RunFolder, command
 
 DATA_STAGES = ("source", "timeline", "normalization")
 """The stages whose outputs the analysis reads, each configured by the section of its name."""
@@ -27,7 +26,7 @@ DEFAULT_SECTIONS = {"analysis": "analysis.kind=world_model"}
 engine runs an absent ``[timeline]`` and ``[normalization]`` at their defaults itself."""
 
 
-@click.command("check-mdp")
+@command("check-mdp")
 @click.argument("pipeline", type=click.Path(dir_okay=False, path_type=Path))
 @click.option(
     "--set",
@@ -42,13 +41,12 @@ engine runs an absent ``[timeline]`` and ``[normalization]`` at their defaults i
     help="Run the source, timeline and normalization stages even where output_dir holds them "
     "from the same settings.",
 )
-@user_errors
 def check_mdp_command(pipeline: Path, overrides: tuple[str, ...], rebuild: bool) -> None:
     """Check PIPELINE's logged data with a learned world model: do actions predict
     transitions, do state features predict the next state, do the features the actions move
     predict the reward, and which features explain nothing."""
     output_dir = check_mdp(pipeline, list(overrides), rebuild)
-    folder = output_dir / "analysis"
+    folder = RunFolder(output_dir).file(RunFolder.ANALYSIS)
     click.echo((folder / "mdp_check.txt").read_text(encoding="utf-8"), nl=False)
     click.echo(
         f"every number: {folder / 'mdp_check.json'}; the chart: {folder / 'feature_importance.svg'}"
@@ -74,8 +72,8 @@ def _data_stages_done(output_dir: Path, config: dict[str, Any]) -> bool:
     stale) and configured as ``config`` configures them, with the same seed (which splits
     the episodes)."""
     try:
-        manifest = json.loads((output_dir / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        manifest = RunFolder(output_dir).manifest()
+    except HorizonError:
         return False
     stages = manifest.get("stages", {})
     recorded = manifest.get("config", {})

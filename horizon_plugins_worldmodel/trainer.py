@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from horizon_engine import (
+    AnalyzesData,
     HorizonError,
     RunContext,
     StageReport,
@@ -33,7 +34,7 @@ EVAL_CHUNK_ROWS = 65_536
 """Rows evaluated at once."""
 
 
-class WorldModelTrainer(TrainerBase):
+class WorldModelTrainer(TrainerBase, AnalyzesData):
     """A mixture-density world model (next state, reward, episode end) and the MDP checks."""
 
     name = "world_model"

@@ -15,11 +15,12 @@ import onnxruntime
 import pytest
 import torch
 
-from horizon_engine.builtin.onnx_export import MODEL_FILE, OnnxExporter
+from horizon_engine.builtin.onnx_export import OnnxExporter
 from horizon_engine.errors import HorizonError
 from horizon_engine.export import ExportConfig, PolicyBundle
 from horizon_engine.normalization import NormalizationParameters
 from horizon_engine.preprocessor import build_preprocessor
+from horizon_engine.run_folder import RunFolder
 from horizon_engine.schema import ActionType
 
 STATE_IDS = ["0", "1", "2"]
@@ -97,7 +98,7 @@ def bundle(model: torch.nn.Module, rows: int = 256) -> PolicyBundle:
 
 def export(tmp_path: Path, model: torch.nn.Module, **config) -> OnnxExporter:
     exporter = OnnxExporter(ExportConfig(**config))
-    assert exporter.export(SimpleNamespace(output_dir=tmp_path), bundle(model)) == [MODEL_FILE]
+    assert exporter.export(SimpleNamespace(output_dir=tmp_path), bundle(model)) == [RunFolder.MODEL]
     return exporter
 
 
@@ -125,7 +126,7 @@ def test_a_deterministic_actor_exports_its_action_in_the_users_units(tmp_path):
     assert details["verified_rows"] == 256
     assert details["max_abs_difference"] <= details["action_tolerance"]["atol"] + 2 * 4e-6
 
-    onnx_model = onnx.load(str(tmp_path / MODEL_FILE))
+    onnx_model = onnx.load(str(tmp_path / RunFolder.MODEL))
     metadata = {entry.key: entry.value for entry in onnx_model.metadata_props}
     assert metadata["action_type"] == "continuous"
     assert json.loads(metadata["feature_ids"]) == STATE_IDS
@@ -137,7 +138,7 @@ def test_a_deterministic_actor_exports_its_action_in_the_users_units(tmp_path):
     dims = outputs["action"].type.tensor_type.shape.dim
     assert [dim.dim_param or dim.dim_value for dim in dims] == ["batch", 2]
 
-    session = onnxruntime.InferenceSession(str(tmp_path / MODEL_FILE))
+    session = onnxruntime.InferenceSession(str(tmp_path / RunFolder.MODEL))
     features, presence = extreme_inputs()
     (action,) = session.run(None, {"features": features, "presence": presence})
     assert action.shape == (len(features), 2)
@@ -158,7 +159,7 @@ def test_a_stochastic_actor_exports_its_action_and_log_density(tmp_path):
     assert details["outputs"] == ["action", "log_density"]
     assert set(details) >= {"log_density_max_abs_difference", "log_density_tolerance"}
 
-    session = onnxruntime.InferenceSession(str(tmp_path / MODEL_FILE))
+    session = onnxruntime.InferenceSession(str(tmp_path / RunFolder.MODEL))
     assert [output.name for output in session.get_outputs()] == ["action", "log_density"]
     features, presence = extreme_inputs()
     action, log_density = session.run(None, {"features": features, "presence": presence})
@@ -177,5 +178,5 @@ def test_a_stochastic_actor_exports_its_action_and_log_density(tmp_path):
 def test_an_export_that_disagrees_with_pytorch_fails_and_leaves_no_model(tmp_path):
     with pytest.raises(HorizonError, match=r"ONNX model's 'action' differs from PyTorch's"):
         export(tmp_path, WrongWhenTraced())
-    assert not (tmp_path / MODEL_FILE).exists()
+    assert not (tmp_path / RunFolder.MODEL).exists()
     assert list(tmp_path.iterdir()) == []

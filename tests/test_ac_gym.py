@@ -77,10 +77,11 @@ class Exploring(Actor):
         return action
 
 
-class LinearAc(TrainerBase):
-    """A linear actor and a linear critic, updated DDPG-style; keeps every batch."""
+class NoExploration(TrainerBase):
+    """A linear actor and a linear critic, updated DDPG-style; keeps every batch. Without
+    ``exploration_policy`` (the ``ExploresOnline`` capability) it cannot act on a Box space."""
 
-    name = "linear_ac"
+    name = "no_exploration"
     Config = TrainerConfig
 
     def setup(self, problem):
@@ -127,17 +128,14 @@ class LinearAc(TrainerBase):
     def policy(self):
         return Actor(*self._parts()).eval()
 
+
+class LinearAc(NoExploration):
+    """The same, exploring with its own noise."""
+
+    name = "linear_ac"
+
     def exploration_policy(self):
         return Exploring(*self._parts(), generator=self.generator).eval()
-
-
-class NoExploration(LinearAc):
-    """Leaves exploration_policy() at the default None."""
-
-    name = "no_exploration"
-
-    def exploration_policy(self):
-        return None
 
 
 @hookimpl

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from horizon_engine.export import trained_policy
+from horizon_engine.export_stage import trained_policy
 from horizon_engine.pipeline import Engine
 from horizon_engine.plugins import get_plugin_host
 

@@ -109,7 +109,7 @@ def test_arrays_nested_5000_deep_are_a_config_error_naming_the_file(tmp_path, re
 def test_duplicate_actions_and_stages_are_refused(refused):
     timeline = TIMELINE.replace('["0", "1"]', '["0", "1", "0"]')
     path, message = refused(pipeline_text('"runs/x"', timeline))
-    assert message.startswith(f"{path}:9: [timeline] key 'actions' of transforms component ")
+    assert message.startswith(f"{path}:9: [timeline] key 'actions' of timeline_engines component ")
     assert "lists '0' more than once; found ['0', '1', '0'] (list)" in message
     text = pipeline_text('"runs/x"').replace(
         "[pipeline]\n", '[pipeline]\nstages = ["source", "source"]\n'

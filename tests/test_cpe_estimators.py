@@ -18,10 +18,13 @@ import torch
 
 from horizon_engine import (
     ActionType,
+    Discounts,
     Estimate,
     EvaluationEpisodes,
+    EvaluationModels,
     HorizonError,
     NotApplicable,
+    OffersEvaluationModels,
     PolicyOutput,
     TimelineTensors,
 )
@@ -286,9 +289,6 @@ class FixedPolicyTrainer:
     def policy(self) -> torch.nn.Module:
         return self.module
 
-    def evaluation_models(self) -> dict[str, Any]:
-        return {}
-
     def discount(self) -> float | None:
         return 0.9
 
@@ -306,7 +306,12 @@ class Action(torch.nn.Module):
 def choices(*kinds: str) -> list[Choice]:
     host = get_plugin_host()
     return [
-        Choice("evaluation", host.component("estimators", kind), CpeConfig(num_bootstrap=10))
+        Choice(
+            "evaluation",
+            host.component("estimators", kind),
+            CpeConfig(num_bootstrap=10),
+            host.sections()["evaluation"],
+        )
         for kind in kinds
     ]
 
@@ -333,6 +338,29 @@ def test_the_core_records_a_not_applicable_entry_and_keeps_the_others(tmp_path):
     assert "continuous actions" in entries["dr"]["not_applicable"]
     assert "not_applicable" not in entries["logged_value"]
     assert (tmp_path / "cpe_epochs.json").is_file()
+
+
+class PolicyOnlyTrainer:
+    """A trainer with none of the optional capabilities: neither ``OffersEvaluationModels``
+    nor ``Discounts``."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+
+    def policy(self) -> torch.nn.Module:
+        return self.module
+
+
+def test_a_trainer_without_capabilities_is_evaluated_without_models_or_discount():
+    evaluation = EpisodeEvaluation(
+        choices("ips"), ActionType.DISCRETE, TimelineTensors(**rows()), {}, seed=0
+    )
+    trainer = PolicyOnlyTrainer(Scores())
+    assert not isinstance(trainer, OffersEvaluationModels | Discounts)
+
+    results = evaluation.run(trainer)
+
+    assert "reward" in results["ips"]
 
 
 def test_epoch_metrics_are_relative_values_by_metric_and_estimator_and_the_raw_ones():
@@ -402,7 +430,7 @@ def test_the_sequential_q_is_fitted_on_the_trainers_hidden_layer_when_it_offers_
     episodes = episodes_of(metrics={"clicks": clicks}, discount=0.9)
     torch.manual_seed(0)
     hidden = torch.nn.Sequential(torch.nn.Linear(episodes.data.state.shape[1], 3), torch.nn.Tanh())
-    episodes.models = {"q_features": lambda values, presence: hidden(values)}
+    episodes.models = EvaluationModels(q_features=lambda values, presence: hidden(values))
     inputs, _ = cpe_inputs(episodes)
     options = CpeOptions(gamma=0.9, num_bootstrap=0)
     with torch.no_grad():

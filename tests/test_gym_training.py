@@ -24,7 +24,7 @@ from horizon_engine.builtin.gym.runner import train_gym
 from horizon_engine.builtin.gym_source import GymSourceConfig, collect_rows
 from horizon_engine.cli import main
 from horizon_engine.dataset import load_timeline
-from horizon_engine.errors import ConfigError, HorizonError
+from horizon_engine.errors import ConfigError, HorizonError, PluginError
 from horizon_engine.normalization import NormalizationParameters
 from horizon_engine.pipeline import Engine
 from horizon_engine.plugins import PluginHost
@@ -682,7 +682,7 @@ def test_a_failed_export_keeps_the_trainings_record(tmp_path, recorder_host, mon
     export that fails; the manifest says which stage failed and why."""
     from horizon_engine.builtin.gym.results import ExportAfterTrainingError
     from horizon_engine.builtin.onnx_export import OnnxExporter
-    from horizon_engine.export import export_run_folder
+    from horizon_engine.export_stage import export_run_folder
 
     monkeypatch.setattr(OnnxExporter, "export", failing_export(EXPORT_FAILS))
     config = recorder_config(tmp_path / "run", episodes=5) | {"export": {"kind": "onnx"}}
@@ -727,18 +727,50 @@ def test_a_failed_export_keeps_the_trainings_record(tmp_path, recorder_host, mon
     assert manifest["export"]["outputs"] == ["model.onnx"]
 
 
-def test_an_exporters_bug_keeps_its_traceback_and_the_trainings_record(
+def test_an_exporters_exception_is_blamed_on_its_component_after_the_trainings_record(
     tmp_path, recorder_host, monkeypatch
 ):
+    """As under ``horizon run``: the error names the exporter's plugin and component (it was
+    the raw ZeroDivisionError and its traceback), the training report before it."""
+    from horizon_engine.builtin.gym.results import ExportAfterTrainingError
     from horizon_engine.builtin.onnx_export import OnnxExporter
 
     monkeypatch.setattr(OnnxExporter, "export", failing_export("a bug", ZeroDivisionError))
     config = recorder_config(tmp_path / "run", episodes=3) | {"export": {"kind": "onnx"}}
-    with pytest.raises(ZeroDivisionError, match="a bug"):
+    with pytest.raises(ExportAfterTrainingError) as caught:
         train_gym(load_gym_spec(config, recorder_host), recorder_host)
+    blamed = str(caught.value).splitlines()[-1]
+    assert blamed.startswith("plugin '") and (
+        "its exporters component 'onnx' raised ZeroDivisionError: a bug (in " in blamed
+    )
+    assert isinstance(caught.value.__cause__, ZeroDivisionError)
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert (manifest["status"], manifest["failed_stage"]) == ("failed", "export")
     assert manifest["result"]["episodes"] == 3
+    assert manifest["error"] == blamed
+
+
+def test_a_trainers_exception_names_its_plugin_and_component_in_the_error_and_manifest(
+    tmp_path, recorder_host, monkeypatch
+):
+    recorder = recorder_host.component("trainers", "recorder").cls
+
+    def train_step(self, batch):
+        raise KeyError("q_values")
+
+    monkeypatch.setattr(recorder, "train_step", train_step)
+    spec = load_gym_spec(recorder_config(tmp_path / "run"), recorder_host)
+    with pytest.raises(PluginError) as caught:
+        train_gym(spec, recorder_host)
+    message = str(caught.value)
+    assert message.startswith(
+        "plugin 'recorder' (horizon-plugin-recorder 1.0): its trainers component 'recorder' "
+        "raised KeyError: 'q_values' (in "
+    )
+    assert "\n" not in message and isinstance(caught.value.__cause__, KeyError)
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert (manifest["status"], manifest["failed_stage"]) == ("failed", "training")
+    assert manifest["error"] == message
 
 
 def test_cli_prints_the_training_summary_before_the_export_error(tmp_path, monkeypatch):

@@ -20,7 +20,6 @@ import torch
 
 from horizon_engine.errors import HorizonError, PluginError
 from horizon_engine.normalization import (
-    FeatureType,
     NormalizationConfig,
     NormalizationParameters,
     identify,
@@ -54,12 +53,12 @@ def horizon_features() -> dict[str, np.ndarray]:
 
 
 EXPECTED_TYPES = {
-    "12": FeatureType.BINARY,
-    "3": FeatureType.CONTINUOUS,
-    "40": FeatureType.BOXCOX,
-    "7": FeatureType.ENUM,
-    "5": FeatureType.QUANTILE,
-    "100": FeatureType.PROBABILITY,
+    "12": "binary",
+    "3": "continuous",
+    "40": "boxcox",
+    "7": "enum",
+    "5": "quantile",
+    "100": "probability",
 }
 
 
@@ -178,7 +177,7 @@ def test_continuous_action_lies_strictly_inside_minus_one_one(host):
     rng = np.random.default_rng(1)
     sample = rng.uniform(-3.0, 5.0, SAMPLES)
     parameters, _ = identify(sample, NormalizationConfig(), "9", action=True)
-    assert parameters.feature_type == FeatureType.CONTINUOUS_ACTION
+    assert parameters.feature_type == "continuous_action"
     preprocessor = build_preprocessor(["9"], {"9": parameters}, plugins=host)
 
     low, high = parameters.min_value, parameters.max_value
@@ -331,9 +330,9 @@ def reference_file(relative: str) -> Path:
 
 def horizons_formula(p: NormalizationParameters, x: np.ndarray) -> np.ndarray:
     """Horizon's transformation of one feature, in float64 numpy."""
-    if p.feature_type == FeatureType.QUANTILE:
+    if p.feature_type == "quantile":
         return np.interp(x, p.quantiles, np.linspace(0, 1, len(p.quantiles)))
-    y = boxcox(x, p.boxcox_shift, p.boxcox_lambda) if p.feature_type == FeatureType.BOXCOX else x
+    y = boxcox(x, p.boxcox_shift, p.boxcox_lambda) if p.feature_type == "boxcox" else x
     return np.clip((y - p.mean) / p.stddev, -MAX_FEATURE_VALUE, MAX_FEATURE_VALUE)
 
 
@@ -450,17 +449,20 @@ LOG1P_PLUGIN = '''
 import numpy as np
 
 from horizon_engine import hookimpl
-from horizon_engine.preprocessor import FeatureTransform, feature_module
+from horizon_engine import FeatureType, NormalizationParameters, feature_module
 
 
 def _log1p(x, scale):
     return (x.clamp(min=0.0) + 1.0).log() * scale
 
 
-class Log1p(FeatureTransform):
+class Log1p(FeatureType):
     """log(1 + max(x, 0)), times a per-feature scale (its stddev, 1 if unset)."""
 
     name = "log1p"
+
+    def fit(self, values, config):
+        return NormalizationParameters(feature_type=self.name, stddev=float(np.log1p(values).std()))
 
     def module(self, parameters, max_feature_value):
         scale = np.array([1.0 / (p.stddev or 1.0) for p in parameters])
@@ -468,7 +470,7 @@ class Log1p(FeatureTransform):
 
 
 @hookimpl
-def horizon_register_transforms(register):
+def horizon_register_feature_types(register):
     register(Log1p)
 '''
 
@@ -479,7 +481,7 @@ def test_a_plugin_registered_type_works_in_the_preprocessor(plugin_site):
         "horizon-plugin-log1p", "1.0", {"log1p": module}, {f"{module}.py": LOG1P_PLUGIN}
     )
     host = PluginHost(env={"HORIZON_LOAD_PLUGINS": "log1p"})
-    assert host.component("transforms", "log1p", "local").plugin == "log1p"
+    assert host.component("feature_types", "log1p").plugin == "log1p"
     parameters = {
         "2": NormalizationParameters(feature_type="log1p", stddev=2.0),
         "1": NormalizationParameters(feature_type="log1p"),
@@ -529,15 +531,17 @@ def test_an_unknown_type_is_an_error_naming_the_feature(host):
 
     message = str(error.value)
     assert message.startswith(
-        "feature '3' has normalization type 'continous': no transforms component "
-        "'continous (engine local)' is registered; did you mean 'continuous (engine local)'?"
+        "feature '3' has normalization type 'continous': no feature_types component "
+        "'continous' is registered; did you mean 'continuous'?"
     )
 
 
-def test_a_transform_that_is_no_normalization_type_is_refused(host):
-    parameters = {"3": NormalizationParameters(feature_type="timeline")}
+def test_an_engines_name_is_no_normalization_type(host):
+    """Engines and feature types are families of their own: ``local`` names a timeline and a
+    normalization engine, never a type."""
+    parameters = {"3": NormalizationParameters(feature_type="local")}
 
-    with pytest.raises(PluginError, match="feature '3' has normalization type 'timeline', but"):
+    with pytest.raises(PluginError, match="feature '3' has normalization type 'local': no "):
         build_preprocessor(["3"], parameters, plugins=host)
 
 

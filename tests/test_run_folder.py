@@ -99,6 +99,62 @@ def test_the_manifest_says_which_stages_ran_and_which_outputs_are_stale(engine, 
     ]
 
 
+def test_a_new_export_makes_no_stage_stale_that_does_not_read_it(trainer_host, tmp_path):
+    """Staleness follows what a stage reads, not the run order: the analysis after the export
+    reads the data stages' outputs only, and a new export leaves it current; a new training
+    makes stale the export that read its checkpoint, and not the analysis either."""
+    from horizon_engine.plugins import PluginHost
+
+    host = PluginHost(env={"HORIZON_LOAD_PLUGINS": "mean_reward,worldmodel"})
+    engine = Engine(plugins=host, show_progress=False)
+    run = tmp_path / "run"
+    config = {
+        **pipeline(run, epochs=1),
+        "export": {"kind": "onnx"},
+        "analysis": {
+            "kind": "world_model",
+            "epochs": 1,
+            "min_updates": 1,
+            "folds": 2,
+            "num_bootstrap": 10,
+            "layers": [8],
+            "num_gaussians": 1,
+        },
+    }
+    first = engine.run(config)
+    assert first["executed"][-2:] == ["export", "analysis"]
+
+    exported = engine.run(config, stages=["export"])
+
+    assert exported["stages"]["analysis"]["run_id"] == first["run_id"]
+    assert exported["stages"]["analysis"].get("stale") is None
+    trained = engine.run(config, stages=["train"])
+    assert trained["stages"]["export"]["stale"].startswith(f"written by run {exported['run_id']}")
+    assert trained["stages"]["analysis"].get("stale") is None
+
+
+def test_a_gym_run_still_writing_to_the_folder_is_not_resumed(tmp_path):
+    """A gym run's manifest records its process and host as a pipeline run's does (one
+    ``RunFolder.start_manifest``), so ``--resume`` refuses while that process still runs."""
+    from horizon_engine.builtin.gym.config import load_gym_spec
+    from horizon_engine.builtin.gym.resume import check_resumable
+    from horizon_engine.builtin.gym.runner import GYM_COMMAND
+    from horizon_engine.plugins import get_plugin_host
+
+    spec = load_gym_spec(
+        {"gym": {"output_dir": str(tmp_path)}, "trainer": {"kind": "dqn"}}, get_plugin_host()
+    )
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        manifest = {"run_id": "abc", "status": "running", "command": GYM_COMMAND}
+        manifest |= {"pid": sleeper.pid, "host": os.uname().nodename, "config": {}}
+        (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(HorizonError, match=r"run abc is still running \(process"):
+            check_resumable(spec)
+    finally:
+        sleeper.kill()
+
+
 KILLED_RUN = """
 import json, sys
 from horizon_engine import Engine

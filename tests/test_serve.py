@@ -86,6 +86,7 @@ def test_health_names_the_model_and_counts_the_decisions_logged(model, tmp_path)
             "action_type": "discrete",
             "actions": ["0", "1"],
             "policy": "greedy",
+            "served_policy": {"label": "greedy", "from": {"policy": "the caller"}},
             "decisions_logged": 0,
             "featureless_rows": 0,
         }

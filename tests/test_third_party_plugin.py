@@ -29,7 +29,7 @@ import torch
 from click.testing import CliRunner
 
 import horizon_engine
-from horizon_engine import Engine, HorizonError, NormalizationParameters
+from horizon_engine import Engine, HorizonError, NormalizationConfig, NormalizationParameters
 from horizon_engine.errors import ConfigError
 from horizon_engine.plugins import PluginHost
 
@@ -150,13 +150,16 @@ def test_one_pipeline_runs_every_family_of_the_plugin_and_the_trainer_learns(
     assert timeline["rows_out"] == 1500  # every decision, each user's last one terminal
     eval_rows = timeline["details"]["eval_rows"]
 
-    # The feature type: log1p, fitted with the train split's largest hours_away.
+    # The feature type: log1p, fitted by its own fit with the train split's largest
+    # hours_away, and that is what normalization.json holds.
     normalization = json.loads((run / "normalization.json").read_text())["state_features"]
-    train_hours = pq.read_table(run / "timeline" / "train")["state_features"].to_pylist()
-    assert normalization["hours_away"]["feature_type"] == "log1p"
-    assert normalization["hours_away"]["max_value"] == max(
-        dict(row)["hours_away"] for row in train_hours
-    )
+    rows = pq.read_table(run / "timeline" / "train")["state_features"].to_pylist()
+    train_hours = np.array([dict(row)["hours_away"] for row in rows])
+    log1p = host.component("feature_types", "log1p")
+    assert log1p.plugin == "constant"
+    fitted = log1p.cls(log1p.cls.Config()).fit(train_hours, NormalizationConfig())
+    assert normalization["hours_away"] == fitted.as_dict()
+    assert fitted.max_value == train_hours.max()
 
     # The exporter: a torch.export program that runs without Horizon Engine, verified on the
     # eval rows, its inputs and actions described inside the file.
@@ -349,6 +352,25 @@ def test_the_plugins_command_writes_the_rows_its_source_yields(horizon, host, tm
     assert read["jsonl"].equals(read["reminder_rows"])
 
 
+def test_the_plugins_command_built_with_the_public_helper_reports_a_mistake_in_one_line(
+    horizon, monkeypatch, tmp_path
+):
+    """``horizon_engine.command`` runs the plugin's command under the error-to-exit wrapper:
+    a ``HorizonError`` from its work is one ``error:`` line and exit status 1."""
+    from horizon_plugin_constant import commands
+
+    def refused(users: int, days: int, seed: int):
+        raise HorizonError(f"--users {users}: too many reminders")
+
+    monkeypatch.setattr(commands, "reminder_rows", refused)
+
+    result = horizon("reminder-rows", "-o", str(tmp_path / "rows.jsonl"), "--users", "3")
+
+    assert result.exit_code == 1
+    assert result.output == "error: --users 3: too many reminders\n"
+    assert not (tmp_path / "rows.jsonl").exists()
+
+
 # --- The trainer online -------------------------------------------------------------------------
 
 GYM_TOML = """\
@@ -395,6 +417,76 @@ def greedy_returns(program: torch.nn.Module, episodes: int) -> list[float]:
         returns.append(total)
     env.close()
     return returns
+
+
+# --- A stage of its own -------------------------------------------------------------------------
+
+
+def summary_pipeline(output_dir: Path) -> dict[str, Any]:
+    """The plugin's source, the core's data stages and the plugin's ``row_summary`` stage."""
+    return {
+        "pipeline": {"output_dir": str(output_dir)},
+        "source": {"kind": "constant_rows", "episodes": 4, "steps": 3},
+        "timeline": {"eval_fraction": 0.5},
+        "row_summary": {"label": "constant"},
+    }
+
+
+def test_the_plugins_stage_runs_after_the_timeline_it_reads_and_is_recorded_like_a_core_one(
+    host, tmp_path
+):
+    run = tmp_path / "run"
+    engine = Engine(plugins=host, show_progress=False)
+
+    manifest = engine.run(summary_pipeline(run))
+
+    assert manifest["executed"] == ["source", "timeline", "normalization", "row_summary"]
+    record = manifest["stages"]["row_summary"]
+    assert record["outputs"] == ["row_summary/rows.json"]
+    assert record["run_id"] == manifest["run_id"]
+    assert manifest["config"]["row_summary"] == {"label": "constant"}
+    summary = json.loads((run / "row_summary" / "rows.json").read_text())
+    timeline = manifest["stages"]["timeline"]["details"]
+    assert summary == {
+        "label": "constant",
+        "train_rows": timeline["train_rows"],
+        "eval_rows": timeline["eval_rows"],
+    }
+
+    # --stages: the timeline again makes the summary, which reads it, stale; the summary alone
+    # then runs on the new timeline and is current again.
+    again = engine.run(summary_pipeline(run), stages=["timeline"])
+    assert "run" in again["stages"]["row_summary"]["stale"]
+    alone = engine.run(summary_pipeline(run), stages=["row_summary"])
+    assert alone["executed"] == ["row_summary"]
+    assert "stale" not in alone["stages"]["row_summary"]
+    unconfigured = summary_pipeline(run)
+    del unconfigured["row_summary"]
+    with pytest.raises(ConfigError, match=r"stage 'row_summary' has no \[row_summary\] section"):
+        engine.run(unconfigured, stages=["row_summary"])
+
+
+def test_the_stages_section_is_validated_and_listed_by_validate_and_plugins(horizon, tmp_path):
+    pipeline = tmp_path / "pipeline.toml"
+    pipeline.write_text(
+        f'[pipeline]\noutput_dir = "{tmp_path / "run"}"\n\n[source]\nkind = "constant_rows"\n'
+        '\n[row_summary]\nlabl = "x"\n'
+    )
+    refused = horizon("validate", str(pipeline))
+    assert refused.exit_code == 1
+    assert f"{pipeline}:8: [row_summary] unknown key 'labl'; did you mean 'label'?" in (
+        refused.stderr
+    )
+    pipeline.write_text(pipeline.read_text().replace("labl", "label"))
+    listed = horizon("validate", str(pipeline))
+    assert listed.exit_code == 0, listed.output
+    last = listed.stdout.splitlines()[-1].split()
+    assert last == ["row_summary", "-", *f"[row_summary] in {pipeline} line 7".split()]
+    plugins = horizon("plugins")
+    assert (
+        "  stage: row_summary [row_summary]  reads timeline/timeline.json; writes "
+        "row_summary/rows.json"
+    ) in plugins.stdout.splitlines()
 
 
 def test_the_plugins_trainer_learns_cartpole_online_through_horizon_gym_train(

@@ -20,7 +20,7 @@ from horizon_engine.dataset import Minibatch
 from horizon_engine.driver import ProblemDescription, TrainingDriver, load_split, timeline_problem
 from horizon_engine.errors import HorizonError
 from horizon_engine.pipeline import Engine
-from horizon_engine.run_context import RunContext
+from horizon_engine.run_context import StageRun
 from horizon_engine.schema import ActionType
 from horizon_engine.training import (
     PARALLEL_UPDATE_WORK,
@@ -118,7 +118,7 @@ def test_the_run_folder_describes_the_problem_and_keeps_eval_rows_to_check_on(
     description = ProblemDescription.read(tmp_path)
     assert description.action_type is ActionType.DISCRETE
     rows = torch.load(tmp_path / "check_rows.pt", weights_only=True)
-    run = RunContext(build_spec(pipeline(tmp_path), trainer_host), tmp_path, trainer_host, "x")
+    run = StageRun.start(build_spec(pipeline(tmp_path), trainer_host), trainer_host, "x")
     evaluation = load_split(run, description, "eval", torch.device("cpu"))
     assert sorted(rows) == ["state", "state_presence"]
     assert torch.equal(rows["state"], evaluation.state[:1024])
@@ -131,7 +131,7 @@ def test_batch_callbacks_see_every_batch_and_their_metrics_join_the_epochs(train
     engine = Engine(plugins=trainer_host, show_progress=False)
     config = pipeline(tmp_path, epochs=2)
     engine.run(config, stages=["source", "timeline", "normalization"])
-    run = RunContext(build_spec(config, trainer_host), tmp_path, trainer_host, "callbacks")
+    run = StageRun.start(build_spec(config, trainer_host), trainer_host, "callbacks")
     seen = []
 
     def rows(batch):
@@ -139,8 +139,9 @@ def test_batch_callbacks_see_every_batch_and_their_metrics_join_the_epochs(train
         return {"rows": float(len(batch["reward"]))}
 
     description, normalization = timeline_problem(run)
+    choice = run.spec.sections["trainer"]
     driver = TrainingDriver(
-        run, run.spec.sections["trainer"], description, normalization, callbacks=[rows]
+        run, choice, description, normalization, callbacks=[rows], plugins=trainer_host
     )
     train = load_split(run, description, "train", driver.device)
     history = driver.train_epochs(train)
@@ -157,10 +158,11 @@ def driven(host, folder: Path, callbacks=(), **trainer: object) -> tuple[Trainin
     Engine(plugins=host, show_progress=False).run(
         config, stages=["source", "timeline", "normalization"]
     )
-    run = RunContext(build_spec(config, host), folder, host, "driven")
+    run = StageRun.start(build_spec(config, host), host, "driven")
     description, normalization = timeline_problem(run)
     choice = run.spec.sections["trainer"]
-    return TrainingDriver(run, choice, description, normalization, callbacks), description
+    driver = TrainingDriver(run, choice, description, normalization, callbacks, plugins=host)
+    return driver, description
 
 
 def test_epochs_train_on_the_preprocessors_output_computed_once_beside_the_raw_features(

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from horizon_engine.estimation import EstimatorBase, EvaluationEpisodes
-from horizon_engine.hookspecs import hookimpl
+from horizon_engine import EstimatorBase, EvaluationEpisodes, hookimpl
 
 
 class LoggedValue(EstimatorBase):

@@ -1,4 +1,7 @@
-"""The built-in normalization types, registered like a plugin's: one ``FeatureTransform`` each.
+"""The built-in normalization types, registered like a plugin's: one ``FeatureType`` each.
+
+Each fits its own parameters from a feature's sample (``fit``: the statistics are Horizon's)
+and builds the module that applies them.
 
 Each type turns all its features at once: parameters are stacked into ``[k]`` (or ``[k, n]``,
 padded) buffers and the transform is a few elementwise tensor operations, so the forward pass
@@ -16,10 +19,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from horizon_engine.errors import HorizonError
-from horizon_engine.hookspecs import hookimpl
-from horizon_engine.normalization import FeatureType, NormalizationParameters
-from horizon_engine.preprocessor import FeatureTransform, feature_module
+from horizon_engine import FeatureType, HorizonError, feature_module, hookimpl
+from horizon_engine.normalization import (
+    BOXCOX_MARGIN,
+    EPSILON,
+    NormalizationConfig,
+    NormalizationParameters,
+    boxcox_sample,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -40,6 +47,14 @@ def _stack(parameters: list[NormalizationParameters], field: str) -> np.ndarray:
     return np.array([getattr(feature, field) for feature in parameters], dtype=np.float64)
 
 
+def _sample_range(type_name: str, values: np.ndarray) -> NormalizationParameters:
+    """The parameters of a type that needs none: the sample's minimum and maximum, which
+    Horizon recorded for every feature."""
+    return NormalizationParameters(
+        feature_type=type_name, min_value=float(values.min()), max_value=float(values.max())
+    )
+
+
 def _check_stddev(parameters: NormalizationParameters, feature: str, type_name: str) -> None:
     if parameters.stddev is not None and parameters.stddev <= 0:
         raise HorizonError(
@@ -48,10 +63,13 @@ def _check_stddev(parameters: NormalizationParameters, feature: str, type_name: 
         )
 
 
-class Binary(FeatureTransform):
+class Binary(FeatureType):
     """1.0 where the value is non-zero, else 0.0."""
 
-    name = FeatureType.BINARY.value
+    name = "binary"
+
+    def fit(self, values: np.ndarray, config: NormalizationConfig) -> NormalizationParameters:
+        return _sample_range(self.name, values)
 
     def module(
         self, parameters: list[NormalizationParameters], max_feature_value: float
@@ -63,10 +81,13 @@ def _binary(x: torch.Tensor) -> torch.Tensor:
     return (x != 0).to(x.dtype)
 
 
-class Probability(FeatureTransform):
+class Probability(FeatureType):
     """The logit of the value, clamped to [1e-5, 1 - 1e-5] first."""
 
-    name = FeatureType.PROBABILITY.value
+    name = "probability"
+
+    def fit(self, values: np.ndarray, config: NormalizationConfig) -> NormalizationParameters:
+        return _sample_range(self.name, values)
 
     def module(
         self, parameters: list[NormalizationParameters], max_feature_value: float
@@ -79,11 +100,20 @@ def _probability(x: torch.Tensor, low: float, high: float) -> torch.Tensor:
     return (p / (1.0 - p)).log()
 
 
-class Continuous(FeatureTransform):
+class Continuous(FeatureType):
     """(x - mean) / stddev, clamped to [-max_feature_value, max_feature_value]."""
 
-    name = FeatureType.CONTINUOUS.value
+    name = "continuous"
     required = ("mean", "stddev")
+
+    def fit(self, values: np.ndarray, config: NormalizationConfig) -> NormalizationParameters:
+        return NormalizationParameters(
+            feature_type=self.name,
+            mean=float(np.mean(values)),
+            stddev=max(float(np.std(values)), config.stddev_floor),
+            min_value=float(values.min()),
+            max_value=float(values.max()),
+        )
 
     def check(self, parameters: NormalizationParameters, feature: str) -> None:
         super().check(parameters, feature)
@@ -106,7 +136,7 @@ def _continuous(
     return ((x - mean) / stddev).clamp(-limit, limit)
 
 
-class BoxCox(FeatureTransform):
+class BoxCox(FeatureType):
     """Box-Cox, then continuous: (y - mean) / stddev, clamped, of y = Box-Cox(x + shift).
 
     y = (max(x + shift, 1e-6)^lambda - 1) / lambda; where |lambda| < 1e-6, y is the log (Box-Cox's
@@ -114,8 +144,29 @@ class BoxCox(FeatureTransform):
     finite.
     """
 
-    name = FeatureType.BOXCOX.value
+    name = "boxcox"
     required = ("boxcox_lambda", "boxcox_shift", "mean", "stddev")
+
+    def fit(self, values: np.ndarray, config: NormalizationConfig) -> NormalizationParameters:
+        """Shifted to positive values first; a sample of one value (an override's: identify
+        never asks) has no best lambda and gets lambda 1, Box-Cox's identity up to a shift,
+        rather than scipy's error."""
+        from scipy import stats
+
+        low, high = float(values.min()), float(values.max())
+        shift = BOXCOX_MARGIN - low if low <= 0 else 0.0
+        positive = np.maximum(values + shift, EPSILON)
+        lambda_ = 1.0 if positive.min() == positive.max() else float(stats.boxcox(positive)[1])
+        transformed = boxcox_sample(values, shift, lambda_)
+        return NormalizationParameters(
+            feature_type=self.name,
+            boxcox_lambda=lambda_,
+            boxcox_shift=shift,
+            mean=float(np.mean(transformed)),
+            stddev=max(float(np.std(transformed)), config.stddev_floor),
+            min_value=low,
+            max_value=high,
+        )
 
     def check(self, parameters: NormalizationParameters, feature: str) -> None:
         super().check(parameters, feature)
@@ -168,7 +219,7 @@ def _boxcox(
     return ((transformed - mean) / stddev).clamp(-limit, limit)
 
 
-class Quantile(FeatureTransform):
+class Quantile(FeatureType):
     """The value's piecewise-linear rank among the quantile boundaries, in [0, 1].
 
     With boundaries q_0 < ... < q_m, the rank is numpy.interp(x, q, linspace(0, 1, m + 1)):
@@ -178,8 +229,18 @@ class Quantile(FeatureTransform):
     A single boundary ranks everything 0, as numpy.interp does.
     """
 
-    name = FeatureType.QUANTILE.value
+    name = "quantile"
     required = ("quantiles",)
+
+    def fit(self, values: np.ndarray, config: NormalizationConfig) -> NormalizationParameters:
+        buckets = config.quantile_buckets
+        boundaries = np.quantile(values, np.arange(buckets + 1) / buckets)
+        return NormalizationParameters(
+            feature_type=self.name,
+            quantiles=np.unique(boundaries).tolist(),
+            min_value=float(values.min()),
+            max_value=float(values.max()),
+        )
 
     def check(self, parameters: NormalizationParameters, feature: str) -> None:
         super().check(parameters, feature)
@@ -221,11 +282,19 @@ def _quantile(
     return covered.sum(dim=2) / segments
 
 
-class Enum(FeatureTransform):
+class Enum(FeatureType):
     """One-hot over the possible values, one column each; a value never seen is all zeros."""
 
-    name = FeatureType.ENUM.value
+    name = "enum"
     required = ("possible_values",)
+
+    def fit(self, values: np.ndarray, config: NormalizationConfig) -> NormalizationParameters:
+        return NormalizationParameters(
+            feature_type=self.name,
+            possible_values=np.unique(values).tolist(),
+            min_value=float(values.min()),
+            max_value=float(values.max()),
+        )
 
     def check(self, parameters: NormalizationParameters, feature: str) -> None:
         super().check(parameters, feature)
@@ -255,7 +324,7 @@ def _enum(x: torch.Tensor, source: torch.Tensor, values: torch.Tensor) -> torch.
     return (x.index_select(1, source) == values).to(x.dtype)
 
 
-class ContinuousAction(FeatureTransform):
+class ContinuousAction(FeatureType):
     """[min_value, max_value] mapped linearly to [-(1 - 1e-6), 1 - 1e-6], clamped there.
 
     Clamped so that an action outside the logged range still lies strictly inside (-1, 1),
@@ -268,8 +337,11 @@ class ContinuousAction(FeatureTransform):
     made every action NaN).
     """
 
-    name = FeatureType.CONTINUOUS_ACTION.value
+    name = "continuous_action"
     required = ("min_value", "max_value")
+
+    def fit(self, values: np.ndarray, config: NormalizationConfig) -> NormalizationParameters:
+        return _sample_range(self.name, values)
 
     def check(self, parameters: NormalizationParameters, feature: str) -> None:
         super().check(parameters, feature)
@@ -309,10 +381,13 @@ def _continuous_action_inverse(
     return middle + y.clamp(-scale, scale) / scale * half_width
 
 
-class DoNotPreprocess(FeatureTransform):
+class DoNotPreprocess(FeatureType):
     """The value, unchanged."""
 
-    name = FeatureType.DO_NOT_PREPROCESS.value
+    name = "do_not_preprocess"
+
+    def fit(self, values: np.ndarray, config: NormalizationConfig) -> NormalizationParameters:
+        return _sample_range(self.name, values)
 
     def module(
         self, parameters: list[NormalizationParameters], max_feature_value: float
@@ -325,8 +400,10 @@ def _identity(x: torch.Tensor) -> torch.Tensor:
 
 
 @hookimpl
-def horizon_register_transforms(register: Callable[[type], None]) -> None:
-    for transform in (
+def horizon_register_feature_types(register: Callable[[type], None]) -> None:
+    """Registered in Horizon's order, which is the order of their columns in the network's
+    input (``horizon_engine.preprocessor``)."""
+    for feature_type in (
         Binary,
         Probability,
         Continuous,
@@ -336,4 +413,4 @@ def horizon_register_transforms(register: Callable[[type], None]) -> None:
         ContinuousAction,
         DoNotPreprocess,
     ):
-        register(transform)
+        register(feature_type)

@@ -10,23 +10,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from horizon_engine.hookspecs import hookimpl
-from horizon_engine.normalization import (
+from horizon_engine import (
     NormalizationConfig,
-    NormalizationTransform,
+    NormalizationEngine,
     group_map_values,
+    hookimpl,
 )
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from horizon_engine.run_context import RunContext
+    from horizon_engine import RunContext
 
 
-class LocalNormalization(NormalizationTransform):
+class LocalNormalization(NormalizationEngine):
     """Samples feature values from the timeline in-process (the default engine)."""
 
-    engine = "local"
+    name = "local"
     Config = NormalizationConfig
 
     def sample(
@@ -45,5 +45,5 @@ class LocalNormalization(NormalizationTransform):
 
 
 @hookimpl
-def horizon_register_transforms(register: Callable[[type], None]) -> None:
+def horizon_register_normalization_engines(register: Callable[[type], None]) -> None:
     register(LocalNormalization)

@@ -45,19 +45,23 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from horizon_engine.errors import HorizonError
-from horizon_engine.export import ExportConfig, ExporterBase, PolicyBundle
-from horizon_engine.files import atomic_output
-from horizon_engine.hookspecs import hookimpl
-from horizon_engine.model_card import ActionBounds, ModelCard
+from horizon_engine import (
+    ExportConfig,
+    ExporterBase,
+    HorizonError,
+    PolicyBundle,
+    RunFolder,
+    atomic_output,
+    hookimpl,
+)
+from horizon_engine.model_card import ActionBounds, ModelCard, write_model_card
 
 if TYPE_CHECKING:
     import onnx
     import torch
 
-    from horizon_engine.run_context import RunContext
+    from horizon_engine import RunContext
 
-MODEL_FILE = "model.onnx"
 OPSET = 17
 
 FLOAT32_EPSILON = float(np.finfo(np.float32).eps)
@@ -91,8 +95,7 @@ def _policy_head(bundle: PolicyBundle, config: ExportConfig) -> torch.nn.Module:
     """The policy model with its ``PolicyOutput`` (scores, probabilities, action) as one module."""
     import torch
 
-    from horizon_engine.policies import policy_output
-    from horizon_engine.schema import ActionType
+    from horizon_engine import ActionType, policy_output
 
     class PolicyHead(torch.nn.Module):
         def __init__(self) -> None:
@@ -136,8 +139,7 @@ def _continuous_head(bundle: PolicyBundle) -> torch.nn.Module:
     action), and the model's users are promised actions inside the bounds."""
     import torch
 
-    from horizon_engine.policies import policy_output
-    from horizon_engine.schema import ActionType
+    from horizon_engine import ActionType, policy_output
 
     bounds = _action_bounds(bundle)
     low = [-math.inf if value is None else value for value in bounds["low"]]
@@ -248,7 +250,7 @@ class OnnxExporter(ExporterBase):
         inputs = _sample_inputs(bundle)
         with torch.no_grad():
             expected = [output.numpy() for output in head(*inputs.values())]
-        with atomic_output(run.output_dir / MODEL_FILE) as temporary:
+        with atomic_output(run.output_dir / RunFolder.MODEL) as temporary:
             with warnings.catch_warnings():
                 # torch 2.13 marks the TorchScript exporter as deprecated; the dynamo exporter
                 # needs onnxscript, not a dependency yet.
@@ -282,9 +284,9 @@ class OnnxExporter(ExporterBase):
         self.details = {
             **described,
             **verified,
-            "bytes": (run.output_dir / MODEL_FILE).stat().st_size,
+            "bytes": (run.output_dir / RunFolder.MODEL).stat().st_size,
         }
-        return [MODEL_FILE]
+        return [RunFolder.MODEL]
 
     def _describe(self, model: onnx.ModelProto, bundle: PolicyBundle) -> None:
         from horizon_engine import __version__
@@ -304,9 +306,7 @@ class OnnxExporter(ExporterBase):
             run_id=bundle.run_id,
             horizon_version=__version__,
         )
-        for key, value in card.metadata().items():
-            entry = model.metadata_props.add()
-            entry.key, entry.value = key, value
+        write_model_card(card, model)
 
     def _verify(
         self,

@@ -17,18 +17,24 @@ from typing import IO, TYPE_CHECKING, Any
 
 from pydantic import Field
 
+from horizon_engine import (
+    BadLine,
+    DataSource,
+    HorizonError,
+    PathPatterns,
+    SourceBatch,
+    SourceConfig,
+    hookimpl,
+    invalid_text_rows,
+    parse_json_line,
+    strip_bom,
+)
 from horizon_engine.builtin.gym_source import GymSource
-from horizon_engine.components import DataSource, PathPatterns, SourceBatch, SourceConfig
-from horizon_engine.errors import HorizonError
-from horizon_engine.hookspecs import hookimpl
-from horizon_engine.json_lines import BadLine, parse_json_line, strip_bom
-from horizon_engine.row_values import invalid_text_rows
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from horizon_engine.run_context import RunContext
-    from horizon_engine.schema import RowLayout
+    from horizon_engine import RowLayout, RunContext
 
 BATCH_ROWS = 10_000
 
@@ -129,7 +135,7 @@ class JsonlSource(DataSource):
         return path_problems(self.config.path, JSONL_SUFFIXES)
 
     def read(self, run: RunContext) -> Iterator[SourceBatch]:
-        from horizon_engine.schema import BadRow, RowShaper
+        from horizon_engine import BadRow, RowShaper
 
         shaper: RowShaper | None = None
         for path in expand_paths(self.config.path, JSONL_SUFFIXES):
@@ -165,7 +171,7 @@ class JsonlSource(DataSource):
 
 def _shaper(rows: list[tuple[str, Any]], config: SourceConfig) -> Any:
     """A ``RowShaper`` for the layout most of ``rows`` show, or None if none is an object."""
-    from horizon_engine.schema import RowShaper, majority_layout
+    from horizon_engine import RowShaper, majority_layout
 
     layout = majority_layout((row for _, row in rows), config.row_format, config.action_type)
     return None if layout is None else RowShaper(layout)
@@ -218,7 +224,7 @@ class ParquetSource(DataSource):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        from horizon_engine.schema import BadRow
+        from horizon_engine import BadRow
 
         for path in expand_paths(self.config.path, (".parquet",)):
             try:
@@ -246,7 +252,7 @@ class ParquetSource(DataSource):
     def _layout(self, parquet: Any, path: Path) -> RowLayout:
         """The layout Horizon Engine recorded in the file, or else the one most of its first
         ``LAYOUT_ROWS`` rows show (one odd row does not decide the file's format)."""
-        from horizon_engine.schema import RowLayout, majority_layout
+        from horizon_engine import RowLayout, majority_layout
 
         schema = parquet.schema_arrow
         if schema.metadata and b"horizon.row_format" in schema.metadata:

@@ -16,13 +16,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from horizon_engine.hookspecs import hookimpl
+from horizon_engine import RunFolder, hookimpl
 
 if TYPE_CHECKING:
-    from horizon_engine.run_context import RunContext, StageReport
-
-TENSORBOARD = "tensorboard"
-"""The run's folder of event files."""
+    from horizon_engine import RunContext, StageReport
 
 
 class _EventFile:
@@ -61,7 +58,9 @@ _listed: set[str] = set()
 def horizon_on_epoch_end(run: RunContext, epoch: int, metrics: dict[str, float]) -> None:
     writer = _writers.get(run.run_id)
     if writer is None:
-        writer = _writers[run.run_id] = _EventFile(run.output_dir / TENSORBOARD, run.run_id)
+        writer = _writers[run.run_id] = _EventFile(
+            run.output_dir / RunFolder.TENSORBOARD, run.run_id
+        )
     writer.write(metrics, epoch)
 
 
@@ -70,9 +69,9 @@ def horizon_on_stage_end(run: RunContext, stage: str, report: StageReport) -> No
     if run.run_id not in _writers or run.run_id in _listed:
         return
     _listed.add(run.run_id)
-    folder = run.output_dir / TENSORBOARD
+    folder = run.output_dir / RunFolder.TENSORBOARD
     for path in sorted(folder.glob(f"events.out.tfevents.*.{run.run_id}")):
-        relative = f"{TENSORBOARD}/{path.name}"
+        relative = f"{RunFolder.TENSORBOARD}/{path.name}"
         if relative not in report.outputs:
             report.outputs.append(relative)
 

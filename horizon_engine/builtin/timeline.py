@@ -27,13 +27,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from horizon_engine.errors import BAD_ROWS_SHOWN
-from horizon_engine.hookspecs import hookimpl
+from horizon_engine import BAD_ROWS_SHOWN, hookimpl
 from horizon_engine.schema import FEATURES, ActionType, BadRow, list_entries
 from horizon_engine.timeline import (
     TimelineConfig,
+    TimelineEngine,
     TimelineResult,
-    TimelineTransform,
     eval_episodes,
     sort_episodes,
     timeline_schema,
@@ -44,7 +43,7 @@ from horizon_engine.timeline import (
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from horizon_engine.run_context import RunContext
+    from horizon_engine import RunContext
 
 
 @dataclass
@@ -71,10 +70,10 @@ class _Rejections:
         return dict(sorted(Counter(self.kinds.values()).items()))
 
 
-class LocalTimeline(TimelineTransform):
+class LocalTimeline(TimelineEngine):
     """Builds the timeline in-process with pyarrow and numpy (the default engine)."""
 
-    engine = "local"
+    name = "local"
     Config = TimelineConfig
     config: TimelineConfig
 
@@ -760,5 +759,5 @@ def _empty_where_null(array: pa.Array) -> pa.Array:
 
 
 @hookimpl
-def horizon_register_transforms(register: Callable[[type], None]) -> None:
+def horizon_register_timeline_engines(register: Callable[[type], None]) -> None:
     register(LocalTimeline)

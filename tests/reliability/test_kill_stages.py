@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from horizon_engine import pipeline
+from horizon_engine import Stage
 from horizon_engine.pipeline import Engine
+from horizon_engine.plugins import get_plugin_host
 
 pytestmark = pytest.mark.reliability
 
@@ -25,7 +26,7 @@ class InjectedKill(BaseException):
     """The process dies: a BaseException, which no stage catches."""
 
 
-def killed_after_its_work(stage: pipeline.Stage) -> pipeline.Stage:
+def killed_after_its_work(stage: Stage) -> Stage:
     """``stage``, killed once it has written its outputs, before they are recorded."""
 
     def run(*arguments: Any, **options: Any) -> Any:
@@ -42,11 +43,12 @@ def test_a_run_killed_in_any_stage_resumes_to_the_uninterrupted_outputs(
     killed, tmp_path, monkeypatch, resume_config, uninterrupted, same_result
 ):
     config = resume_config(tmp_path / "run")
-    stages = tuple(
-        killed_after_its_work(stage) if stage.name == killed else stage for stage in pipeline.STAGES
-    )
+    host = get_plugin_host()
+    stages = [
+        killed_after_its_work(stage) if stage.name == killed else stage for stage in host.stages()
+    ]
     with monkeypatch.context() as patch, pytest.raises(InjectedKill):
-        patch.setattr(pipeline, "STAGES", stages)
+        patch.setattr(host, "stages", lambda: stages)
         Engine(show_progress=False).run(config)
     before = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert killed in before["incomplete_stages"]

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import click
 
+from horizon_engine import command
 from horizon_engine.builtin.gym.config import GymSection, load_gym_spec
 from horizon_engine.cli import (
     INTERRUPTED_EXIT_STATUS,
     _interrupts_as_keyboard_interrupt,
     _plugin_host,
 )
-from horizon_engine.command_errors import user_errors
 
 
 @click.group()
@@ -27,7 +27,7 @@ def gym() -> None:
     """Work with Gymnasium environments."""
 
 
-@gym.command()
+@command(group=gym)
 @click.option("--env", "env_id", default="CartPole-v1", show_default=True, help="Environment id.")
 @click.option("--episodes", default=200, show_default=True, type=click.IntRange(min=1))
 @click.option(
@@ -51,7 +51,6 @@ def gym() -> None:
     type=click.Path(dir_okay=False, path_type=Path),
     help="JSONL file to write the pre-timeline rows to.",
 )
-@user_errors
 def collect(
     env_id: str,
     episodes: int,
@@ -62,8 +61,8 @@ def collect(
     output: Path,
 ) -> None:
     """Log a random or epsilon-greedy policy's decisions as pre-timeline JSON rows."""
+    from horizon_engine import atomic_output
     from horizon_engine.builtin.gym_source import GymSourceConfig, collect_rows
-    from horizon_engine.files import atomic_output
     from horizon_engine.progress import progress_bar
 
     _check_env_option(env_id)
@@ -106,7 +105,7 @@ def _check_env_option(env_id: str) -> None:
     environment.close()
 
 
-@gym.command("train")
+@command("train", group=gym)
 @click.argument("gym_toml", type=click.Path(dir_okay=False, path_type=Path))
 @click.option(
     "--set",
@@ -142,7 +141,6 @@ def _check_env_option(env_id: str) -> None:
     help="Finish the folder's killed, interrupted or failed run from its last complete "
     "evaluation, to the uninterrupted run's result (the same config and -f file).",
 )
-@user_errors
 def gym_train(
     gym_toml: Path,
     overrides: tuple[str, ...],

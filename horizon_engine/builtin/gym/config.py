@@ -12,17 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, model_validator
 
-from horizon_engine.components import ComponentConfig
+from horizon_engine import ComponentConfig, ConfigError, NormalizationConfig
 from horizon_engine.config import (
-    SECTIONS,
     Choice,
     ConfigBuilder,
     apply_overrides,
     load_toml,
     parse_override,
 )
-from horizon_engine.errors import ConfigError
-from horizon_engine.normalization import NormalizationConfig
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -156,7 +153,7 @@ def load_gym_spec(
     builder.check_section_names(raw, list(GYM_SECTIONS), "gym", GymSection)
     gym = builder.validate("gym", GymSection, raw.get("gym", {}))
     chosen = {
-        name: builder.choose(name, SECTIONS[name], raw[name])
+        name: builder.choose(name, builder.rule(name), raw[name])
         for name in GYM_SECTIONS[1:]
         if name in raw
     }
@@ -171,7 +168,7 @@ def load_gym_spec(
     threads = trainer.config.threads if "threads" in trainer.config.model_fields_set else None
     if gym.torch_threads is not None and threads is None:
         config = trainer.config.model_copy(update={"threads": gym.torch_threads})
-        trainer = Choice(trainer.section, trainer.component, config)
+        trainer = Choice(trainer.section, trainer.component, config, trainer.rule)
     spec = GymSpec(origin, gym, trainer, chosen.get("normalization"), chosen.get("export"))
     _check_spec(spec, builder)
     return spec

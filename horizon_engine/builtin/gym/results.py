@@ -10,8 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from horizon_engine.errors import HorizonError
-from horizon_engine.files import atomic_output
+from horizon_engine import HorizonError, atomic_output
 
 REWARD_HISTORY_COLUMNS: tuple[str, ...] = ("timestep", "episode", "mean_return")
 """The columns of the ``-r`` CSV: one row per evaluation."""

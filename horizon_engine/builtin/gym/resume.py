@@ -18,17 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from horizon_engine.errors import HorizonError
+from horizon_engine import HorizonError
 from horizon_engine.files import WRITE_REFUSED, atomic_output, remove_path
 from horizon_engine.pipeline import NothingToResume, config_changes
-from horizon_engine.run_folder import MANIFEST, EarlierRun, read_earlier_run
-from horizon_engine.training import CHECKPOINTS, read_checkpoint
+from horizon_engine.run_folder import EarlierRun, RunFolder, read_earlier_run
+from horizon_engine.training import read_checkpoint
 
 if TYPE_CHECKING:
     from horizon_engine.builtin.gym.config import GymSpec
 
-ONLINE_STATE_PATTERN = "online-[0-9][0-9][0-9][0-9].pt"
-"""The runner's state files in ``checkpoints/``, one per evaluation (``online_state_path``)."""
 
 NEUTRAL_KEYS = frozenset({"gym.output_dir"})
 """Resolved config keys that may differ on ``--resume``: the folder is the run's own."""
@@ -55,31 +53,27 @@ class Position:
     env_random: str | None
 
 
-def online_state_path(output_dir: Path, epoch: int) -> Path:
-    """The runner's state of evaluation ``epoch`` (the driver's epoch of the same number)."""
-    return Path(output_dir) / CHECKPOINTS / f"online-{epoch:04d}.pt"
-
-
 def save_online_state(output_dir: Path, epoch: int, state: dict[str, Any]) -> None:
     """Write evaluation ``epoch``'s runner state atomically, before its epoch checkpoint."""
     import torch
 
-    path = online_state_path(output_dir, epoch)
+    path = RunFolder(output_dir).online_state_path(epoch)
     with atomic_output(path) as temporary:
         torch.save(state, temporary)
 
 
 def prune_online_states(output_dir: Path, keep: int | None) -> None:
     """Remove the runner state files but evaluation ``keep``'s (every one for None)."""
-    kept = online_state_path(output_dir, keep) if keep is not None else None
-    for path in (Path(output_dir) / CHECKPOINTS).glob(ONLINE_STATE_PATTERN):
+    folder = RunFolder(output_dir)
+    kept = folder.online_state_path(keep) if keep is not None else None
+    for path in folder.online_states():
         if path != kept:
             remove_path(path)
 
 
 def read_online_state(output_dir: Path, epoch: int) -> dict[str, Any]:
     """Evaluation ``epoch``'s runner state, read as data (``weights_only``)."""
-    path = online_state_path(output_dir, epoch)
+    path = RunFolder(output_dir).online_state_path(epoch)
     if not path.is_file():
         raise HorizonError(
             f"--resume: {path} does not exist beside its evaluation's checkpoint: the run was "
@@ -94,7 +88,8 @@ def read_online_state(output_dir: Path, epoch: int) -> dict[str, Any]:
 
 def check_resumable(spec: GymSpec) -> EarlierRun:
     """The folder's earlier run, which ``--resume`` continues: refused when there is none, when
-    it is not a ``horizon gym train`` run, when the config differs in a key that may change
+    it is not a ``horizon gym train`` run, while its process is still running on this host
+    (the manifest records it, as every run's does), when the config differs in a key that may change
     results (named), and with ``NothingToResume`` when it succeeded."""
     from horizon_engine.builtin.gym.runner import GYM_COMMAND
 
@@ -102,14 +97,19 @@ def check_resumable(spec: GymSpec) -> EarlierRun:
     earlier = read_earlier_run(output_dir)
     if earlier is None:
         raise HorizonError(
-            f"--resume: {output_dir} holds no run to resume (no readable {MANIFEST}); run "
-            "without --resume to start one"
+            f"--resume: {output_dir} holds no run to resume (no readable "
+            f"{RunFolder.MANIFEST}); run without --resume to start one"
         )
     command = earlier.manifest.get("command") or "horizon run"
     if command != GYM_COMMAND:
         raise HorizonError(
             f"--resume: {output_dir} holds a run of `{command}`, not of {GYM_COMMAND}; "
             "resume it with that command"
+        )
+    if earlier.still_running():
+        raise HorizonError(
+            f"--resume: {earlier.describe()} is still running (process "
+            f"{earlier.manifest.get('pid')}); wait for it to end, or stop it first"
         )
     changed = [
         key
@@ -119,14 +119,14 @@ def check_resumable(spec: GymSpec) -> EarlierRun:
     if changed:
         raise HorizonError(
             f"--resume: the config differs from the one {earlier.describe()} recorded in "
-            f"{output_dir / MANIFEST}, in {', '.join(changed)}; resuming would not give that "
-            "run's result. Undo the change (the same file, --set and --score-bar options), "
-            "or start a new run in another output_dir"
+            f"{output_dir / RunFolder.MANIFEST}, in {', '.join(changed)}; resuming would not "
+            "give that run's result. Undo the change (the same file, --set and --score-bar "
+            "options), or start a new run in another output_dir"
         )
     if earlier.manifest.get("status") == "succeeded":
         raise NothingToResume(
             f"nothing to resume: {earlier.describe()} finished its training; see "
-            f"{output_dir / MANIFEST}"
+            f"{output_dir / RunFolder.MANIFEST}"
         )
     return earlier
 

@@ -13,6 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from horizon_engine import (
+    ActionType,
+    Exploration,
+    ExploresOnline,
+    HorizonError,
+    NormalizationConfig,
+    RunContext,
+)
 from horizon_engine.builtin.gym.config import GymSpec, epsilon_at
 from horizon_engine.builtin.gym.replay_buffer import ReplayBuffer
 from horizon_engine.builtin.gym.results import (
@@ -25,31 +33,22 @@ from horizon_engine.builtin.gym.resume import (
     Position,
     RowsWriter,
     check_resumable,
-    online_state_path,
     prune_online_states,
     read_online_state,
     rows_writer,
     save_online_state,
 )
 from horizon_engine.builtin.gym_source import pre_timeline_row
-from horizon_engine.config import PipelineSection, PipelineSpec
 from horizon_engine.driver import CHECK_ROWS, ProblemDescription, TrainingDriver
-from horizon_engine.errors import HorizonError
-from horizon_engine.exploration import Exploration
-from horizon_engine.files import write_json
-from horizon_engine.normalization import NORMALIZATION_FILE, NormalizationConfig
-from horizon_engine.run_folder import record_failure
-from horizon_engine.schema import ActionType
-from horizon_engine.training import CHECKPOINTS
+from horizon_engine.run_folder import RunFolder, record_failure
 
 if TYPE_CHECKING:
     import gymnasium
     import torch
 
+    from horizon_engine import NormalizationParameters
     from horizon_engine.driver import Normalization
-    from horizon_engine.normalization import NormalizationParameters
     from horizon_engine.plugins import PluginHost
-    from horizon_engine.run_context import RunContext
 
 GYM_COMMAND = "horizon gym train"
 """What a gym run's manifest.json records as its ``command``."""
@@ -118,7 +117,7 @@ class OnlineRun:
     run can continue from exactly. The driver's epoch checkpoint holds the trainer (networks,
     targets, optimizers, a td3/ddpg Ornstein-Uhlenbeck process's value) and torch's
     generators; beside it, written just before, the runner's own state
-    (``resume.online_state_path``): the replay buffer and its generator, the numpy generators
+    (``RunFolder.online_state_path``): the replay buffer and its generator, the numpy generators
     of exploration and evaluation, the step count, the acting copy of the policy and when it
     was taken (epsilon is a function of the step count), the evaluations, warnings and
     outputs so far, the ``ds`` of the rows, the length of the ``-f`` rows written, and the
@@ -134,21 +133,14 @@ class OnlineRun:
     """
 
     def __init__(self, spec: GymSpec, plugins: PluginHost, show_progress: bool) -> None:
-        from horizon_engine.run_context import RunContext
-
         self.spec = spec
         self.config = spec.gym
         self.plugins = plugins
         self.output_dir = Path(self.config.output_dir)
-        pipeline = PipelineSection(output_dir=self.config.output_dir, seed=self.config.seed)
-        # The lifecycle hooks (TensorBoard, third-party reporters) take a pipeline run's
-        # context; a gym run is one with the gym's seed and folder and its component sections.
-        self.run_context: RunContext = RunContext(
-            PipelineSpec(spec.origin, pipeline, sections=spec.choices),
-            self.output_dir,
-            plugins,
-            uuid.uuid4().hex[:12],
-            show_progress,
+        self.folder = RunFolder(self.output_dir)
+        # A run the command drives itself: its epoch metrics reach the plugins' hooks.
+        self.run_context = RunContext.for_command(
+            self.output_dir, self.config.seed, uuid.uuid4().hex[:12], show_progress, plugins
         )
         self.driver: TrainingDriver | None = None
         self.acting: torch.nn.Module | None = None
@@ -177,8 +169,11 @@ class OnlineRun:
         ``result``, ``outputs`` and ``seconds`` are written once training ends. A failed export
         then leaves the manifest ``"status": "failed"`` with ``"failed_stage": "export"`` and
         its ``error`` beside that result, and raises ``ExportAfterTrainingError`` (the training
-        report, then the export's error) for a ``HorizonError``, or the exporter's own
-        exception otherwise. A failure before that records ``"failed_stage": "training"``.
+        report, then the export's error) for a ``HorizonError``, or the exception otherwise. A
+        failure before that records ``"failed_stage": "training"``. As under ``horizon run``,
+        an exception a plugin's component raised is blamed on it (``PluginHost.blame``): the
+        ``PluginError`` naming plugin and component is the manifest's ``error`` and the one
+        raised (its cause the original); any other exception keeps its traceback.
         The runner's resume state is removed once the manifest says the run succeeded.
         """
         import torch
@@ -217,10 +212,15 @@ class OnlineRun:
                 exported = self._export()
         except BaseException as exc:
             interrupted = isinstance(exc, KeyboardInterrupt)
-            record_failure(manifest, exc, stage, self._interrupted if interrupted else self._finish)
-            if stage == "export" and isinstance(exc, HorizonError):
+            blamed = self.plugins.blame(exc)  # a component's own exception, as `horizon run`
+            failure = blamed or exc
+            finish = self._interrupted if interrupted else self._finish
+            record_failure(manifest, failure, stage, finish)
+            if stage == "export" and isinstance(failure, HorizonError):
                 report = result.report(self.config.avg_over_num_episodes, (rows, reward_history))
-                raise ExportAfterTrainingError(result, report, str(exc)) from exc
+                raise ExportAfterTrainingError(result, report, str(failure)) from exc
+            if blamed is not None:
+                raise blamed from exc
             raise
         finally:
             torch.set_num_threads(threads)
@@ -255,7 +255,7 @@ class OnlineRun:
         manifest["outputs"] = result.outputs
         manifest["warnings"] = result.warnings
         manifest["seconds"] = result.seconds
-        write_json(self.output_dir / "manifest.json", manifest)
+        self.folder.write_manifest(manifest)
 
     def _open_envs(self, stack: ExitStack) -> None:
         """The training environment and one per evaluation episode, closed by ``stack``; the
@@ -443,12 +443,9 @@ class OnlineRun:
         same evaluation, the training environment replayed to where it stood. Returns the
         ``Position`` to play on from and the byte length of the ``-f`` rows then, or
         ``(None, None)`` when no evaluation was complete: the run starts over."""
-        from horizon_engine.normalization import read_normalization
-        from horizon_engine.training import last_epoch_checkpoint
-
-        if last_epoch_checkpoint(self.output_dir / CHECKPOINTS) is None:
+        if self.folder.last_epoch_checkpoint() is None:
             return None, None
-        self._start_driver(read_normalization(self.output_dir / NORMALIZATION_FILE))
+        self._start_driver(self.folder.normalization())
         self.driver.resume()
         state = read_online_state(self.output_dir, self.driver.epoch)
         self._check_rows_file(state.get("rows_file"))
@@ -457,7 +454,7 @@ class OnlineRun:
             if not position.stopped:
                 self._replay(position)
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-            path = online_state_path(self.output_dir, self.driver.epoch)
+            path = self.folder.online_state_path(self.driver.epoch)
             raise HorizonError(
                 f"--resume: {path} does not hold the runner state of this run "
                 f"({type(exc).__name__}: {exc}); train again without --resume"
@@ -602,20 +599,18 @@ class OnlineRun:
         """At the end of the warm-up: fit (or, for a warm start, read) the normalization,
         write it, and start the training driver (which sets the trainer up, from the earlier
         run's checkpoint for a warm start), on ``[trainer] threads`` from here on."""
-        from horizon_engine.normalization import read_normalization, write_normalization
-
         trainer_config = self.spec.trainer.config
         warm_start = trainer_config.warm_start_from
         if warm_start:
-            path = Path(warm_start) / NORMALIZATION_FILE
-            normalization = read_normalization(path)
+            earlier = RunFolder(warm_start)
+            normalization = earlier.normalization()
+            path = earlier.file(RunFolder.NORMALIZATION)
             self._check_features(
                 normalization, f"[trainer] warm_start_from = {warm_start!r}: {path}"
             )
         else:
             normalization = self._identify(self.spec.normalization_config)
-        write_normalization(self.output_dir / NORMALIZATION_FILE, normalization)
-        self.outputs.append(NORMALIZATION_FILE)
+        self.outputs.append(self.folder.write_normalization(normalization))
         self._start_driver(normalization)
         if "epochs" in trainer_config.model_fields_set:
             self.warnings.append(
@@ -629,7 +624,11 @@ class OnlineRun:
         import torch
 
         self.driver = TrainingDriver(
-            self.run_context, self.spec.trainer, self._problem(), normalization
+            self.run_context,
+            self.spec.trainer,
+            self._problem(normalization),
+            normalization,
+            plugins=self.plugins,
         )
         torch.set_num_threads(self.driver.threads)  # for training and acting; run() restores
 
@@ -648,19 +647,20 @@ class OnlineRun:
                     f"has {expected}"
                 )
 
-    def _problem(self) -> ProblemDescription:
+    def _problem(self, normalization: Normalization) -> ProblemDescription:
         """The problem the trainer is set up for: this environment's actions, discrete or
-        (with ``parametric_actions``) one-hot action features, and the buffer's n-step window."""
+        (with ``parametric_actions``) one-hot action features, the features of
+        ``normalization`` (this environment's, ``_check_features``) and the buffer's n-step
+        window."""
         config = self.config
         action_type = ActionType.PARAMETRIC if self.action_feature_ids else ActionType.DISCRETE
-        return ProblemDescription(
-            action_type=ActionType.CONTINUOUS if self.continuous else action_type,
-            actions=self.actions,
-            feature_ids=self.feature_ids,
-            action_feature_ids=self.action_feature_ids,
-            n_step=config.n_step,
-            seed=config.seed,
-            max_feature_value=self.spec.normalization_config.max_feature_value,
+        return ProblemDescription.for_data(
+            ActionType.CONTINUOUS if self.continuous else action_type,
+            self.actions,
+            normalization,
+            config.n_step,
+            config.seed,
+            self.spec.normalization_config.max_feature_value,
             online=True,
         )
 
@@ -670,7 +670,7 @@ class OnlineRun:
         states' features, with ``parametric_actions`` the one-hot action features (each
         present, as 1.0, wherever its action was taken), and for a Box space the action
         features as ``continuous_action`` over the Box's bounds (``_box_bounds``)."""
-        from horizon_engine.normalization import FeatureType, identify_all
+        from horizon_engine.pipeline import identify_feature_sets
 
         transitions = len(self.buffer)
         rows = np.arange(transitions)
@@ -680,27 +680,22 @@ class OnlineRun:
             )
             rows = np.sort(chosen)
         states = self.buffer.state[rows]
-        known_types = {str(kind) for kind in FeatureType} | self.plugins.feature_types()
         samples = {feature: states[:, i] for i, feature in enumerate(self.feature_ids)}
-        sets = {"state_features": (samples, config.overrides)}
+        sets = {"state_features": (samples, config.overrides, False)}
         if self.continuous:
             actions = self.buffer.action[rows]
             samples = {feature: actions[:, j] for j, feature in enumerate(self.action_feature_ids)}
-            sets["action_features"] = (samples, config.action_overrides)
+            sets["action_features"] = (samples, config.action_overrides, True)
         elif self.action_feature_ids:
             taken = np.bincount(self.buffer.action[rows], minlength=len(self.actions))
             samples = {
                 feature: np.ones(int(count))
                 for feature, count in zip(self.action_feature_ids, taken, strict=True)
             }
-            sets["action_features"] = (samples, config.action_overrides)
-        normalization = {}
-        for name, (samples, overrides) in sets.items():
-            where = f"[normalization] {'action_' if name == 'action_features' else ''}overrides"
-            action = name == "action_features" and self.continuous
-            result = identify_all(samples, config, overrides, known_types, action, where)
-            self.warnings += [f"normalization: {note}" for note in result.notes]
-            normalization[name] = result.parameters
+            sets["action_features"] = (samples, config.action_overrides, False)
+        feature_types = self.plugins.feature_types()
+        normalization, notes = identify_feature_sets(sets, config, feature_types)
+        self.warnings += [f"normalization: {note}" for note in notes]
         if self.continuous:
             self._box_bounds(normalization["action_features"], config)
         return normalization
@@ -713,11 +708,9 @@ class OnlineRun:
         uniform play never quite reaches the bounds, and an actor whose (-1, 1) mapped to the
         observed range could never play them; the bounds are also what the environment
         enforces, so every action the exported model emits lies inside them."""
-        from horizon_engine.normalization import FeatureType
-
         for j, feature in enumerate(self.action_feature_ids):
             found = parameters[feature]
-            if found.feature_type != FeatureType.CONTINUOUS_ACTION.value:
+            if found.feature_type != "continuous_action":
                 continue
             bounds = {"min_value": float(self.low[j]), "max_value": float(self.high[j])}
             parameters[feature] = found.model_copy(update=bounds)
@@ -727,15 +720,14 @@ class OnlineRun:
         policy (an error naming the trainer when it has none)."""
         trainer = self.driver.trainer
         if self.continuous:
-            acting = trainer.exploration_policy()
-            if acting is None:
+            if not isinstance(trainer, ExploresOnline):
                 raise HorizonError(
                     f"[trainer] kind = {trainer.name!r} gives no exploration policy "
-                    f"(exploration_policy() returned None), which [gym] env = "
+                    f"(it does not implement exploration_policy()), which [gym] env = "
                     f"{self.config.env!r}, a Box action space, needs to act with: train a "
                     "continuous-action trainer such as sac, td3 or ddpg"
                 )
-            self.acting = acting
+            self.acting = trainer.exploration_policy()
         else:
             self.acting = trainer.policy()
         self.refreshed_at = self.steps
@@ -836,7 +828,7 @@ class OnlineRun:
         """Export the final policy when ``[export]`` is configured and a policy was trained,
         checked on the saved greedy-play states (the exporter verifies its file against
         PyTorch on them); the exporter's outputs and details, or None."""
-        from horizon_engine.export import export_policy
+        from horizon_engine.export_stage import export_policy
 
         if self.spec.export is None or self.driver is None:
             return None
@@ -861,32 +853,24 @@ class OnlineRun:
         return np.stack(states)
 
     def _start_manifest(self) -> dict[str, Any]:
-        from horizon_engine import __version__
-
-        manifest = {
-            "horizon_version": __version__,
-            "command": GYM_COMMAND,
-            "run_id": self.run_context.run_id,
-            "status": "running",
-            "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "seed": self.config.seed,
-            "config_file": self.spec.origin,
-            "config": self.spec.resolved(),
-            "plugins": self.plugins.versions(),
-            "plugin_failures": self.plugins.load_failures(),
-        }
-        write_json(self.output_dir / "manifest.json", manifest)
-        return manifest
+        """The run's manifest, as every command that runs in a folder starts it."""
+        return self.folder.start_manifest(
+            self.run_context.run_id,
+            self.config.seed,
+            self.spec.origin,
+            self.spec.resolved(),
+            self.plugins,
+            command=GYM_COMMAND,
+        )
 
     def _finish(self, manifest: dict[str, Any]) -> None:
         """The final manifest, then ``horizon_on_run_end``."""
-        manifest["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-        write_json(self.output_dir / "manifest.json", manifest)
-        self.plugins.on_run_end(self.run_context, manifest)
+        self.folder.finish_manifest(manifest, self._on_run_end)
 
     def _interrupted(self, manifest: dict[str, Any]) -> None:
-        """``_finish`` for a run stopped by Ctrl-C (or SIGTERM): ``"status": "interrupted"``,
-        which ``--resume`` continues from its last complete evaluation."""
-        manifest["status"] = "interrupted"
-        manifest["error"] = "interrupted (Ctrl-C or SIGTERM); continue it with --resume"
-        self._finish(manifest)
+        """``_finish`` for a run stopped by Ctrl-C (or SIGTERM), which ``--resume`` continues
+        from its last complete evaluation."""
+        self.folder.finish_interrupted(manifest, self._on_run_end)
+
+    def _on_run_end(self, manifest: dict[str, Any]) -> None:
+        self.plugins.on_run_end(self.run_context, manifest)

@@ -7,7 +7,9 @@
 - a trainer, ``small_q`` (``trainer``: one-step Q-learning, offline and in ``horizon gym``);
 - an estimator, ``one_step_ips`` (``estimator``: inverse propensity scoring);
 - an exporter, ``torch_program`` (``exporter``: a ``torch.export`` program, ``policy.pt2``);
-- a command, ``horizon reminder-rows`` (``commands``).
+- a command, ``horizon reminder-rows`` (``commands``);
+- a pipeline stage, ``row_summary`` (``summary``: configured by ``[row_summary]``, run after
+  the timeline, whose output it reads).
 
 Every module imports only Horizon Engine's public API (the names ``horizon_engine`` exports),
 as any plugin published on its own must; docs/plugins.md shows each of them. The recorder
@@ -30,12 +32,14 @@ from horizon_engine import (
     RowLayout,
     RowShaper,
     SourceBatch,
+    Stage,
     hookimpl,
 )
 from horizon_plugin_constant.estimator import OneStepIps
 from horizon_plugin_constant.exporter import TorchProgram
 from horizon_plugin_constant.log1p import Log1p
 from horizon_plugin_constant.reminders import ReminderRows
+from horizon_plugin_constant.summary import ROW_SUMMARY
 from horizon_plugin_constant.timeline import OneStepTimeline
 from horizon_plugin_constant.trainer import SmallQ
 
@@ -101,8 +105,12 @@ def horizon_register_data_sources(register: Callable[[type], None]) -> None:
 
 
 @hookimpl
-def horizon_register_transforms(register: Callable[[type], None]) -> None:
+def horizon_register_timeline_engines(register: Callable[[type], None]) -> None:
     register(OneStepTimeline)
+
+
+@hookimpl
+def horizon_register_feature_types(register: Callable[[type], None]) -> None:
     register(Log1p)
 
 
@@ -119,6 +127,11 @@ def horizon_register_estimators(register: Callable[[type], None]) -> None:
 @hookimpl
 def horizon_register_exporters(register: Callable[[type], None]) -> None:
     register(TorchProgram)
+
+
+@hookimpl
+def horizon_register_stages(register: Callable[[Stage], None]) -> None:
+    register(ROW_SUMMARY)
 
 
 @hookimpl

@@ -2,8 +2,8 @@
 
 The same rows the source yields for the same seed, written where the built-in ``jsonl`` source
 (or any tool) reads them: to look at the data, or to run it without this plugin installed.
-Under ``user_errors``, as every ``horizon`` command: a user's mistake or a full disk is one
-``error:`` line, not a traceback.
+Built with ``horizon_engine.command``, as every ``horizon`` command: a user's mistake or a full
+disk is one ``error:`` line, not a traceback.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import click
 
-from horizon_engine import atomic_output, user_errors
+from horizon_engine import atomic_output, command
 from horizon_plugin_constant.reminders import reminder_rows
 
 
-@click.command("reminder-rows")
+@command("reminder-rows")
 @click.option(
     "-o",
     "--output",
@@ -28,7 +28,6 @@ from horizon_plugin_constant.reminders import reminder_rows
 @click.option("--users", default=200, show_default=True, type=click.IntRange(min=1))
 @click.option("--days", default=5, show_default=True, type=click.IntRange(min=1))
 @click.option("--seed", default=0, show_default=True, type=int, help="The run's seed.")
-@user_errors
 def reminder_rows_command(output: Path, users: int, days: int, seed: int) -> None:
     """Write the reminder decisions [source] kind = "reminder_rows" logs, as JSON lines."""
     with atomic_output(output) as temporary, temporary.open("w", encoding="utf-8") as handle:

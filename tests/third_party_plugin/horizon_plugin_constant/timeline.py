@@ -22,8 +22,8 @@ from horizon_engine import (
     BadRow,
     HorizonError,
     TimelineConfig,
+    TimelineEngine,
     TimelineResult,
-    TimelineTransform,
     eval_split_value,
     timeline_schema,
 )
@@ -61,10 +61,10 @@ class OneStepTimelineConfig(TimelineConfig):
         return self
 
 
-class OneStepTimeline(TimelineTransform):
+class OneStepTimeline(TimelineEngine):
     """Pairs each discrete decision with its episode's next one (no n-step windows)."""
 
-    engine = "one_step"
+    name = "one_step"
     Config = OneStepTimelineConfig
     config: OneStepTimelineConfig
 
