@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 ENTRY_POINT_GROUP = "horizon"
 
 DEFAULT_PLUGINS: tuple[str, ...] = (
-    "horizon_engine.builtin.stages",
+    "horizon_engine.core_stages",
     "horizon_engine.builtin.sources",
     "horizon_engine.builtin.timeline",
     "horizon_engine.builtin.normalization",

@@ -1,7 +1,7 @@
 """A pipeline stage as a plugin registers it, and the run order derived from what stages read.
 
 Every stage, the core's own included, is registered through ``horizon_register_stages``: the
-core's from ``horizon_engine.builtin.stages``, the world model's analysis from its plugin. A
+core's from ``horizon_engine.core_stages``, the world model's analysis from its plugin. A
 stage names the section of pipeline.toml that configures it and how that section picks its
 component (``SectionRule``), the run-relative paths it reads and those it writes (its claims),
 and the function that runs it. Nothing else lists the stages: a run executes them in the order

@@ -33,7 +33,7 @@ def test_the_core_and_the_world_model_register_the_stages_in_their_run_order():
         "export",
         "analysis",
     ]
-    assert host.plugins["stages"].source == "builtin"
+    assert host.plugins["core_stages"].source == "builtin"
     assert names(host.plugins["worldmodel"].stages) == ["analysis"]
     assert host.sections()["analysis"] == SectionRule("trainers", default_selector="world_model")
 

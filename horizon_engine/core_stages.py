@@ -1,5 +1,9 @@
 """The core's pipeline stages, registered through ``horizon_register_stages`` as a plugin's are.
 
+A core module, not a built-in plugin: the stages' run functions are the core's own machinery
+(``pipeline``, ``evaluation_stage``), so the plugin manager loads this module by name
+(``plugins.DEFAULT_PLUGINS``) and the built-in plugins stay held to the public API.
+
 Source, timeline, normalization, train, evaluation and export: each with the section that
 configures it, how that section picks its component, what it reads and what it writes (the
 run folder's names, ``RunFolder``). The run order is not written here: it follows from the
