@@ -1,6 +1,6 @@
 """The training driver: one way of driving a trainer, whatever the data comes from.
 
-``horizon run``'s train stage and ``horizon gym train`` both train through it (issue 10), so a
+``horizon run``'s train stage and ``horizon gym train`` both train through it, so a
 trainer cannot tell them apart and a run folder records training the same way. It is public
 (``horizon_engine.TrainingDriver``, with ``ProblemDescription`` and ``SampledData``): a
 plugin's command with its own source of data drives a trainer as the gym runner does.

@@ -32,14 +32,9 @@ if TYPE_CHECKING:
 
 PARALLEL_UPDATE_WORK = 1_000_000_000
 """Rows times parameters of an update from which ``[trainer] threads = "auto"`` computes on
-every core rather than on one (``benchmarks/train_throughput.py --threads-sweep`` measures it).
-
-On 2 cores, with a load average of 2-4 (other work running), one thread made 8 times the
-updates of two for the default network at batch 256 (2e6), while two threads were 1.3 times
-faster at 7e7, 1.6 at 3e8 and 1.8-1.9 from 1e9. With a load average of 5, one thread was faster
-at every size measured, 20 times at 5e6 and still 1.8 times at 2e9. The threshold sits where
-two threads gain most when they gain and lose least when the machine is busy; a busy shared
-machine is better told ``threads = 1``."""
+every core rather than on one: where two threads gain most when they gain and lose least when
+the machine is busy (below it a second thread costs more than it gives). A busy shared machine
+is better told ``threads = 1`` (measured: docs/measurements.md#parallel_update_work)."""
 
 
 class TrainerConfig(ComponentConfig):

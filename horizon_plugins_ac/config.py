@@ -2,9 +2,10 @@
 them).
 
 ``sac``, ``td3`` and ``ddpg`` share the options of ``ActorCriticConfig``; each adds its own. The
-defaults are the ones measured on Horizon's logged Pendulum rows (tests/test_ac_reference.py
-gives the figures): a user who names only the trainer learns from logs, so the actor
-is kept near the logged actions (``bc_weight``) unless told otherwise.
+defaults are the ones measured on Horizon's logged Pendulum rows (docs/measurements.md,
+"Actor-critic trainers"; tests/test_ac_reference.py holds them to it): a user who names only
+the trainer learns from logs, so the actor is kept near the logged actions (``bc_weight``)
+unless told otherwise.
 """
 
 from __future__ import annotations
@@ -21,9 +22,8 @@ class ActorCriticConfig(TrainerConfig):
 
     DEFAULT_PASSES: ClassVar[int] = 100
     """100 passes rather than the core's 20 for ``epochs = "auto"``: an actor-critic needs
-    thousands of updates (3,000 over Horizon's logged Pendulum rows). Three times as many
-    helped td3 and ddpg there but sank td3 below random play on a mediocre logger's rows
-    (README, "Defaults")."""
+    thousands of updates, and more sank td3 below random play on a mediocre logger's rows
+    (measured: docs/measurements.md#ac_default_passes)."""
     minibatch_size: int = Field(default=256, ge=1)
     """Rows per update (256, as the SAC and TD3 papers)."""
     gamma: float = Field(default=0.99, ge=0.0, le=1.0)
@@ -50,14 +50,14 @@ class ActorCriticConfig(TrainerConfig):
     (the paper's alpha = 2.5 is 0.4). 0 switches it off (the plain actor loss, unnormalized):
     what online training, where the agent tries its own actions, wants. "auto": 0 online
     (``horizon gym train``) and ``LOGGED_BC_WEIGHT`` from logs: 0.2 (alpha = 5) for td3 and
-    ddpg, since on Horizon's logged Pendulum rows (100 epochs, 10 episodes, before issue 22)
-    td3 scored -390 with 0.2, -431 with 0.4 and -663 with 0 (the logs: -424); sac's is 0."""
+    ddpg, which learned best with it from Horizon's logged Pendulum rows; sac's is 0 (measured:
+    docs/measurements.md#bc_weight)."""
     cql_alpha: float = Field(default=0.0, ge=0.0)
     """Conservative critic (CQL(H), Kumar et al. 2020): adds ``cql_alpha * (logsumexp over
     sampled actions of Q(s, a) - Q(s, a_logged))`` to each critic's loss, the samples uniform
     and the actor's own, importance-weighted by their densities. 0 (off) by default: on
-    Horizon's logged Pendulum rows 1.0 made td3 score -684 and sac -372 (seed 0), against -390
-    and -320 without, and an update costs about 8 times as much with 10 samples."""
+    Horizon's logged Pendulum rows it made td3 and sac worse, and an update costs about 8 times
+    as much with 10 samples (measured: docs/measurements.md#ac_cql_alpha)."""
     cql_samples: int = Field(default=10, ge=1)
     """Actions of each kind (uniform, the actor's) sampled per state for ``cql_alpha``."""
 
@@ -79,8 +79,7 @@ class SacConfig(ActorCriticConfig):
     """Behaviour cloning weight (see td3's): the entropy-regularized actor loss
     ``(alpha log pi(a|s) - Q(s, a)) / mean|Q| + bc_weight * mean((a - a_logged)^2)`` with ``a``
     drawn from the actor. "auto": 0 (off), from logs too: on Horizon's logged Pendulum rows
-    (100 epochs, 10 episodes, before issue 22) plain SAC scored -320, -194 and -313 (seeds
-    0-2), against -624 with 0.4 and -761 with 1.0 (seed 0; the logs: -424)."""
+    plain SAC did better than with cloning (measured: docs/measurements.md#sac_bc_weight)."""
     alpha: float = Field(default=1.0, gt=0.0)
     """The entropy temperature to start from (or to keep, with ``learn_alpha = false``)."""
     learn_alpha: bool = True

@@ -14,19 +14,15 @@ layer where the trainer offers it (``EvaluationModels.q_features``, from a train
 ``OffersEvaluationModels``, as dqn: ``"network_fqe"``); else the policy's own scores when the
 trainer declares them Q-values of the reward under its discount (it ``Discounts``), as
 Horizon used its DQN's Q, with FQE on the state features for the other metrics; else FQE on
-the state features for every metric (``"fqe"``). On the CartPole example (truth: the greedy
-policy's discounted return 4.24 times random play's) weighted DR said 4.23 with the hidden
-layer, 0.55 with the DQN's scores (conservative Q-learning's values, far below the policy's
-after 20 epochs) and 1.33 with linear FQE on the state features, which cannot represent Q
-there; ``horizon_plugins_cpe.models`` has the measurements. Over the epochs of 1,000
-random episodes the hidden layer's estimates ranked the epochs less well than the scores
-(Spearman 0.77, 0.44 and 0.73 on seeds 0 to 2, the scores 0.77, 0.62 and 0.89) while being
-of the truth's size where the scores were 4 to 5 times too small; once the policy plays
-well its value is near the ceiling ``1 / (1 - gamma)`` and the bounded estimates sit at it,
-so they tell a good policy from a bad one, not good ones apart
-(``tests/test_cpe_cartpole.py``). Inputs and models are kept for the episodes last seen, so
-the entries of one epoch (one policy output, one split) build the inputs once and fit each
-model once.
+the state features for every metric (``"fqe"``). The hidden layer is the default because on
+the CartPole example its estimates were of the truth's size where the DQN's scores
+(conservative Q-learning's values) and linear FQE on the state features, which cannot
+represent Q there, were far too small; it ranks a run's epochs less well than the scores,
+and once the policy plays well its value is near the ceiling ``1 / (1 - gamma)`` and the
+bounded estimates sit at it, so they tell a good policy from a bad one, not good ones apart
+(measured: docs/measurements.md#network_fqe; ``tests/test_cpe_cartpole.py``). Inputs and
+models are kept for the episodes last seen, so the entries of one epoch (one policy output,
+one split) build the inputs once and fit each model once.
 
 Every estimate comes back per metric (``"reward"``, then each logged metric by name) as an
 ``Estimate``: raw, relative to the logged policy's value, with a bootstrap interval over

@@ -3,7 +3,7 @@
 Everything here is float64 numpy, vectorized over rows, episodes and metrics (the only Python
 loops run over bootstrap blocks, MAGIC's metrics, or a handful of actions), so that the whole
 evaluation of 1,000,000 rows in 10,000 episodes takes well under two seconds per estimator
-(``benchmarks/cpe.py``).
+(measured: docs/measurements.md#cpe_cost).
 
 Notation: row ``i`` of episode ``e`` at step ``t`` (0-based) has the logged action ``a``, its
 logged propensity ``mu = mu(a|s)``, the evaluated policy's probability ``pi = pi(a|s)``, the
@@ -52,8 +52,8 @@ resample's covariance: ``B`` times the work for a second-order effect). ``dm`` r
 reward model inside every resample where the model can (``ModelValues.refit``: the ridge
 model of ``reward_model_values``, refit from per-episode Gram pieces, linear in the counts):
 held fixed, ``dm``'s interval showed the states' sampling spread but not the model's own
-estimation error, and covered the truth in 56 of 100 seeds at 95% in
-``tests/test_cpe_truth.py`` (94 refit). ``dm`` values given without a refit (arrays) are held
+estimation error, and covered the truth far less often than its 95% (measured:
+docs/measurements.md#refit_kinds). ``dm`` values given without a refit (arrays) are held
 fixed, and the estimate's note says so. ``dr`` holds its cross-fitted model fixed on purpose
 (the model's error reaches it only at second order; ``REFIT_KINDS``), as the sequential
 kinds hold their Q models (FQE is not refit per resample).
@@ -63,11 +63,9 @@ propensity of a taken action is always an error, named by its row); ``weight_cli
 each row's weight (one-step) or the cumulative weight (sequential). Either, when on, is said
 in every estimate's note with the number of rows it changed.
 
-Cost: 1,000,000 rows in 10,000 episodes take 0.05 to 0.3 s per kind at 200 resamples (with
-model values given). The bootstrap draws ``B x E`` episode indices, so a bandit log of
-1,000,000 one-row episodes takes about 2 s per one-step kind (4 s for weighted DR and MAGIC).
-``dm``'s refit of the reward model adds 0.7 s to the first, 6 s to the second, 6 ms to
-3,000 rows in 150 episodes (``models.RidgeRefit``).
+Cost: a fraction of a second per kind on 1,000,000 rows in 10,000 episodes; the bootstrap
+draws ``B x E`` episode indices, so a bandit log of as many one-row episodes takes seconds
+(measured: docs/measurements.md#cpe_cost).
 """
 
 from __future__ import annotations
@@ -208,14 +206,11 @@ FIXED_MODEL = (
 
 REFIT_KINDS = ("dm",)
 """The kinds whose interval refits the model per resample (``ModelValues.refit``). ``dm``'s
-value is the model's, so its error enters at first order: held fixed, the interval was 2.2
-times too narrow (median over 100 seeds of the bandit in ``tests/test_cpe_truth.py``) and
-covered the truth in 56 of them. ``dr``'s value moves with the model's error only at second
-order (the model cross-fitted, the logged propensities known: its correction has mean zero
-for any fixed model), and measured so: refitting changed its coverage not at all (93 of
-those 100 seeds, 279 of 300 others, either way) and its width by a median 3% (0.88 to 1.23
-times), at 6 ms an epoch on 3,000 rows in 150 episodes (its 200 solves of ``D x D`` and the
-Gram pieces), where the example runs ``dr`` every epoch. Its refit is exact and tested
+value is the model's, so its error enters at first order: held fixed, the interval is too
+narrow. ``dr``'s value moves with the model's error only at second order (the model
+cross-fitted, the logged propensities known: its correction has mean zero for any fixed
+model), so refitting it changes its coverage not at all and costs time every epoch (measured:
+docs/measurements.md#refit_kinds). Its refit is exact and tested
 (``tests/test_cpe_refit.py``): adding ``"dr"`` here turns it on."""
 
 
@@ -706,8 +701,8 @@ def magic_weights(error: np.ndarray) -> np.ndarray:
     then solved exactly, ``x_S = error_SS^-1 1 / (1^T error_SS^-1 1)``, and corrected until
     the KKT conditions hold (a negative weight leaves the support, an outside return whose
     gradient is below the support's joins it). Should that not settle, scipy's SLSQP on the
-    constrained problem decides. The first route takes well under a millisecond; SLSQP took
-    5 to 30 ms a blend here (its BLAS calls compete for the cores with training).
+    constrained problem decides. The first route is the fast one (measured:
+    docs/measurements.md#magic_weights).
     """
     from scipy.optimize import nnls
 

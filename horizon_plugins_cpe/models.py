@@ -28,45 +28,22 @@ radius of ``gamma A^-1 P`` is below 1; where it is not, or barely (off-policy li
 diverge; data that never terminate at gamma 1 sit at 1), the capped iteration runs instead
 and the values carry a note.
 
-No nonlinear expansion of the features, on measurement. On CartPole (25,440 rows in 300
-episodes logged epsilon-greedy at 0.6 around a pole-angle heuristic, gamma 0.99, truths from
-400 rollouts each), the FQE model's own estimate (the mean ``V_hat`` of first states) was off
-by -34% with these features for a target near the logger (epsilon 0.5), and by -5% / +2% /
-+1% with squares and products / 32 / 128 random Fourier features; for a target far from it
-(epsilon 0.1, episodes ten times longer) by -60% here, and +91% / +50% / -15% with them.
-Only the 128 Fourier features helped in both, at 15 to 30 times the fit time (``D`` = 411),
-past the per-epoch budget (20% of a 0.1 s epoch at 3,000 rows). The state features the
-timeline gives are what the models see, unless a trainer offers better ones.
+No nonlinear expansion of the features: of squares and products and random Fourier features,
+only 128 Fourier features made FQE on CartPole better both near and far from the logger, at 15
+to 30 times the fit time, past the per-epoch budget (measured:
+docs/measurements.md#cpe_feature_map). The state features the timeline gives are what the
+models see, unless a trainer offers better ones.
 
 A trainer's hidden layer (``q_model = "network_fqe"``, the default where the trainer offers
 ``q_features``, as dqn does): the same cross-fitted FQE, with ``x(s)`` the first
 ``NETWORK_COMPONENTS`` principal components of the standardized last hidden layer of the
 trained Q-network (a representation learned for this task's values, which the state's few
 features are not), and the next states' values clipped to the returns the rewards allow
-(``fit_bounded_fqe``), as are the values it predicts. Measured on the CartPole example
-(``examples/cartpole_dqn.toml``: 200 random episodes, 14 of them in the eval split, gamma
-0.99; truth: the trained greedy policy's discounted return over 20 played episodes, 83.6,
-over random play's, 19.7, or over the eval split's logged 23.1: 4.24 or 3.63), weighted
-DR's relative value was 4.23; with the DQN's own scores as Q, 0.55 (20 epochs of
-conservative Q-learning leave them near 13: soft target updates at 0.01 have not carried
-values back that far); with FQE on the state features, 1.33. With 4, 16 and 32 components
-or all the live units (44 of 64) instead of 8: 3.17, 3.01, 2.08 and 4.34; with unclipped
-targets FQE on the hidden layer did not contract (spectral radius 1.02). FQE on the
-train split's 4,121 rows with 64 to 256 random Fourier features and clipped targets gave
-0.59 to 3.94 by the features' seed, at 0.4 to 6 s a fit. Earlier checkpoints of the same
-run are harder (epoch 5, truth 1.28: 1.67; epoch 10, truth 0.49: 0.33; epoch 15, truth
-2.16: 2.13), and where the clipped map has more than one fixed point (epoch 10) the answer
-depends on where the search starts. On 1,000 random episodes (200 evaluated, the run of
-``tests/test_cpe_cartpole.py``, seeds 0 to 2) the relative values were of the truth's size
-(0.5 to 2.4 for epochs whose truth was 0.5 to 2.1; 4.8 to 5.4, mostly the bound, for those
-of 2.6 to 5.4; the scores said 0.5 to 1.4 throughout), and ranked the epochs with Spearman
-0.77, 0.44 and 0.73 (the scores 0.77, 0.62 and 0.89). Cost: 5 to 7 ms a fit (both folds)
-on the example's 381 rows, 10 to 45 ms on 4,400, where the scores cost nothing; per-epoch
-CPE (``dr`` and ``weighted_dr``) added 28% (mean; median 32%) to the example's training
-(the train stage less its imports, six interleaved runs each), against 21% (19%) with the
-scores: past the 20% budget. The BLAS thread limit (``horizon_engine.evaluation``) matters
-more than the model: with OpenBLAS's own threads on a busy 2-core machine one fit (on all
-64 units) took 494 ms, on one thread 37 ms.
+(``fit_bounded_fqe``), as are the values it predicts. On the CartPole example it came
+within 1% of the truth where the DQN's own scores and FQE on the state features were 3 to 8
+times too small; it ranks a run's epochs less well than the scores, costs milliseconds a fit,
+and needs the BLAS thread limit (``horizon_engine.evaluation``) on a busy machine (measured:
+docs/measurements.md#network_fqe).
 """
 
 from __future__ import annotations
@@ -134,9 +111,9 @@ holds the model fixed, with a note)."""
 
 REFIT_WIDTH = 256
 """And only while the model's width ``D = (actions + 1) x (features + 1)`` is at most this:
-the refit solves ``2 x num_bootstrap`` systems of ``D x D``, 0.25 s at 256 and 200
-resamples here (9 ms at 64); many actions (candidate slots) of many features would take
-seconds."""
+the refit solves ``2 x num_bootstrap`` systems of ``D x D``, a quarter of a second at 256
+(measured: docs/measurements.md#refit_cost); many actions (candidate slots) of many features
+would take seconds."""
 
 
 # --- the feature map -------------------------------------------------------------------------
@@ -543,18 +520,14 @@ class RidgeRefit:
     structure, as in ``_gram``), so it is kept per (episode, action) pair present, as the
     upper triangle of ``X^T X`` (``d (d + 1) / 2`` numbers, ``d`` the basis width). Holding
     the model fixed instead (the data's cross-fitted values in every resample) leaves that
-    error out: ``dm``'s 95% interval covered the truth in 56 of the 100 seeds of the bandit
-    in ``tests/test_cpe_truth.py``, and in 94 refit.
+    error out, and ``dm``'s interval too narrow (measured: docs/measurements.md#refit_kinds).
 
     A resample that draws no episode of a fold (likely only with a handful of episodes) keeps
     the data's fit for that fold. The pieces are computed on first use and kept.
 
-    Cost (one thread, 200 resamples; ``dm`` only, by ``formulas.REFIT_KINDS``): on 3,000 rows
-    in 150 episodes (2 actions, 8 features) about 6 ms beside the fixed model's 0.5 ms (the
-    pieces 1 to 3 ms, the 400 batched ``D x D`` solves 2 ms); on 1,000,000 rows in 10,000
-    episodes 0.7 s beside 0.04 s; on a bandit log of 1,000,000 one-row episodes (3 features)
-    8.5 s beside 2.3 s: every block of resamples reads the pieces once, and a block holds
-    only 4 resamples of a million episodes (``formulas.BOOTSTRAP_ENTRIES``)."""
+    Cost: every block of resamples reads the pieces once, so a log of many short episodes,
+    whose blocks hold few resamples (``formulas.BOOTSTRAP_ENTRIES``), costs most (``dm`` only,
+    by ``formulas.REFIT_KINDS``; measured: docs/measurements.md#refit_cost)."""
 
     inputs: CpeInputs
     seed: int

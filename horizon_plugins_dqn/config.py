@@ -20,14 +20,14 @@ class QLearningConfig(TrainerConfig):
     """Options every Q-learning trainer of this plugin accepts.
 
     The defaults are the ones that learned best offline, from logged data alone, in
-    benchmarks/defaults_sweep.py (its table and the reasons are in the README, "Defaults"):
+    benchmarks/defaults_sweep.py (README, "Defaults"; docs/measurements.md, "Q-learning"):
     a user who names only ``kind`` gets multi-step, conservative Q-learning in small batches.
     """
 
     minibatch_size: int = Field(default=256, ge=1)
     """Rows per update. 256 rather than the core's 1024: four times the updates per epoch, which
     the 20 default epochs need on datasets of a few thousand to tens of thousands of rows
-    (Horizon's CartPole rows: 420 with 256, 89 with 1024)."""
+    (measured: docs/measurements.md#dqn_minibatch_size)."""
 
     gamma: float = Field(default=0.99, ge=0.0, le=1.0)
     """Discount factor of future rewards."""
@@ -70,8 +70,9 @@ class QLearningConfig(TrainerConfig):
     Q-learning trusts its guesses for them; logs that show every action need no such guard,
     and it holds back a policy retrained on its own logs. So the weight that applies falls as
     the logged propensities show more even coverage (``cql_covered``); 1.5 gives
-    epsilon-greedy logs with epsilon 0.1 the weight 1.0. README, "Defaults", has the
-    measurements. Online, where the agent tries its own actions, 0 learns faster."""
+    epsilon-greedy logs with epsilon 0.1 the weight 1.0 (measured:
+    docs/measurements.md#dqn_cql_alpha). Online, where the agent tries its own actions, 0
+    learns faster."""
     cql_weighting: Literal["coverage", "constant"] = "coverage"
     """"coverage": the weight falls with the logs' coverage (``cql_covered``); "constant":
     ``cql_alpha`` applies whatever the logs cover (plain CQL)."""

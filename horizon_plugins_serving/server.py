@@ -62,24 +62,18 @@ answers instead of losing decisions) and the task appends what has gathered with
 ``DecisionLog.append`` in a worker thread, so answers never wait on the disk; an idle second
 flushes a Parquet log's gathered rows.
 
-Scoring runs inline on the event loop, not in the thread pool: measured on 127.0.0.1 with a
-decision log on (batch 1, 4,000 requests a side, 2 cores shared with the client), inline
-answered 1,345 requests/s from one client and 1,468 from 8 keep-alive clients, against 990 and
-1,347 with ``run_in_threadpool`` (which needs a lock besides, for the seeded draws): the hop to
-a worker thread and back costs more than the model's 30 microseconds. A request of 1,024 rows
-holds the loop for about 10 ms, mostly Python (reading its JSON, checking, the decision rows,
-the answer's JSON) that a worker thread would run under the same GIL.
+Scoring runs inline on the event loop, not in the thread pool: the hop to a worker thread and
+back costs more than the model's tens of microseconds, ``run_in_threadpool`` would need a lock
+besides (for the seeded draws), and a large request's time is mostly Python that a worker
+thread would run under the same GIL (measured: docs/measurements.md#inline_scoring).
 
 Requests whose bodies arrive in the same turn of the event loop are decided together
 (``DecisionService._decide_waiting``): one model run, one log write and one set of numpy calls
 for all of them, at most ``--max-batch`` rows at a time, the log written before any of them
 answers. POST /decisions bypasses Starlette's routing (``DecisionApp``), and JSON is read and
-written by orjson. With the Predictor's pruned graph and one-row binding, these took
-``benchmarks/serving.py``'s batch-1 throughput with the JSONL log on (8 keep-alive clients, 2
-shared cores) from 0.44x a bare Starlette app answering a constant to 0.82x (the median of 9
-runs, which ranged from 0.50x to 1.00x with the machine's other work), and the server's CPU
-time a request from about 310 microseconds to 111 (the bare app's: 79; medians of the same
-runs).
+written by orjson. With the Predictor's pruned graph and one-row binding, these nearly
+doubled the batch-1 throughput and cut the server's CPU time a request to a third (measured:
+docs/measurements.md#decision_batching).
 
 Send/drop models: ``--target-send-rate R --send-action NAME`` decides a two-action model by
 the paper's rule (``Predictor.send_or_drop``) instead of ``--policy``; a
@@ -596,8 +590,8 @@ class DecisionService:
 class DecisionApp(Starlette):
     """``build_app``'s app: POST /decisions goes straight to the ``DecisionService`` (an ASGI
     app), everything else (GET /health, the lifespan, 404 and 405) through Starlette. Starlette's
-    middleware, routing, ``Request`` and ``JSONResponse`` took some 14 microseconds a request,
-    as long as reading, checking and logging a row of it."""
+    middleware, routing, ``Request`` and ``JSONResponse`` cost as much a request as reading,
+    checking and logging a row of it (measured: docs/measurements.md#decision_batching)."""
 
     def __init__(self, service: DecisionService, **options: Any) -> None:
         super().__init__(**options)
