@@ -12,7 +12,9 @@ broken import, which must fail: a check that cannot fail would prove nothing.
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -138,3 +140,36 @@ def test_no_module_cites_a_document_outside_the_repository():
         if name in path.read_text(encoding="utf-8")
     ]
     assert cited == []
+
+
+ISSUE_NUMBER = re.compile(r"\bissues?\s*#?\d+|#\d+\b", re.IGNORECASE)
+"""An issue cited by number ("issue 22", "issue #12", "#12")."""
+
+
+def issue_citations(source: str) -> list[str]:
+    """The issue numbers the docstrings of ``source`` cite (every string statement: a module's,
+    class's or function's docstring, or an attribute's below it)."""
+    return [
+        found.group(0)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+        for found in ISSUE_NUMBER.finditer(node.value.value)
+    ]
+
+
+def test_no_docstring_cites_an_issue_number():
+    """A docstring says what and why; the history of how a figure was reached belongs in the
+    docs (docs/measurements.md), where it can name the issues."""
+    cited = [
+        f"{path.relative_to(ROOT)}: {citation}"
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for citation in issue_citations(path.read_text(encoding="utf-8"))
+    ]
+    assert cited == []
+    assert issue_citations('"""Before issue 22."""\nX = 1\n"""Since issue #12."""') == [
+        "issue 22",
+        "issue #12",
+    ]
