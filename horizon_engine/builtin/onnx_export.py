@@ -71,13 +71,9 @@ ROUNDINGS_PER_LAYER = 16
 """Rounding steps of the scores' magnitude allowed per layer of the network. A layer's dot
 products, summed in another order by onnxruntime than by PyTorch, differ by a few steps of their
 terms' magnitude; cancellation between terms and the error carried in from the layer before
-make that more relative to the result. Measured (``dqn`` with layers [128, 64], 170 epochs on
-random rows, 1,024 rows checked): offline CartPole's Q up to 188 and 172 differed by at most
-6.1e-5 and 4.6e-5, 2.7 and 2.2 steps of the largest score; Acrobot's Q near -83, by 3.1e-5 and
-2.3e-5, 3.1 and 2.4 steps; Horizon's parametric CartPole, 4.8e-6 at Q up to 13.4, 3.0 steps.
-The worst the issue reports, 1.2e-4, is 22 steps if it was at Acrobot's Q near -46. Three
-layers and the normalization allow 4 x 16 = 64 steps of the largest score and 64 of the score
-itself: 20 times what was measured, and a model 2e-5 off at its largest score still fails."""
+make that more relative to the result. Measured differences were at most 3.1 steps; three layers
+and the normalization allow 64, and a model 2e-5 off at its largest score still fails
+(measured: docs/measurements.md#roundings_per_layer)."""
 
 PROBABILITY_TOLERANCE = 4 * FLOAT32_EPSILON
 """Probabilities lie in [0, 1] and are computed by the same few operations in both libraries
