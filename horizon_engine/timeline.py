@@ -74,8 +74,7 @@ N_STEP_COLUMNS = (
 DEFAULT_N_STEP = 3
 """The n-step window of a timeline whose ``n_step`` is not set. The Q-learning trainers' default
 takes the timeline's window, and 3-step returns learned offline CartPole from random play
-better than one step: mean returns 368 against 301 with CQL, 341 against 240 without
-(README, "Defaults")."""
+better than one step, with CQL and without (measured: docs/measurements.md#timeline_n_step)."""
 
 TIMELINE_INFO = "timeline.json"
 """The file beside ``train/`` and ``eval/`` saying what the Parquet files hold."""
