@@ -173,3 +173,16 @@ def test_no_docstring_cites_an_issue_number():
         "issue 22",
         "issue #12",
     ]
+
+
+def test_every_measurement_a_module_points_to_is_on_the_page():
+    page = (ROOT / "docs" / "measurements.md").read_text(encoding="utf-8")
+    sections = set(re.findall(r"^### (\S+)$", page, re.MULTILINE))
+    missing = [
+        f"{path.relative_to(ROOT)}: #{anchor}"
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for anchor in re.findall(r"docs/measurements\.md#(\w+)", path.read_text(encoding="utf-8"))
+        if anchor not in sections
+    ]
+    assert sections and missing == []
