@@ -14,8 +14,9 @@ or with a name another plugin's component already has) is reported by name and e
 left out whole; the others still load. Of two components with one name, the later plugin's is
 the one left out, and the failure names both.
 
-An exception a plugin's component raises during a run is re-raised as a ``PluginError`` naming
-the plugin and the component (``PluginHost.blame``), so that the user knows whose code failed.
+An exception a plugin's component, or a plugin's own stage run function, raises during a run is
+re-raised as a ``PluginError`` naming the plugin and the component or stage
+(``PluginHost.blame``), so that the user knows whose code failed.
 
 Core code never calls ``pm.hook`` directly: it goes through ``PluginHost``'s typed methods.
 """
@@ -30,7 +31,7 @@ import traceback
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from functools import partial
-from types import FrameType, ModuleType
+from types import CodeType, FrameType, ModuleType
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -505,13 +506,15 @@ class PluginHost:
 
     def blame(self, exc: BaseException) -> PluginError | None:
         """``exc`` as an error naming the plugin (its distribution and version) and the
-        component (family and name) whose code raised it, and where; None where ``exc`` is not
-        a component's own failure: a ``HorizonError`` (its message is already meant for the
-        user), a write the disk refused (the command line says how to free space), an
-        interrupt, or an exception raised outside every component's methods.
+        component (family and name), or the plugin's stage, whose code raised it, and where;
+        None where ``exc`` is not a plugin's own failure: a ``HorizonError`` (its message is
+        already meant for the user), a write the disk refused (the command line says how to
+        free space), an interrupt, or an exception raised outside every component's methods
+        and every plugin's stage run function.
 
-        The component is the innermost frame of the traceback whose ``self`` (or ``cls``) is
-        a registered component, so a failure in a library the component calls is still its.
+        The culprit is the innermost frame of the traceback whose ``self`` (or ``cls``) is a
+        registered component, or that runs a stage's run function its plugin defines, so a
+        failure in a library the component or stage calls is still its.
         """
         from horizon_engine.files import WRITE_REFUSED
 
@@ -519,17 +522,37 @@ class PluginHost:
             return None
         if isinstance(exc, OSError) and exc.errno in WRITE_REFUSED:
             return None
-        found = _raising_component(exc, {entry.cls: entry for entry in self._components.values()})
+        components = {entry.cls: entry for entry in self._components.values()}
+        found = _raising_code(exc, components, self._own_stage_runs())
         if found is None:
             return None
-        entry, frame, line = found
-        info = self.plugins[entry.plugin]
+        culprit, frame, line = found
+        if isinstance(culprit, RegisteredComponent):
+            info = self.plugins[culprit.plugin]
+            whose = f"its {culprit.family} component '{culprit.label}'"
+        else:
+            info, stage = culprit
+            whose = f"its stage '{stage.name}'"
         raised = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         where = f"{frame.f_code.co_qualname}, {frame.f_globals.get('__name__')} line {line}"
         return PluginError(
-            f"plugin '{info.name}' ({info.distribution} {info.version}): its {entry.family} "
-            f"component '{entry.label}' raised {raised} (in {where})"
+            f"plugin '{info.name}' ({info.distribution} {info.version}): {whose} raised "
+            f"{raised} (in {where})"
         )
+
+    def _own_stage_runs(self) -> dict[CodeType, tuple[PluginInfo, Stage]]:
+        """The code of each stage's run function that its plugin defines itself, with the plugin
+        and stage: a function the plugin registers from the core (the world model's
+        ``analyze_timeline``, the core's stages' ``pipeline`` functions) is the core's code."""
+        runs: dict[CodeType, tuple[PluginInfo, Stage]] = {}
+        for info in self.plugins.values():
+            package = self.pm.get_plugin(info.name).__name__
+            for stage in info.stages:
+                module = getattr(stage.run, "__module__", None) or ""
+                code = getattr(stage.run, "__code__", None)
+                if code is not None and (module == package or module.startswith(package + ".")):
+                    runs[code] = (info, stage)
+        return runs
 
     # The typed façade over the lifecycle hooks: core code calls these, never ``pm.hook``.
 
@@ -624,6 +647,15 @@ def _component_problem(family: str, cls: object) -> str | None:
         return (
             f"its Config is {cls.Config!r}; expected a subclass of horizon_engine.ComponentConfig"
         )
+    if family == "feature_types":
+        from horizon_engine.normalization import FeatureParameters
+
+        model = getattr(cls, "Parameters", None)
+        if not (isinstance(model, type) and issubclass(model, FeatureParameters)):
+            return (
+                f"its Parameters is {model!r}; expected a subclass of "
+                "horizon_engine.FeatureParameters, the model of what the type stores"
+            )
     missing = sorted(getattr(cls, "__abstractmethods__", ()))
     if missing:
         return (
@@ -633,16 +665,21 @@ def _component_problem(family: str, cls: object) -> str | None:
     return None
 
 
-def _raising_component(
-    exc: BaseException, registered: Mapping[type, RegisteredComponent]
-) -> tuple[RegisteredComponent, FrameType, int] | None:
+def _raising_code(
+    exc: BaseException,
+    registered: Mapping[type, RegisteredComponent],
+    stage_runs: Mapping[CodeType, tuple[PluginInfo, Stage]],
+) -> tuple[RegisteredComponent | tuple[PluginInfo, Stage], FrameType, int] | None:
     """The innermost frame of ``exc``'s traceback run by a registered component (its ``self``
-    or ``cls``), with the component and the frame's line; None if no component's code ran."""
+    or ``cls``) or by a plugin's own stage run function, with the component (or the plugin and
+    stage) and the frame's line; None if neither's code ran."""
     for frame, line in reversed(list(traceback.walk_tb(exc.__traceback__))):
         owner = frame.f_locals.get("self", frame.f_locals.get("cls"))
         entry = registered.get(owner if isinstance(owner, type) else type(owner))
         if entry is not None:
             return entry, frame, line
+        if frame.f_code in stage_runs:
+            return stage_runs[frame.f_code], frame, line
     return None
 
 

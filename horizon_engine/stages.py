@@ -59,8 +59,8 @@ class Stage:
     claims: tuple[str, ...]
     """Every path it writes, run-relative (glob patterns allowed): what it may replace."""
     run: Callable[..., StageReport]
-    """Called with the run and the section's ``Choice`` (a list of them for a ``many``
-    section), and ``resume=True`` for a stage that continues from ``resumes_from``."""
+    """Called with the run (a ``RunContext``) and the section's ``Choice`` (a list of them for
+    a ``many`` section), and ``resume=True`` for a stage that continues from ``resumes_from``."""
     resumes_from: tuple[str, ...] = ()
     """Outputs (claims) an interrupted run of the stage leaves for ``--resume`` to continue
     from, rather than to remove: the train stage's epoch checkpoints and their event files."""

@@ -1,11 +1,13 @@
 """Stages are registered, not listed: ``horizon_register_stages``, the run order derived from
-what each stage reads, and the plugin failures of stages that cannot be ordered."""
+what each stage reads, the plugin failures of stages that cannot be ordered, and a plugin's stage
+that raises named as the plugin's."""
 
 from __future__ import annotations
 
 import pytest
 
-from horizon_engine import SectionRule, Stage, StageReport
+from horizon_engine import Engine, RunFolder, SectionRule, Stage, StageReport
+from horizon_engine.errors import PluginError
 from horizon_engine.plugins import PluginHost
 from horizon_engine.stages import StageOrderError, order_stages, stage_problem
 
@@ -151,3 +153,48 @@ def test_a_stage_registered_wrong_leaves_its_plugin_out_with_the_reason(plugin_s
     [failure] = host.failures
     assert "horizon_register_stages registered a stage Horizon cannot use" in failure.error
     assert "expected a horizon_engine.Stage, found 'a stage'" in failure.error
+
+
+RAISING_STAGE_PLUGIN = """
+from horizon_engine import ComponentConfig, SectionRule, Stage, StageReport, hookimpl
+
+
+class TallyOptions(ComponentConfig):
+    pass
+
+
+def tally(run, choice):
+    counts = {}
+    return StageReport("tally", rows_out=counts["rows"])
+
+
+@hookimpl
+def horizon_register_stages(register):
+    rule = SectionRule(None, options=TallyOptions)
+    register(Stage("tally", "tally", rule, reads=(), claims=("tally/*",), run=tally))
+"""
+
+
+def test_a_plugin_stages_own_exception_names_the_plugin_and_stage_in_the_error_and_manifest(
+    plugin_site, tmp_path
+):
+    modules = {"tallying.py": RAISING_STAGE_PLUGIN}
+    plugin_site.install("horizon-plugin-tallying", "2.0", {"tallying": "tallying"}, modules)
+    host = PluginHost(env={"HORIZON_LOAD_PLUGINS": "tallying"})
+    config = {"pipeline": {"output_dir": str(tmp_path)}, "tally": {}}
+
+    with pytest.raises(PluginError) as error:
+        Engine(plugins=host, show_progress=False).run(config)
+
+    message = str(error.value)
+    assert message.startswith(
+        "plugin 'tallying' (horizon-plugin-tallying 2.0): its stage 'tally' raised KeyError: "
+        "'rows' (in tally, tallying line "
+    )
+    assert isinstance(error.value.__cause__, KeyError)
+    manifest = RunFolder(tmp_path).manifest()
+    assert (manifest["status"], manifest["failed_stage"], manifest["error"]) == (
+        "failed",
+        "tally",
+        message,
+    )
