@@ -50,8 +50,8 @@ class ActorCriticConfig(TrainerConfig):
     (the paper's alpha = 2.5 is 0.4). 0 switches it off (the plain actor loss, unnormalized):
     what online training, where the agent tries its own actions, wants. "auto": 0 online
     (``horizon gym train``) and ``LOGGED_BC_WEIGHT`` from logs: 0.2 (alpha = 5) for td3 and
-    ddpg, which learned best with it from Horizon's logged Pendulum rows; sac's is 0 (measured:
-    docs/measurements.md#bc_weight)."""
+    ddpg, the weight td3 learned best with from Horizon's logged Pendulum rows; sac's is 0
+    (measured: docs/measurements.md#bc_weight)."""
     cql_alpha: float = Field(default=0.0, ge=0.0)
     """Conservative critic (CQL(H), Kumar et al. 2020): adds ``cql_alpha * (logsumexp over
     sampled actions of Q(s, a) - Q(s, a_logged))`` to each critic's loss, the samples uniform
