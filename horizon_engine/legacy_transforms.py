@@ -55,7 +55,9 @@ class FeatureTransform(FeatureType):
     """Deprecated: subclass ``FeatureType``, which fits its own parameters (``fit``).
 
     A type written before ``fit`` existed got the sample's minimum and maximum only, and still
-    does."""
+    does, in Horizon's fields (``NormalizationParameters``), which it read its parameters from."""
+
+    Parameters = NormalizationParameters
 
     def fit(self, values: np.ndarray, config: NormalizationConfig) -> NormalizationParameters:
         return NormalizationParameters(

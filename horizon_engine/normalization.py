@@ -3,9 +3,11 @@
 Horizon analyses a sample of each feature, picks a transformation (binary, probability,
 continuous, Box-Cox, quantile, enum, ...) and fits its parameters; the network applies them in
 its forward pass, so data never has to be regenerated when normalization changes. This module
-holds the parameters (``NormalizationParameters``, in Horizon's own field names so its files read
-and write unchanged), the ``[normalization]`` config, and ``identify``: the rules that pick a
-type from a sample. Applying the parameters is the preprocessor's job
+holds each feature's parameters (``FeatureParameters``: its type's name and the fields that type
+stores, each type declaring its own model; the built-in types' is ``NormalizationParameters``,
+in Horizon's own field names so its files read and write unchanged), ``normalization.json``
+(read back through each type's model), the ``[normalization]`` config, and ``identify``: the
+rules that pick a type from a sample. Applying the parameters is the preprocessor's job
 (``horizon_engine.preprocessor``), one vectorized operation per type.
 
 The built-in types (``horizon_engine.builtin.feature_types``, each a registered ``FeatureType``
@@ -48,6 +50,8 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
+    from horizon_engine.driver import Normalization
+    from horizon_engine.plugins import PluginHost
     from horizon_engine.preprocessor import FeatureType
     from horizon_engine.run_context import RunContext
 
@@ -55,10 +59,36 @@ MISSING_VALUE = -1337.1337
 """Horizon's sentinel for a missing feature in dense arrays; our tensors carry a presence mask."""
 
 
-class _Parameters(BaseModel):
-    """The parameters a transformation may have, with Horizon's field names."""
+class FeatureParameters(BaseModel):
+    """One feature's normalization: the name of its type and the parameters that type stores.
+
+    Each ``FeatureType`` declares the model of what it stores (its ``Parameters``, a subclass of
+    this one with the type's own fields), fits one from a sample and builds its module from
+    them. ``normalization.json`` holds each feature's as one flat object, ``feature_type``
+    first, and reading it validates the fields with the type's own model
+    (``read_normalization``), so a plugin type's parameters read back as they were written.
+    """
 
     model_config = ConfigDict(extra="forbid")
+
+    feature_type: str
+    """The name of a registered ``FeatureType`` (built in or a plugin's)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The parameters that are set, type first, as ``normalization.json`` holds them."""
+        fields = self.model_dump(exclude={"feature_type"}, exclude_none=True)
+        return {"feature_type": self.feature_type, **fields}
+
+
+class NormalizationParameters(FeatureParameters):
+    """The built-in types' parameters, in Horizon's field names, so its files read and write
+    unchanged.
+
+    Horizon's types share one set of fields (each uses some: ``mean`` and ``stddev`` for
+    ``continuous``, ``possible_values`` for ``enum``, ...; ``min_value`` and ``max_value`` are
+    recorded for every feature). Horizon wrote the type in upper case (``"CONTINUOUS"``), which
+    ``from_horizon`` and ``to_horizon`` translate.
+    """
 
     boxcox_lambda: float | None = None
     boxcox_shift: float | None = None
@@ -69,26 +99,10 @@ class _Parameters(BaseModel):
     min_value: float | None = None
     max_value: float | None = None
 
-
-class NormalizationParameters(_Parameters):
-    """One feature's transformation and its parameters.
-
-    ``feature_type`` is the name of a registered ``FeatureType`` (built in or a plugin's), in
-    lower case; Horizon wrote it in upper case (``"CONTINUOUS"``), which ``from_horizon`` and
-    ``to_horizon`` translate.
-    """
-
-    feature_type: str
-
     def to_horizon(self) -> str:
         """The JSON string Horizon stored per feature (type in upper case)."""
         fields = self.model_dump(exclude={"feature_type"})
         return json.dumps({"feature_type": self.feature_type.upper(), **fields})
-
-    def as_dict(self) -> dict[str, Any]:
-        """The parameters that are set, type first, as ``normalization.json`` holds them."""
-        fields = self.model_dump(exclude={"feature_type"}, exclude_none=True)
-        return {"feature_type": self.feature_type, **fields}
 
     @classmethod
     def from_horizon(cls, text: str, where: str) -> NormalizationParameters:
@@ -101,10 +115,20 @@ class NormalizationParameters(_Parameters):
             raise HorizonError(f"{where}: not Horizon normalization parameters: {exc}") from None
 
 
-class TypeOverride(_Parameters):
-    """An override with parameters: ``{type = "continuous", mean = 0.0, stddev = 2.0}``."""
+class TypeOverride(BaseModel):
+    """An override with parameters: ``{type = "continuous", mean = 0.0, stddev = 2.0}``.
+
+    Besides ``type``, the fields are that type's own parameters; they are validated by its
+    model when the override is applied (``apply_override``), a plugin type's as a built-in's.
+    """
+
+    model_config = ConfigDict(extra="allow")
 
     type: str
+
+    def parameters(self) -> dict[str, Any]:
+        """The parameters the override gives, by field name."""
+        return dict(self.model_extra or {})
 
 
 class NormalizationConfig(ComponentConfig):
@@ -134,12 +158,11 @@ class NormalizationConfig(ComponentConfig):
     """The same for action features (parametric and continuous actions)."""
 
 
-BOXCOX_MARGIN = 1e-4
-"""Horizon shifts a feature to min + margin before Box-Cox, which needs positive values."""
 BOXCOX_MAX_STDDEV = 1e8
 K2_THRESHOLD = 1000.0
 """D'Agostino's K^2 above which a distribution counts as far from normal (Horizon's rule)."""
-EPSILON = 1e-6
+BOXCOX_FLOOR = 1e-6
+"""The ``boxcox`` type floors ``x + shift`` here (Box-Cox needs positive values)."""
 
 
 def identify(
@@ -148,7 +171,7 @@ def identify(
     feature: str,
     action: bool = False,
     feature_types: Mapping[str, FeatureType] | None = None,
-) -> tuple[NormalizationParameters, str | None]:
+) -> tuple[FeatureParameters, str | None]:
     """Pick a feature's type from its sample (missing values removed) and let that type fit it.
 
     The rules choose among the built-in types by name (``binary``, ``probability``, ``enum``,
@@ -175,7 +198,7 @@ def identify(
         )
         return NormalizationParameters(feature_type="do_not_preprocess"), note
 
-    def fitted(type_name: str) -> NormalizationParameters:
+    def fitted(type_name: str) -> FeatureParameters:
         return fit(values, type_name, config, registered, feature)
 
     low, high = float(values.min()), float(values.max())
@@ -203,7 +226,7 @@ def fit(
     config: NormalizationConfig,
     feature_types: Mapping[str, FeatureType],
     feature: str,
-) -> NormalizationParameters:
+) -> FeatureParameters:
     """The registered type ``type_name``'s parameters fitted to ``values`` (its ``fit``), built
     in or a plugin's alike; a type that is not registered is an error naming the feature."""
     found = feature_types.get(type_name)
@@ -213,21 +236,22 @@ def fit(
             f"types: {', '.join(sorted(feature_types)) or 'none'}"
         )
     fitted = found.fit(values, config)
-    if fitted.feature_type != type_name:
+    if not isinstance(fitted, found.Parameters) or fitted.feature_type != type_name:
         raise HorizonError(
-            f"feature {feature!r}: normalization type {type_name!r} fitted parameters of type "
-            f"{fitted.feature_type!r}; its fit must return its own type"
+            f"feature {feature!r}: normalization type {type_name!r} fitted "
+            f"{type(fitted).__name__}(feature_type={getattr(fitted, 'feature_type', None)!r}); "
+            f"its fit must return its own {found.Parameters.__name__} with its own name"
         )
     return fitted
 
 
-def boxcox_sample(values: np.ndarray, shift: float, lambda_: float) -> np.ndarray:
-    """The Box-Cox of ``values + shift`` (floored at ``EPSILON``, Box-Cox needs positive
-    values): what the ``boxcox`` type standardizes, and what ``identify`` tests for normality."""
+def _boxcox_sample(values: np.ndarray, shift: float, lambda_: float) -> np.ndarray:
+    """The sample as the fitted ``boxcox`` type transforms it before standardizing (the Box-Cox
+    of ``values + shift``, floored at ``BOXCOX_FLOOR``): what ``identify`` tests for normality."""
     import numpy as np
     from scipy import special
 
-    return special.boxcox(np.maximum(values + shift, EPSILON), lambda_)
+    return special.boxcox(np.maximum(values + shift, BOXCOX_FLOOR), lambda_)
 
 
 NORMALTEST_MIN_SAMPLES = 8
@@ -237,9 +261,9 @@ NORMALTEST_MIN_SAMPLES = 8
 
 def _continuous_kind(
     values: np.ndarray,
-    fitted: Callable[[str], NormalizationParameters],
+    fitted: Callable[[str], FeatureParameters],
     config: NormalizationConfig,
-) -> NormalizationParameters:
+) -> FeatureParameters:
     """Box-Cox where it makes the sample much more normal, else quantile or plain continuous."""
     import numpy as np
     from scipy import stats
@@ -248,7 +272,7 @@ def _continuous_kind(
         return fitted("continuous")
     k2_before = float(stats.normaltest(values).statistic)
     boxcox = fitted("boxcox")
-    transformed = boxcox_sample(values, boxcox.boxcox_shift, boxcox.boxcox_lambda)
+    transformed = _boxcox_sample(values, boxcox.boxcox_shift, boxcox.boxcox_lambda)
     spread = float(np.std(transformed))
     if (
         not 0.9 <= boxcox.boxcox_lambda <= 1.1
@@ -264,26 +288,46 @@ def _continuous_kind(
 
 
 def apply_override(
-    identified: NormalizationParameters,
+    identified: FeatureParameters,
     override: str | TypeOverride,
     values: np.ndarray,
     config: NormalizationConfig,
     feature_types: Mapping[str, FeatureType],
     feature: str,
-) -> NormalizationParameters:
+) -> FeatureParameters:
     """The parameters the user's override asks for.
 
     A type other than the identified one is refitted to the sample (so ``"17" = "enum"`` gets
-    the values seen); parameters the override gives replace the fitted ones.
+    the values seen); parameters the override gives replace the fitted ones, validated by the
+    type's own model (an unknown or ill-typed field is an error naming the feature).
     """
     type_name = override if isinstance(override, str) else override.type
     if type_name != identified.feature_type:
         identified = fit(values, type_name, config, feature_types, feature)
     if isinstance(override, str):
         return identified
-    given = override.model_dump(exclude_none=True)
-    given["feature_type"] = given.pop("type")
-    return identified.model_copy(update=given)
+    model = feature_types[type_name].Parameters
+    return _validated(
+        model, {**identified.model_dump(), **override.parameters()}, f"feature {feature!r}"
+    )
+
+
+def _validated(model: type[FeatureParameters], fields: Any, where: str) -> FeatureParameters:
+    """``fields`` validated by a type's parameters model; an error names each bad field."""
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate(fields)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc']) or 'parameters'}: {error['msg']}"
+            for error in exc.errors()
+        )
+        type_name = fields.get("feature_type") if isinstance(fields, dict) else None
+        raise HorizonError(
+            f"{where}: parameters of normalization type {type_name!r} ({model.__name__}): "
+            f"{problems}"
+        ) from None
 
 
 def read_horizon_file(path: Path | str) -> dict[str, NormalizationParameters]:
@@ -359,7 +403,7 @@ def sort_feature_ids(feature_ids: Iterable[str]) -> list[str]:
 class FeatureSetResult(BaseModel):
     """The identified (and overridden) parameters of one feature set, with notes."""
 
-    parameters: dict[str, NormalizationParameters]
+    parameters: dict[str, FeatureParameters]
     notes: list[str]
 
 
@@ -374,7 +418,7 @@ def identify_all(
     """Identify every sampled feature, then apply the overrides (an unknown id is an error).
 
     ``feature_types`` are the registered types by name (``PluginHost.feature_types``)."""
-    parameters: dict[str, NormalizationParameters] = {}
+    parameters: dict[str, FeatureParameters] = {}
     notes: list[str] = []
     for feature in sort_feature_ids(samples):
         identified, note = identify(samples[feature], config, feature, action, feature_types)
@@ -400,9 +444,7 @@ def identify_all(
     return FeatureSetResult(parameters=parameters, notes=notes)
 
 
-def write_normalization(
-    path: Path, feature_sets: dict[str, dict[str, NormalizationParameters]]
-) -> None:
+def write_normalization(path: Path, feature_sets: Normalization) -> None:
     """Write ``normalization.json``: ``{"state_features": {id: parameters}, ...}``."""
     from horizon_engine.files import write_json
 
@@ -415,16 +457,61 @@ def write_normalization(
     )
 
 
-def read_normalization(path: Path) -> dict[str, dict[str, NormalizationParameters]]:
-    """Read ``normalization.json`` as the normalization stage wrote it (or a user brought it)."""
+def read_normalization(path: Path, plugins: PluginHost | None = None) -> Normalization:
+    """Read ``normalization.json`` as the normalization stage wrote it (or a user brought it).
+
+    Each feature's parameters are validated by its type's own model and checked by the type
+    (``FeatureType.check``), so a bad or missing field is an error naming the file, the
+    feature and the field; an unknown type names the plugins that provide types.
+    ``plugins`` is the process's plugin host by default.
+    """
+    from horizon_engine.plugins import get_plugin_host
+
+    host = plugins if plugins is not None else get_plugin_host()
     try:
         raw = json.loads(Path(path).read_text(encoding="utf-8"))
-        return {
-            name: {
-                feature: NormalizationParameters.model_validate(fields)
-                for feature, fields in sets.items()
-            }
-            for name, sets in raw.items()
-        }
     except (OSError, ValueError) as exc:
         raise HorizonError(f"{path}: cannot read normalization parameters: {exc}") from None
+    if not isinstance(raw, dict) or not all(isinstance(sets, dict) for sets in raw.values()):
+        raise HorizonError(
+            f"{path}: expected {{feature set: {{feature id: parameters}}}}, as the "
+            "normalization stage writes it"
+        )
+    registered = {entry.name: entry for entry in host.components("feature_types")}
+    normalization: Normalization = {}
+    for name, sets in raw.items():
+        normalization[name] = {}
+        for feature, fields in sets.items():
+            where = f"{path}: {name}: feature {feature!r}"
+            type_name = fields.get("feature_type") if isinstance(fields, dict) else None
+            if not isinstance(type_name, str):
+                raise HorizonError(f"{where}: feature_type: a type name is required")
+            entry = registered.get(type_name)
+            if entry is None:
+                raise HorizonError(f"{where}: {_unknown_type(type_name, host)}")
+            parameters = _validated(entry.cls.Parameters, fields, where)
+            try:
+                entry.cls(entry.cls.Config()).check(parameters, feature)
+            except HorizonError as exc:
+                raise HorizonError(f"{path}: {name}: {exc}") from None
+            normalization[name][feature] = parameters
+    return normalization
+
+
+def _unknown_type(type_name: str, host: PluginHost) -> str:
+    """Why ``type_name`` cannot be read: which plugins provide which types (and which were
+    not loaded or failed to, one of which may have been the type's)."""
+    providers: dict[str, list[str]] = {}
+    for entry in host.components("feature_types"):
+        providers.setdefault(entry.plugin, []).append(entry.name)
+    provided = "; ".join(f"{plugin}: {', '.join(names)}" for plugin, names in providers.items())
+    message = (
+        f"unknown normalization type {type_name!r}; the plugins that provide types: "
+        f"{provided or 'none'}"
+    )
+    if host.left_out:
+        message += f"; plugins not loaded: {', '.join(host.left_out)}"
+    if host.failures:
+        failed = ", ".join(failure.name for failure in host.failures)
+        message += f"; plugins that failed to load: {failed}"
+    return message

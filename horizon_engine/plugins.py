@@ -647,6 +647,12 @@ def _component_problem(family: str, cls: object) -> str | None:
         return (
             f"its Config is {cls.Config!r}; expected a subclass of horizon_engine.ComponentConfig"
         )
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if missing:
+        return (
+            f"it does not implement {', '.join(missing)}, which horizon_engine."
+            f"{base.__name__} requires"
+        )
     if family == "feature_types":
         from horizon_engine.normalization import FeatureParameters
 
@@ -656,12 +662,6 @@ def _component_problem(family: str, cls: object) -> str | None:
                 f"its Parameters is {model!r}; expected a subclass of "
                 "horizon_engine.FeatureParameters, the model of what the type stores"
             )
-    missing = sorted(getattr(cls, "__abstractmethods__", ()))
-    if missing:
-        return (
-            f"it does not implement {', '.join(missing)}, which horizon_engine."
-            f"{base.__name__} requires"
-        )
     return None
 
 

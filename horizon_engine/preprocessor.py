@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from horizon_engine.components import Component
 from horizon_engine.errors import HorizonError, PluginError
-from horizon_engine.normalization import NormalizationParameters, sort_feature_ids
+from horizon_engine.normalization import FeatureParameters, sort_feature_ids
 
 if TYPE_CHECKING:
     import numpy as np
@@ -60,27 +60,31 @@ __all__ = [
 
 
 class FeatureType(Component):
-    """A normalization type: fits its parameters from a sample, and builds the module that
-    transforms all features of its type.
+    """A normalization type: owns its parameters, fits them from a sample, and builds the
+    module that transforms all features of its type from them.
 
     Register a subclass through ``horizon_register_feature_types``; its ``name`` is the type name
-    that ``NormalizationParameters.feature_type`` refers to (and that ``[normalization]
-    overrides`` name). ``fit`` is how the normalization stage gets its parameters, for a type
-    ``identify`` picks and for one an override names alike. ``required`` lists the parameters
-    the type needs; ``check`` rejects parameters without them (or with non-finite values)
-    before anything is built, naming the feature.
+    that ``FeatureParameters.feature_type`` refers to (and that ``[normalization] overrides``
+    name). ``Parameters`` is the model of what the type stores, a ``FeatureParameters``
+    subclass with the type's own fields: ``fit`` returns one, ``module`` is built from them,
+    ``normalization.json`` records them under their field names and is read back through the
+    model. ``fit`` is how the normalization stage gets its parameters, for a type ``identify``
+    picks and for one an override names alike. ``required`` lists fields the model leaves
+    optional that the type still needs; ``check`` rejects parameters without them (or with
+    non-finite values) before anything is built, naming the feature.
     """
 
     family = "feature_types"
+    Parameters: ClassVar[type[FeatureParameters]]
     required: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
-    def fit(self, values: np.ndarray, config: NormalizationConfig) -> NormalizationParameters:
-        """This type's parameters for a feature whose sample is ``values`` (float64, finite,
+    def fit(self, values: np.ndarray, config: NormalizationConfig) -> FeatureParameters:
+        """This type's ``Parameters`` for a feature whose sample is ``values`` (float64, finite,
         missing values removed, at least ``config.min_samples`` of them), with
         ``feature_type`` set to this type's ``name``."""
 
-    def check(self, parameters: NormalizationParameters, feature: str) -> None:
+    def check(self, parameters: FeatureParameters, feature: str) -> None:
         """Raise a ``HorizonError`` naming ``feature`` if this type cannot use ``parameters``."""
         missing = [field for field in self.required if getattr(parameters, field) is None]
         if missing:
@@ -97,18 +101,18 @@ class FeatureType(Component):
                     "is not finite"
                 )
 
-    def width(self, parameters: NormalizationParameters) -> int:
+    def width(self, parameters: FeatureParameters) -> int:
         """How many output columns one feature of this type has (1 unless it expands)."""
         return 1
 
-    def column_names(self, feature: str, parameters: NormalizationParameters) -> list[str]:
+    def column_names(self, feature: str, parameters: FeatureParameters) -> list[str]:
         """The names of a feature's output columns: the id itself, or ``id:j`` when expanded."""
         width = self.width(parameters)
         return [feature] if width == 1 else [f"{feature}:{column}" for column in range(width)]
 
     @abstractmethod
     def module(
-        self, parameters: list[NormalizationParameters], max_feature_value: float
+        self, parameters: list[FeatureParameters], max_feature_value: float
     ) -> torch.nn.Module:
         """A module mapping ``[batch, k]`` (the k features of this type, in the order of
         ``parameters``) to ``[batch, sum of widths]``, with one set of tensor operations for
@@ -142,7 +146,7 @@ def feature_module(
 
 def build_preprocessor(
     feature_ids: Sequence[str],
-    parameters: Mapping[str, NormalizationParameters],
+    parameters: Mapping[str, FeatureParameters],
     max_feature_value: float = 6.0,
     plugins: PluginHost | None = None,
 ) -> Preprocessor:
@@ -185,6 +189,7 @@ def build_preprocessor(
         transform = _feature_transform(host, type_name, features[0])
         group_parameters = [parameters[feature] for feature in features]
         for feature, feature_parameters in zip(features, group_parameters, strict=True):
+            _check_model(transform, feature_parameters, feature)
             transform.check(feature_parameters, feature)
         module = transform.module(group_parameters, max_feature_value)
         width = 0
@@ -220,6 +225,15 @@ def _feature_transform(host: PluginHost, type_name: str, feature: str) -> Featur
             f"feature {feature!r} has normalization type {type_name!r}: {exc}"
         ) from None
     return entry.cls(entry.cls.Config())
+
+
+def _check_model(transform: FeatureType, parameters: FeatureParameters, feature: str) -> None:
+    """Parameters built in code (not read from a file) may be another type's model."""
+    if not isinstance(parameters, transform.Parameters):
+        raise HorizonError(
+            f"feature {feature!r}: normalization type {transform.name!r} stores "
+            f"{transform.Parameters.__name__}, not {type(parameters).__name__}"
+        )
 
 
 def _check_width(

@@ -176,11 +176,12 @@ class RunFolder:
 
         return ProblemDescription.read(self.path)
 
-    def normalization(self) -> Normalization:
-        """``normalization.json``: state (and action) features -> their parameters."""
+    def normalization(self, plugins: PluginHost | None = None) -> Normalization:
+        """``normalization.json``: state (and action) features -> their parameters, each read
+        through its type's model among ``plugins``' feature types (the process's by default)."""
         from horizon_engine.normalization import read_normalization
 
-        return read_normalization(self.file(self.NORMALIZATION))
+        return read_normalization(self.file(self.NORMALIZATION), plugins)
 
     def normalization_record(self) -> dict[str, Any]:
         """``normalization.json`` as the JSON it holds (what an exported model carries)."""

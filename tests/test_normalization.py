@@ -13,6 +13,7 @@ import pytest
 
 from horizon_engine.errors import HorizonError
 from horizon_engine.normalization import (
+    FeatureParameters,
     NormalizationConfig,
     NormalizationParameters,
     TypeOverride,
@@ -161,13 +162,20 @@ def test_override_of_another_type_is_refitted_to_the_sample():
     assert (same.boxcox_lambda, same.stddev) == (identified.boxcox_lambda, 9.0)
 
 
+class MedianParameters(FeatureParameters):
+    """A plugin type's own parameters, under a name none of Horizon's has."""
+
+    median: float
+
+
 class Median(FeatureType):
     """A plugin's type that fits a statistic no built-in type fits: the sample's median."""
 
     name = "median"
+    Parameters = MedianParameters
 
     def fit(self, values, config):
-        return NormalizationParameters(feature_type=self.name, mean=float(np.median(values)))
+        return MedianParameters(feature_type=self.name, median=float(np.median(values)))
 
     def module(self, parameters, max_feature_value):
         raise NotImplementedError
@@ -178,10 +186,34 @@ def test_an_override_to_a_plugins_type_is_fitted_by_that_types_own_fit():
     values = np.array([1.0, 2.0, 10.0, 50.0] * 10)
     types = {**TYPES, "median": Median(Median.Config())}
     result = identify_all({"7": values}, NormalizationConfig(), {"7": "median"}, types)
-    assert result.parameters["7"].model_dump(exclude_none=True) == {
-        "feature_type": "median",
-        "mean": 6.0,
-    }
+    assert result.parameters["7"].as_dict() == {"feature_type": "median", "median": 6.0}
+
+
+def test_an_overrides_parameters_are_validated_by_the_types_own_model():
+    """Before a type owned its parameters, an override could only give Horizon's fields, and
+    a plugin type's own field was refused by the config."""
+    values = np.array([1.0, 2.0, 10.0, 50.0] * 10)
+    types = {**TYPES, "median": Median(Median.Config())}
+    given = {"7": TypeOverride(type="median", median=3.5)}
+    result = identify_all({"7": values}, NormalizationConfig(), given, types)
+    assert result.parameters["7"] == MedianParameters(feature_type="median", median=3.5)
+    for fields, problem in [
+        ({"mean": 1.0}, "mean: Extra inputs are not permitted"),
+        ({"median": "middle"}, "median: Input should be a valid number"),
+    ]:
+        with pytest.raises(HorizonError) as error:
+            apply_override(
+                result.parameters["7"],
+                TypeOverride(type="median", **fields),
+                values,
+                NormalizationConfig(),
+                types,
+                "7",
+            )
+        assert str(error.value).startswith(
+            "feature '7': parameters of normalization type 'median' (MedianParameters): "
+        )
+        assert problem in str(error.value)
 
 
 def test_identify_fits_with_the_registered_types_and_names_a_missing_one():
@@ -196,11 +228,26 @@ def test_a_type_whose_fit_returns_another_type_is_an_error_naming_the_feature():
         name = "liar"
 
         def fit(self, values, config):
-            return NormalizationParameters(feature_type="median", mean=0.0)
+            return MedianParameters(feature_type="median", median=0.0)
 
-    types = {**TYPES, "liar": Liar(Liar.Config())}
+    class Borrower(Median):
+        """Returns another model than the one it declares (Horizon's, not its own)."""
+
+        name = "borrower"
+
+        def fit(self, values, config):
+            return NormalizationParameters(feature_type="borrower", mean=0.0)
+
+    types = {**TYPES, "liar": Liar(Liar.Config()), "borrower": Borrower(Borrower.Config())}
     with pytest.raises(HorizonError, match="feature '7': normalization type 'liar' fitted "):
         identify_all({"7": np.arange(30.0)}, NormalizationConfig(), {"7": "liar"}, types)
+    with pytest.raises(HorizonError) as error:
+        identify_all({"7": np.arange(30.0)}, NormalizationConfig(), {"7": "borrower"}, types)
+    assert str(error.value) == (
+        "feature '7': normalization type 'borrower' fitted "
+        "NormalizationParameters(feature_type='borrower'); its fit must return its own "
+        "MedianParameters with its own name"
+    )
 
 
 def test_stage_writes_normalization_json_from_the_train_split(tmp_path):

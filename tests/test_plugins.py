@@ -589,6 +589,7 @@ def test_every_family_registers_through_its_own_hook(plugin_site):
         from horizon_engine import (
             EstimatorBase,
             ExporterBase,
+            FeatureParameters,
             FeatureType,
             NormalizationEngine,
             TimelineEngine,
@@ -617,6 +618,7 @@ def test_every_family_registers_through_its_own_hook(plugin_site):
         class Halves(FeatureType):
             '''Half the value.'''
             name = "toy_halves"
+            Parameters = FeatureParameters
 
             def fit(self, values, config): ...
             def module(self, parameters, max_feature_value): ...

@@ -449,7 +449,11 @@ LOG1P_PLUGIN = '''
 import numpy as np
 
 from horizon_engine import hookimpl
-from horizon_engine import FeatureType, NormalizationParameters, feature_module
+from horizon_engine import FeatureParameters, FeatureType, feature_module
+
+
+class Log1pParameters(FeatureParameters):
+    log_spread: float = 1.0
 
 
 def _log1p(x, scale):
@@ -457,15 +461,16 @@ def _log1p(x, scale):
 
 
 class Log1p(FeatureType):
-    """log(1 + max(x, 0)), times a per-feature scale (its stddev, 1 if unset)."""
+    """log(1 + max(x, 0)), divided by a per-feature spread (1 unless fitted)."""
 
     name = "log1p"
+    Parameters = Log1pParameters
 
     def fit(self, values, config):
-        return NormalizationParameters(feature_type=self.name, stddev=float(np.log1p(values).std()))
+        return Log1pParameters(feature_type=self.name, log_spread=float(np.log1p(values).std()))
 
     def module(self, parameters, max_feature_value):
-        scale = np.array([1.0 / (p.stddev or 1.0) for p in parameters])
+        scale = np.array([1.0 / p.log_spread for p in parameters])
         return feature_module(_log1p, scale=scale)
 
 
@@ -481,10 +486,11 @@ def test_a_plugin_registered_type_works_in_the_preprocessor(plugin_site):
         "horizon-plugin-log1p", "1.0", {"log1p": module}, {f"{module}.py": LOG1P_PLUGIN}
     )
     host = PluginHost(env={"HORIZON_LOAD_PLUGINS": "log1p"})
-    assert host.component("feature_types", "log1p").plugin == "log1p"
+    log1p = host.component("feature_types", "log1p")
+    assert log1p.plugin == "log1p"
     parameters = {
-        "2": NormalizationParameters(feature_type="log1p", stddev=2.0),
-        "1": NormalizationParameters(feature_type="log1p"),
+        "2": log1p.cls.Parameters(feature_type="log1p", log_spread=2.0),
+        "1": log1p.cls.Parameters(feature_type="log1p"),
         "3": NormalizationParameters(feature_type="continuous", mean=0.0, stddev=1.0),
         "4": NormalizationParameters(feature_type="do_not_preprocess"),
     }
@@ -508,15 +514,45 @@ def test_a_plugin_type_with_a_wrong_width_is_reported(plugin_site):
     module = "horizon_plugin_log1p"
     plugin_site.install("horizon-plugin-log1p", "1.0", {"log1p": module}, {f"{module}.py": source})
     host = PluginHost(env={"HORIZON_LOAD_PLUGINS": "log1p"})
+    parameters = host.component("feature_types", "log1p").cls.Parameters(feature_type="log1p")
 
     with pytest.raises(PluginError) as error:
-        build_preprocessor(
-            ["1"], {"1": NormalizationParameters(feature_type="log1p")}, plugins=host
-        )
+        build_preprocessor(["1"], {"1": parameters}, plugins=host)
 
     assert str(error.value) == (
         "normalization type 'log1p' (plugin 'log1p') turned [2, 1] into [2, 2]; "
         "its width() says [2, 1]"
+    )
+
+
+def test_a_plugin_type_that_declares_no_parameters_model_is_refused_naming_it(plugin_site):
+    """A type stores its own parameters: one without a model of them is a plugin failure,
+    reported when Horizon starts, not an AttributeError when a feature of its type is fitted."""
+    source = LOG1P_PLUGIN.replace("    Parameters = Log1pParameters\n", "")
+    module = "horizon_plugin_log1p"
+    plugin_site.install("horizon-plugin-log1p", "1.0", {"log1p": module}, {f"{module}.py": source})
+    host = PluginHost(env={"HORIZON_LOAD_PLUGINS": "log1p"})
+
+    assert [failure.name for failure in host.failures] == ["log1p"]
+    assert "its Parameters is None; expected a subclass of horizon_engine.FeatureParameters" in (
+        str(host.failures[0])
+    )
+
+
+def test_parameters_of_another_types_model_are_an_error_naming_the_feature(plugin_site):
+    module = "horizon_plugin_log1p"
+    plugin_site.install(
+        "horizon-plugin-log1p", "1.0", {"log1p": module}, {f"{module}.py": LOG1P_PLUGIN}
+    )
+    host = PluginHost(env={"HORIZON_LOAD_PLUGINS": "log1p"})
+    horizons = {"1": NormalizationParameters(feature_type="log1p", stddev=2.0)}
+
+    with pytest.raises(HorizonError) as error:
+        build_preprocessor(["1"], horizons, plugins=host)
+
+    assert str(error.value) == (
+        "feature '1': normalization type 'log1p' stores Log1pParameters, not "
+        "NormalizationParameters"
     )
 
 

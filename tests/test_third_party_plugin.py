@@ -29,8 +29,9 @@ import torch
 from click.testing import CliRunner
 
 import horizon_engine
-from horizon_engine import Engine, HorizonError, NormalizationConfig, NormalizationParameters
+from horizon_engine import Engine, HorizonError, NormalizationConfig
 from horizon_engine.errors import ConfigError
+from horizon_engine.normalization import read_normalization
 from horizon_engine.plugins import PluginHost
 
 ROOT = Path(__file__).parents[1]
@@ -151,15 +152,19 @@ def test_one_pipeline_runs_every_family_of_the_plugin_and_the_trainer_learns(
     eval_rows = timeline["details"]["eval_rows"]
 
     # The feature type: log1p, fitted by its own fit with the train split's largest
-    # hours_away, and that is what normalization.json holds.
+    # hours_away, stored under its own parameter name (none of Horizon's), and read back
+    # through its own model, as training and export read it.
     normalization = json.loads((run / "normalization.json").read_text())["state_features"]
     rows = pq.read_table(run / "timeline" / "train")["state_features"].to_pylist()
     train_hours = np.array([dict(row)["hours_away"] for row in rows])
     log1p = host.component("feature_types", "log1p")
     assert log1p.plugin == "constant"
     fitted = log1p.cls(log1p.cls.Config()).fit(train_hours, NormalizationConfig())
+    assert normalization["hours_away"] == {"feature_type": "log1p", "largest": train_hours.max()}
     assert normalization["hours_away"] == fitted.as_dict()
-    assert fitted.max_value == train_hours.max()
+    read_back = read_normalization(run / "normalization.json", host)["state_features"]
+    assert read_back["hours_away"] == fitted
+    assert type(read_back["hours_away"]) is log1p.cls.Parameters
 
     # The exporter: a torch.export program that runs without Horizon Engine, verified on the
     # eval rows, its inputs and actions described inside the file.
@@ -173,6 +178,11 @@ def test_one_pipeline_runs_every_family_of_the_plugin_and_the_trainer_learns(
     assert described["feature_ids"] == ["hours_away"]
     assert described["actions"] == ACTIONS
     assert described["run_id"] == manifest["run_id"]
+    # The program normalizes with the log1p scale of the parameter read back: 1 / log1p(largest).
+    scales = {name: buffer for name, buffer in program.named_buffers() if name.endswith("scale")}
+    assert len(scales) == 1
+    expected_scale = torch.tensor([1.0 / math.log1p(train_hours.max())])
+    torch.testing.assert_close(next(iter(scales.values())), expected_scale)
 
     # The trainer learned the rule: send exactly to users away more than a day.
     hours = np.random.default_rng(5).exponential(48.0, 20_000).astype(np.float32)
@@ -300,9 +310,10 @@ def test_the_one_step_engine_refuses_options_it_does_not_build_when_the_config_l
 def test_log1p_maps_the_samples_range_onto_0_to_1_and_needs_its_largest_value(host):
     from horizon_engine.preprocessor import build_preprocessor
 
+    stored = host.component("feature_types", "log1p").cls.Parameters
     parameters = {
-        "hours": NormalizationParameters(feature_type="log1p", min_value=0.0, max_value=99.0),
-        "visits": NormalizationParameters(feature_type="log1p", min_value=0.0, max_value=0.5),
+        "hours": stored(feature_type="log1p", largest=99.0),
+        "visits": stored(feature_type="log1p", largest=0.5),
     }
     preprocessor = build_preprocessor(list(parameters), parameters, plugins=host)
     values = torch.tensor([[99.0, 1.0], [math.e - 1.0, -3.0], [7.0, 1e9]])
@@ -317,9 +328,56 @@ def test_log1p_maps_the_samples_range_onto_0_to_1_and_needs_its_largest_value(ho
         [0.0, math.log1p(1e9) / math.log(2.0)],
     ]
     torch.testing.assert_close(out, torch.tensor(expected))
-    without = {"hours": NormalizationParameters(feature_type="log1p")}
-    with pytest.raises(HorizonError, match="feature 'hours': normalization type 'log1p' needs "):
-        build_preprocessor(["hours"], without, plugins=host)
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        ({}, "largest: Field required"),
+        ({"largest": "many"}, "largest: Input should be a valid number"),
+        ({"largest": 9.0, "max_value": 9.0}, "max_value: Extra inputs are not permitted"),
+    ],
+)
+def test_a_plugin_types_parameters_are_validated_by_its_own_model_when_read(
+    host, tmp_path, fields, problem
+):
+    """Before a type owned its parameters, a file could hold only Horizon's field names, and
+    one the type needed but that was missing surfaced only when the model was built."""
+    path = tmp_path / "normalization.json"
+    features = {
+        "visits": {"feature_type": "continuous", "mean": 1.0, "stddev": 2.0},
+        "hours": {"feature_type": "log1p", **fields},
+    }
+    path.write_text(json.dumps({"state_features": features}))
+
+    with pytest.raises(HorizonError) as error:
+        read_normalization(path, host)
+
+    assert str(error.value).startswith(
+        f"{path}: state_features: feature 'hours': parameters of normalization type 'log1p' "
+        f"(Log1pParameters): {problem}"
+    )
+
+
+def test_an_unknown_type_in_a_normalization_file_names_the_plugins_that_provide_types(
+    host, tmp_path
+):
+    path = tmp_path / "normalization.json"
+    hours = {"feature_type": "log1p", "largest": 9.0}
+    path.write_text(json.dumps({"state_features": {"hours": hours}}))
+    without_the_plugin = PluginHost(env={"HORIZON_DISABLE_PLUGINS": "constant"})
+
+    with pytest.raises(HorizonError) as error:
+        read_normalization(path, without_the_plugin)
+
+    message = str(error.value)
+    assert message.startswith(
+        f"{path}: state_features: feature 'hours': unknown normalization type 'log1p'; the "
+        "plugins that provide types: feature_types: binary, probability, continuous, boxcox, "
+        "quantile, enum, continuous_action, do_not_preprocess"
+    )
+    assert "plugins not loaded: constant" in message
+    assert read_normalization(path, host)["state_features"]["hours"].largest == 9.0
 
 
 # --- The command --------------------------------------------------------------------------------

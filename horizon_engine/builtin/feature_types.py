@@ -1,7 +1,8 @@
 """The built-in normalization types, registered like a plugin's: one ``FeatureType`` each.
 
 Each fits its own parameters from a feature's sample (``fit``: the statistics are Horizon's)
-and builds the module that applies them.
+and builds the module that applies them. They store Horizon's fields
+(``NormalizationParameters``, their ``Parameters``), so Horizon's files and ours read alike.
 
 Each type turns all its features at once: parameters are stacked into ``[k]`` (or ``[k, n]``,
 padded) buffers and the transform is a few elementwise tensor operations, so the forward pass
@@ -19,24 +20,25 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from horizon_engine import FeatureType, HorizonError, feature_module, hookimpl
-from horizon_engine.normalization import (
-    BOXCOX_MARGIN,
-    EPSILON,
+from horizon_engine import (
+    FeatureType,
+    HorizonError,
     NormalizationConfig,
     NormalizationParameters,
-    boxcox_sample,
+    feature_module,
+    hookimpl,
 )
 
 if TYPE_CHECKING:
     import torch
 
-    from horizon_engine.preprocessor import FeatureModule
-
 PROBABILITY_EPSILON = 1e-5
 """Probabilities are clamped to [eps, 1 - eps] before the logit (ReAgent's later value)."""
+BOXCOX_MARGIN = 1e-4
+"""Horizon shifts a feature to min + margin before Box-Cox, which needs positive values."""
 BOXCOX_FLOOR = 1e-6
-"""Box-Cox's base ``x + shift`` is floored here: a value below the sample's minimum stays finite."""
+"""Box-Cox's base ``x + shift`` is floored here: a value below the sample's minimum stays finite
+(the normalization's ``identify`` floors the sample it tests the same way)."""
 BOXCOX_LOG_LAMBDA = 1e-6
 """Below this |lambda|, Box-Cox is the log (its limit), avoiding a division by ~0."""
 ACTION_EPSILON = 1e-6
@@ -55,6 +57,12 @@ def _sample_range(type_name: str, values: np.ndarray) -> NormalizationParameters
     )
 
 
+class _HorizonType(FeatureType):
+    """A built-in type: its parameters are Horizon's fields."""
+
+    Parameters = NormalizationParameters
+
+
 def _check_stddev(parameters: NormalizationParameters, feature: str, type_name: str) -> None:
     if parameters.stddev is not None and parameters.stddev <= 0:
         raise HorizonError(
@@ -63,7 +71,7 @@ def _check_stddev(parameters: NormalizationParameters, feature: str, type_name: 
         )
 
 
-class Binary(FeatureType):
+class Binary(_HorizonType):
     """1.0 where the value is non-zero, else 0.0."""
 
     name = "binary"
@@ -73,7 +81,7 @@ class Binary(FeatureType):
 
     def module(
         self, parameters: list[NormalizationParameters], max_feature_value: float
-    ) -> FeatureModule:
+    ) -> torch.nn.Module:
         return feature_module(_binary)
 
 
@@ -81,7 +89,7 @@ def _binary(x: torch.Tensor) -> torch.Tensor:
     return (x != 0).to(x.dtype)
 
 
-class Probability(FeatureType):
+class Probability(_HorizonType):
     """The logit of the value, clamped to [1e-5, 1 - 1e-5] first."""
 
     name = "probability"
@@ -91,7 +99,7 @@ class Probability(FeatureType):
 
     def module(
         self, parameters: list[NormalizationParameters], max_feature_value: float
-    ) -> FeatureModule:
+    ) -> torch.nn.Module:
         return feature_module(_probability, low=PROBABILITY_EPSILON, high=1.0 - PROBABILITY_EPSILON)
 
 
@@ -100,7 +108,7 @@ def _probability(x: torch.Tensor, low: float, high: float) -> torch.Tensor:
     return (p / (1.0 - p)).log()
 
 
-class Continuous(FeatureType):
+class Continuous(_HorizonType):
     """(x - mean) / stddev, clamped to [-max_feature_value, max_feature_value]."""
 
     name = "continuous"
@@ -121,7 +129,7 @@ class Continuous(FeatureType):
 
     def module(
         self, parameters: list[NormalizationParameters], max_feature_value: float
-    ) -> FeatureModule:
+    ) -> torch.nn.Module:
         return feature_module(
             _continuous,
             mean=_stack(parameters, "mean"),
@@ -136,7 +144,7 @@ def _continuous(
     return ((x - mean) / stddev).clamp(-limit, limit)
 
 
-class BoxCox(FeatureType):
+class BoxCox(_HorizonType):
     """Box-Cox, then continuous: (y - mean) / stddev, clamped, of y = Box-Cox(x + shift).
 
     y = (max(x + shift, 1e-6)^lambda - 1) / lambda; where |lambda| < 1e-6, y is the log (Box-Cox's
@@ -151,13 +159,13 @@ class BoxCox(FeatureType):
         """Shifted to positive values first; a sample of one value (an override's: identify
         never asks) has no best lambda and gets lambda 1, Box-Cox's identity up to a shift,
         rather than scipy's error."""
-        from scipy import stats
+        from scipy import special, stats
 
         low, high = float(values.min()), float(values.max())
         shift = BOXCOX_MARGIN - low if low <= 0 else 0.0
-        positive = np.maximum(values + shift, EPSILON)
+        positive = np.maximum(values + shift, BOXCOX_FLOOR)
         lambda_ = 1.0 if positive.min() == positive.max() else float(stats.boxcox(positive)[1])
-        transformed = boxcox_sample(values, shift, lambda_)
+        transformed = special.boxcox(positive, lambda_)
         return NormalizationParameters(
             feature_type=self.name,
             boxcox_lambda=lambda_,
@@ -186,7 +194,7 @@ class BoxCox(FeatureType):
 
     def module(
         self, parameters: list[NormalizationParameters], max_feature_value: float
-    ) -> FeatureModule:
+    ) -> torch.nn.Module:
         lambda_ = _stack(parameters, "boxcox_lambda")
         is_log = np.abs(lambda_) < BOXCOX_LOG_LAMBDA
         return feature_module(
@@ -219,7 +227,7 @@ def _boxcox(
     return ((transformed - mean) / stddev).clamp(-limit, limit)
 
 
-class Quantile(FeatureType):
+class Quantile(_HorizonType):
     """The value's piecewise-linear rank among the quantile boundaries, in [0, 1].
 
     With boundaries q_0 < ... < q_m, the rank is numpy.interp(x, q, linspace(0, 1, m + 1)):
@@ -253,7 +261,7 @@ class Quantile(FeatureType):
 
     def module(
         self, parameters: list[NormalizationParameters], max_feature_value: float
-    ) -> FeatureModule:
+    ) -> torch.nn.Module:
         counts = [len(feature.quantiles or []) - 1 for feature in parameters]
         lower = np.zeros((len(parameters), max(max(counts), 1)), dtype=np.float32)
         slope = np.zeros_like(lower)
@@ -282,7 +290,7 @@ def _quantile(
     return covered.sum(dim=2) / segments
 
 
-class Enum(FeatureType):
+class Enum(_HorizonType):
     """One-hot over the possible values, one column each; a value never seen is all zeros."""
 
     name = "enum"
@@ -313,7 +321,7 @@ class Enum(FeatureType):
 
     def module(
         self, parameters: list[NormalizationParameters], max_feature_value: float
-    ) -> FeatureModule:
+    ) -> torch.nn.Module:
         # Output column j compares input column source[j] with values[j].
         source = np.repeat(np.arange(len(parameters)), [self.width(p) for p in parameters])
         values = [value for feature in parameters for value in feature.possible_values or []]
@@ -324,7 +332,7 @@ def _enum(x: torch.Tensor, source: torch.Tensor, values: torch.Tensor) -> torch.
     return (x.index_select(1, source) == values).to(x.dtype)
 
 
-class ContinuousAction(FeatureType):
+class ContinuousAction(_HorizonType):
     """[min_value, max_value] mapped linearly to [-(1 - 1e-6), 1 - 1e-6], clamped there.
 
     Clamped so that an action outside the logged range still lies strictly inside (-1, 1),
@@ -353,7 +361,7 @@ class ContinuousAction(FeatureType):
 
     def module(
         self, parameters: list[NormalizationParameters], max_feature_value: float
-    ) -> FeatureModule:
+    ) -> torch.nn.Module:
         low = _stack(parameters, "min_value")
         high = _stack(parameters, "max_value")
         half_width = high / 2.0 - low / 2.0
@@ -381,7 +389,7 @@ def _continuous_action_inverse(
     return middle + y.clamp(-scale, scale) / scale * half_width
 
 
-class DoNotPreprocess(FeatureType):
+class DoNotPreprocess(_HorizonType):
     """The value, unchanged."""
 
     name = "do_not_preprocess"
@@ -391,7 +399,7 @@ class DoNotPreprocess(FeatureType):
 
     def module(
         self, parameters: list[NormalizationParameters], max_feature_value: float
-    ) -> FeatureModule:
+    ) -> torch.nn.Module:
         return feature_module(_identity)
 
 
