@@ -312,6 +312,23 @@ def apply_override(
     )
 
 
+def override_problem(override: str | TypeOverride, feature_type: FeatureType) -> str | None:
+    """What is wrong with an override's parameters that can be told before any data is seen:
+    a field the type's model does not declare (a misspelt ``stddev``, or another type's).
+    Their values are validated when the override is applied (``apply_override``)."""
+    if isinstance(override, str):
+        return None
+    model = feature_type.Parameters
+    unknown = sorted(set(override.parameters()) - set(model.model_fields))
+    if not unknown:
+        return None
+    declared = sorted(set(model.model_fields) - {"feature_type"})
+    return (
+        f"type {override.type!r} has no parameter {', '.join(unknown)}; its parameters "
+        f"({model.__name__}): {', '.join(declared) or 'none'}"
+    )
+
+
 def _validated(model: type[FeatureParameters], fields: Any, where: str) -> FeatureParameters:
     """``fields`` validated by a type's parameters model; an error names each bad field."""
     from pydantic import ValidationError

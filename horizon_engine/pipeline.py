@@ -723,18 +723,23 @@ class Engine:
             problems.append(NO_SOURCE.format(origin=spec.origin, why=": nothing would run"))
         normalization = spec.sections.get("normalization")
         if normalization is not None:
+            from horizon_engine.normalization import override_problem
+
             known = self.plugins.feature_types()
             for option in ("overrides", "action_overrides"):
                 for feature, override in getattr(normalization.config, option).items():
                     kind = override if isinstance(override, str) else override.type
                     if kind in known:
+                        problem = override_problem(override, known[kind])
+                    else:
+                        problem = f"unknown type {kind!r}; types: {', '.join(sorted(known))}"
+                    if problem is None:
                         continue
                     where = spec.where(f"normalization.{option}", feature)
                     if where == spec.origin:  # an inline table: the line of the option
                         where = spec.where("normalization", option)
                     problems.append(
-                        f"{where}: [normalization] {option}: feature {feature!r}: unknown type "
-                        f"{kind!r}; types: {', '.join(sorted(known))}"
+                        f"{where}: [normalization] {option}: feature {feature!r}: {problem}"
                     )
         if problems:
             raise ConfigError(problems)

@@ -286,6 +286,26 @@ def test_stage_reports_an_unknown_override_with_its_section(tmp_path):
         Engine(show_progress=False).run(config)
 
 
+def test_validate_refuses_an_override_parameter_its_type_does_not_store(tmp_path):
+    """The override's fields are the type's own, so the config cannot list Horizon's: the
+    type's model is what tells a misspelt one before any data is read."""
+    misspelt = {"type": "continuous", "mean": 0.0, "stdev": 2.0}
+    config = {
+        "pipeline": {"output_dir": str(tmp_path / "run")},
+        "source": {"kind": "gym", "episodes": 3, "ds": "2019-01-01"},
+        "timeline": {"actions": ["0", "1"]},
+        "normalization": {"overrides": {"2": misspelt}},
+    }
+    with pytest.raises(HorizonError) as error:
+        Engine(show_progress=False).validate(config)
+
+    assert (
+        "[normalization] overrides: feature '2': type 'continuous' has no parameter stdev; its "
+        "parameters (NormalizationParameters): boxcox_lambda, boxcox_shift, max_value, mean, "
+        "min_value, possible_values, quantiles, stddev"
+    ) in str(error.value)
+
+
 # Horizon's format and Horizon's own files ------------------------------------------------
 
 
