@@ -458,6 +458,15 @@ def identify_all(
             parameters[feature], override, samples[feature], config, feature_types, feature
         )
         notes.append(f"feature {feature!r}: type {type_name!r} set by an override")
+    for feature, fitted in parameters.items():
+        # What the file's reader will refuse is refused here, where the stage that wrote it
+        # (and the override that asked for it) can be named.
+        kind = feature_types.get(fitted.feature_type)
+        if kind is not None:
+            try:
+                kind.check(fitted, feature)
+            except HorizonError as exc:
+                raise HorizonError(f"{where}: {exc}") from None
     return FeatureSetResult(parameters=parameters, notes=notes)
 
 

@@ -286,6 +286,37 @@ def test_stage_reports_an_unknown_override_with_its_section(tmp_path):
         Engine(show_progress=False).run(config)
 
 
+def test_an_override_the_type_cannot_use_is_refused_where_it_is_given():
+    """Before, the stage wrote it and training refused the file it read."""
+    samples = {"3": horizon_style_features()["normal"]}
+    flat = {"3": TypeOverride(type="continuous", stddev=0.0)}
+
+    with pytest.raises(HorizonError) as error:
+        identify_all(samples, NormalizationConfig(), flat, TYPES)
+
+    assert str(error.value) == (
+        "[normalization] overrides: feature '3': normalization type 'continuous' needs "
+        "stddev > 0, found 0.0"
+    )
+
+
+def test_a_normalization_file_a_type_cannot_use_names_the_file_and_the_feature(tmp_path):
+    path = tmp_path / "normalization.json"
+    flat = {"feature_type": "continuous", "mean": 1.0, "stddev": 0.0}
+    path.write_text(json.dumps({"state_features": {"3": flat}}))
+
+    with pytest.raises(HorizonError) as error:
+        read_normalization(path)
+
+    assert str(error.value) == (
+        f"{path}: state_features: feature '3': normalization type 'continuous' needs "
+        "stddev > 0, found 0.0"
+    )
+    path.write_text(json.dumps({"state_features": {"3": {"mean": 1.0}}}))
+    with pytest.raises(HorizonError, match="feature '3': feature_type: a type name is required"):
+        read_normalization(path)
+
+
 def test_validate_refuses_an_override_parameter_its_type_does_not_store(tmp_path):
     """The override's fields are the type's own, so the config cannot list Horizon's: the
     type's model is what tells a misspelt one before any data is read."""
