@@ -97,8 +97,9 @@ class HostedRun(RunContext):
 @dataclass(kw_only=True)
 class StageRun(HostedRun):
     """The core's own view of a run, which its stage code holds: the component's context plus
-    the validated config and the plugin host. Components are handed it as a ``RunContext``
-    and read only that."""
+    the validated config and the plugin host. Components, and a plugin's stage run function
+    (``run(run: RunContext, choice: Choice)``), are handed it as a ``RunContext`` and read only
+    that: a stage gets its section through its ``Choice``."""
 
     spec: PipelineSpec
 
