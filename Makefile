@@ -15,7 +15,7 @@ run: $(INSTALLED)
 	$(BIN)/horizon run examples/cartpole_dqn.toml --overwrite
 
 test: $(INSTALLED)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 bench: $(INSTALLED)
 	$(BIN)/python benchmarks/run_all.py

@@ -19,10 +19,12 @@ names, and an import-linter contract run by ``make test`` holds them to it.
   ``FLOAT32_MAX``) and the
   one JSON line parser (``parse_json_line``, ``BadLine``, ``strip_bom``);
 - timeline engines: ``TimelineEngine``, ``TimelineConfig``, ``TimelineResult``,
-  ``timeline_schema``, ``eval_split_value``;
+  ``timeline_schema``, ``FEATURES``, ``eval_split_value`` and ``eval_episodes``, and the rules
+  and parts every engine shares: ``weighted_reward``, ``sort_episodes``, ``write_split``;
 - normalization engines: ``NormalizationEngine``, ``NormalizationConfig``,
-  ``group_map_values``; feature types: ``FeatureType``, ``NormalizationParameters``,
-  ``feature_module`` (the three have a register hook each; ``TimelineTransform``,
+  ``group_map_values``; feature types: ``FeatureType``, ``FeatureParameters`` (what a type's
+  own parameters model subclasses), ``NormalizationParameters`` (the built-in types', Horizon's
+  fields), ``feature_module`` (the three have a register hook each; ``TimelineTransform``,
   ``NormalizationTransform`` and ``FeatureTransform``, of the deprecated transforms hook,
   still import, with a ``DeprecationWarning``);
 - trainers: ``TrainerBase``, ``TrainerConfig``, ``TrainingProblem``, the optional
@@ -38,17 +40,26 @@ names, and an import-linter contract run by ``make test`` holds them to it.
 - estimators: ``EstimatorBase``, ``EstimatorConfig``, ``EvaluationEpisodes``, ``Estimate``,
   ``NotApplicable``; and for commands that evaluate a finished run: ``evaluate_run``,
   ``estimates_table``;
-- exporters: ``ExporterBase``, ``ExportConfig``, ``PolicyBundle``; and for everything that
-  loads an exported model, its checked metadata: ``ModelCard`` (``ActionBounds``),
-  ``read_model_card``, ``model_card_from_metadata``, ``model_card_of_session``,
-  ``ModelCardError``;
-- stages (``horizon_register_stages``): ``Stage`` and ``SectionRule``; and for a stage whose
+- exporters: ``ExporterBase``, ``ExportConfig``, ``PolicyBundle``, ``write_model_card``, and
+  for checking an exported model's choices, ``recorded_possible`` and ``top_two_gap``; for
+  everything that loads an exported model, its checked metadata: ``ModelCard``
+  (``ActionBounds``), ``read_model_card``, ``model_card_from_metadata``,
+  ``model_card_of_session``, ``card_if_exported``, ``ModelCardError``;
+- stages (``horizon_register_stages``): ``Stage``, ``SectionRule``, and ``Choice``, the
+  section's choice a stage's run is handed with the run's ``RunContext``; and for a stage whose
   trainer analyses the timeline's data, its run and check: ``analyze_timeline``,
   ``analysis_problems``;
 - hosts that drive a trainer with their own data (as the gym runner plays for it):
-  ``TrainingDriver``, ``ProblemDescription``, ``SampledData``;
+  ``TrainingDriver``, ``ProblemDescription``, ``SampledData``, ``export_policy``,
+  ``record_failure`` (what a failed run's manifest records), ``Normalization`` (what a
+  driver is set up with) and ``identify_feature_sets`` (fit it from samples as the
+  normalization stage does), the plugins (``PluginHost``, ``get_plugin_host``), a config file
+  of the host's own (``load_config_sections``, ``ConfigSections``), and for ``--resume``:
+  ``EarlierRun`` (``RunFolder.earlier_run``), ``NothingToResume``, ``read_checkpoint``; and
+  for files a host writes itself: ``remove_path``, ``WRITE_REFUSED``;
 - commands: ``command``, which builds a ``horizon`` command (a click command) run under the
-  error-to-exit wrapper every ``horizon`` command runs under;
+  error-to-exit wrapper every ``horizon`` command runs under; for a command that runs long,
+  ``sigterm_as_interrupt``, ``INTERRUPTED_EXIT_STATUS`` and ``progress_bar``;
 - users: ``Engine`` and ``run_pipeline`` (imported on first use).
 
 ``import horizon_engine`` stays cheap for the command line: torch is imported only where a
@@ -70,7 +81,7 @@ from horizon_engine.capabilities import (
     InvertiblePreprocessing,
     OffersEvaluationModels,
 )
-from horizon_engine.command_errors import command
+from horizon_engine.command_errors import INTERRUPTED_EXIT_STATUS, command, sigterm_as_interrupt
 from horizon_engine.components import (
     Component,
     ComponentConfig,
@@ -83,12 +94,19 @@ from horizon_engine.components import (
     SourceConfig,
     Trainer,
 )
+from horizon_engine.config import Choice, ConfigSections, load_config_sections
 from horizon_engine.dataset import TimelineTensors
-from horizon_engine.driver import ProblemDescription, SampledData, TrainingDriver
+from horizon_engine.driver import (
+    Normalization,
+    ProblemDescription,
+    SampledData,
+    TrainingDriver,
+)
 from horizon_engine.errors import (
     BAD_ROWS_SHOWN,
     ConfigError,
     HorizonError,
+    NothingToResume,
 )
 from horizon_engine.estimation import (
     Estimate,
@@ -101,32 +119,40 @@ from horizon_engine.evaluation import estimates_table
 from horizon_engine.evaluation_stage import evaluate_run
 from horizon_engine.exploration import Exploration
 from horizon_engine.export import ExportConfig, ExporterBase, PolicyBundle
-from horizon_engine.files import atomic_output
+from horizon_engine.export_stage import export_policy
+from horizon_engine.files import WRITE_REFUSED, atomic_output, remove_path
 from horizon_engine.hookspecs import hookimpl
 from horizon_engine.json_lines import BadLine, parse_json_line, strip_bom
 from horizon_engine.model_card import (
     ActionBounds,
     ModelCard,
     ModelCardError,
+    card_if_exported,
     model_card_from_metadata,
     model_card_of_session,
     read_model_card,
+    write_model_card,
 )
 from horizon_engine.normalization import (
+    FeatureParameters,
     NormalizationConfig,
     NormalizationEngine,
     NormalizationParameters,
     group_map_values,
 )
 from horizon_engine.optimizers import ForeachAdam, ForeachOptimizer, ForeachSgd
+from horizon_engine.plugins import PluginHost, get_plugin_host
 from horizon_engine.policies import (
     ExplorationConfig,
     PolicyOutput,
     action_probabilities,
     masked_scores,
     policy_output,
+    recorded_possible,
+    top_two_gap,
 )
 from horizon_engine.preprocessor import FeatureType, feature_module
+from horizon_engine.progress import progress_bar
 from horizon_engine.row_values import (
     FLOAT32_MAX,
     ValueProblem,
@@ -137,8 +163,9 @@ from horizon_engine.row_values import (
     text_problem,
 )
 from horizon_engine.run_context import RunContext, StageReport
-from horizon_engine.run_folder import RunFolder
+from horizon_engine.run_folder import EarlierRun, RunFolder, record_failure
 from horizon_engine.schema import (
+    FEATURES,
     ActionType,
     BadRow,
     RowFormat,
@@ -152,32 +179,47 @@ from horizon_engine.timeline import (
     TimelineConfig,
     TimelineEngine,
     TimelineResult,
+    eval_episodes,
     eval_split_value,
+    sort_episodes,
     timeline_schema,
+    weighted_reward,
+    write_split,
 )
-from horizon_engine.training import TrainerBase, TrainerConfig, TrainingProblem
+from horizon_engine.training import (
+    TrainerBase,
+    TrainerConfig,
+    TrainingProblem,
+    read_checkpoint,
+)
 
 if TYPE_CHECKING:
-    from horizon_engine.pipeline import Engine, run_pipeline
+    from horizon_engine.pipeline import Engine, identify_feature_sets, run_pipeline
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BAD_ROWS_SHOWN",
     "BATCH_SCHEMA",
+    "FEATURES",
     "FLOAT32_MAX",
+    "INTERRUPTED_EXIT_STATUS",
+    "WRITE_REFUSED",
     "ActionBounds",
     "ActionType",
     "AnalyzesData",
     "BadLine",
     "BadRow",
     "BatchField",
+    "Choice",
     "Component",
     "ComponentConfig",
     "ConfigError",
+    "ConfigSections",
     "DataSource",
     "Discounts",
     "DistinctNames",
+    "EarlierRun",
     "Engine",
     "Estimate",
     "Estimator",
@@ -191,6 +233,7 @@ __all__ = [
     "ExportConfig",
     "Exporter",
     "ExporterBase",
+    "FeatureParameters",
     "FeatureType",
     "ForeachAdam",
     "ForeachOptimizer",
@@ -199,12 +242,15 @@ __all__ = [
     "InvertiblePreprocessing",
     "ModelCard",
     "ModelCardError",
+    "Normalization",
     "NormalizationConfig",
     "NormalizationEngine",
     "NormalizationParameters",
     "NotApplicable",
+    "NothingToResume",
     "OffersEvaluationModels",
     "PathPatterns",
+    "PluginHost",
     "PolicyBundle",
     "PolicyOutput",
     "ProblemDescription",
@@ -235,18 +281,24 @@ __all__ = [
     "analyze_timeline",
     "atomic_output",
     "batch_fields",
+    "card_if_exported",
     "check_batch",
     "command",
     "detect_layout",
     "estimates_table",
+    "eval_episodes",
     "eval_split_value",
     "evaluate_run",
+    "export_policy",
     "feature_map_problem",
     "feature_module",
+    "get_plugin_host",
     "group_map_values",
     "hookimpl",
+    "identify_feature_sets",
     "integer_problem",
     "invalid_text_rows",
+    "load_config_sections",
     "majority_layout",
     "masked_scores",
     "model_card_from_metadata",
@@ -254,14 +306,25 @@ __all__ = [
     "number_problem",
     "parse_json_line",
     "policy_output",
+    "progress_bar",
+    "read_checkpoint",
     "read_model_card",
+    "record_failure",
+    "recorded_possible",
+    "remove_path",
     "run_pipeline",
+    "sigterm_as_interrupt",
+    "sort_episodes",
     "strip_bom",
     "text_problem",
     "timeline_schema",
+    "top_two_gap",
+    "weighted_reward",
+    "write_model_card",
+    "write_split",
 ]
 
-_LAZY = {"Engine", "run_pipeline"}
+_LAZY = {"Engine", "run_pipeline", "identify_feature_sets"}
 _DEPRECATED_BASES = {"TimelineTransform", "NormalizationTransform", "FeatureTransform"}
 """The base classes of the deprecated transforms hook (``legacy_transforms``), importable with
 a ``DeprecationWarning``."""

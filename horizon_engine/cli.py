@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import shlex
-import signal
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from horizon_engine import __version__, command_errors
+from horizon_engine.command_errors import INTERRUPTED_EXIT_STATUS, sigterm_as_interrupt
 from horizon_engine.run_folder import RunFolder
 
 if TYPE_CHECKING:
@@ -123,7 +122,7 @@ def run(
 
     selected = [name.strip() for name in stages.split(",") if name.strip()] if stages else None
     try:
-        with _interrupts_as_keyboard_interrupt():
+        with sigterm_as_interrupt():
             manifest = Engine(_plugin_host()).run(pipeline, overrides, selected, overwrite, resume)
     except NothingToResume as exc:
         click.echo(str(exc))
@@ -157,25 +156,6 @@ def run(
         _echo_estimates(Path(output_dir))
     manifest_path = RunFolder(output_dir).file(RunFolder.MANIFEST)
     click.echo(f"run {manifest['run_id']} {manifest['status']}: {manifest_path}")
-
-
-INTERRUPTED_EXIT_STATUS = 130
-"""The exit status of a command stopped by Ctrl-C (128 + SIGINT, as shells report it)."""
-
-
-@contextmanager
-def _interrupts_as_keyboard_interrupt() -> Iterator[None]:
-    """SIGTERM (a scheduler or ``kill`` stopping the command) raises ``KeyboardInterrupt``
-    inside, as Ctrl-C does: the run stops as cleanly, recorded as interrupted."""
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    before = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, before)
 
 
 def _echo_estimates(run_dir: Path) -> None:

@@ -5,19 +5,40 @@ traceback; so is a full or unwritable disk, with what to do, and an exception a 
 component raised, named by plugin and component (``PluginHost.blame``). Anything else is a
 bug and keeps its traceback. A plugin builds its commands with ``command`` (public as
 ``horizon_engine.command``), which runs them under ``user_errors``, rather than catching these
-on its own.
+on its own. A command that runs long stops as cleanly on SIGTERM as on Ctrl-C
+(``sigterm_as_interrupt``) and exits with ``INTERRUPTED_EXIT_STATUS``.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import wraps
 from typing import Any
 
 import click
 
 from horizon_engine.errors import HorizonError
+
+INTERRUPTED_EXIT_STATUS = 130
+"""The exit status of a command stopped by Ctrl-C (128 + SIGINT, as shells report it)."""
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a scheduler or ``kill`` stopping the command) raises ``KeyboardInterrupt``
+    inside, as Ctrl-C does: the run stops as cleanly, recorded as interrupted."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def command(

@@ -24,7 +24,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from horizon_engine.components import Component, ComponentConfig, DistinctNames
 from horizon_engine.errors import ConfigError, HorizonError, PluginError
-from horizon_engine.plugins import PluginHost, RegisteredComponent
+from horizon_engine.plugins import PluginHost, RegisteredComponent, get_plugin_host
 from horizon_engine.row_values import text_problem
 from horizon_engine.stages import SectionRule
 
@@ -688,3 +688,65 @@ def build_spec(
     raw = apply_overrides(raw, overrides)
     overridden = [".".join(parse_override(override)[0]) for override in overrides]
     return ConfigBuilder(plugins, origin, text, overridden).build(raw)
+
+
+@dataclass(frozen=True)
+class ConfigSections:
+    """A config file of a command's own (``load_config_sections``): its own sections' options,
+    the pipeline sections it shares with their chosen components, and where each key is
+    written, for the checks the command makes across sections."""
+
+    origin: str
+    options: dict[str, ComponentConfig]
+    """Each of the command's own sections, validated by its model (its defaults when left
+    out)."""
+    choices: dict[str, Choice]
+    """Each shared pipeline section the file configures, validated as in pipeline.toml."""
+    locate: _Locator
+
+    def where(self, section: str, key: str | None = None) -> str:
+        """``file:line`` of ``key`` in ``[section]`` (or of the section), for messages."""
+        return self.locate.where(section, key)
+
+
+def load_config_sections(
+    source: str | Path | Mapping[str, Any],
+    own: Mapping[str, type[ComponentConfig]],
+    shared: Iterable[str],
+    overrides: Iterable[str] = (),
+    plugins: PluginHost | None = None,
+    *,
+    what: str = "config file",
+    required: Mapping[str, str] | None = None,
+) -> ConfigSections:
+    """Load a command's config file (a path or a dict), apply ``--set`` overrides, and validate
+    it: the sections in ``own`` by their models (a key above every header is suggested to go
+    in the first of them), the pipeline sections in ``shared`` (such as
+    ``trainer`` and ``export``) exactly as pipeline.toml's, against ``plugins``' components
+    (the process's plugins when None). ``required`` maps a shared section the file must have
+    to the problem reported without it. Every mistake, a misspelt section included, is
+    reported at once with the file, line, section and key (``ConfigError``)."""
+    if isinstance(source, str | Path):
+        raw, text = load_toml(source, what)
+        origin = str(source)
+    else:
+        raw, text, origin = dict(source), None, "<config>"
+    overrides = list(overrides)
+    raw = apply_overrides(raw, overrides)
+    overridden = [".".join(parse_override(override)[0]) for override in overrides]
+    builder = ConfigBuilder(plugins or get_plugin_host(), origin, text, overridden)
+    shared = list(shared)
+    home, home_model = next(iter(own.items()))
+    builder.check_section_names(raw, [*own, *shared], home, home_model)
+    options = {
+        name: builder.validate(name, model, raw.get(name, {})) for name, model in own.items()
+    }
+    choices = {
+        name: builder.choose(name, builder.rule(name), raw[name]) for name in shared if name in raw
+    }
+    for name, problem in (required or {}).items():
+        if name not in raw:
+            builder.problems.append(f"{origin}: {problem}")
+    if builder.problems:
+        raise ConfigError(builder.problems)
+    return ConfigSections(origin, options, choices, builder.locate)

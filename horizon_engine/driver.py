@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from horizon_engine.errors import HorizonError
 from horizon_engine.run_folder import RunFolder
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from horizon_engine.config import Choice
     from horizon_engine.dataset import TimelineTensors
     from horizon_engine.evaluation import EpisodeEvaluation
-    from horizon_engine.normalization import NormalizationParameters
+    from horizon_engine.normalization import FeatureParameters
     from horizon_engine.plugins import PluginHost
     from horizon_engine.run_context import RunContext, StageRun
     from horizon_engine.training import TrainerBase, TrainingProblem
@@ -72,14 +72,11 @@ BatchCallback = Callable[[Batch], Mapping[str, float] | None]
 """Called with each batch after the trainer's update; metrics it returns are averaged into the
 epoch's ``Training/<name>`` figures like the trainer's own."""
 
-Normalization = dict[str, dict[str, "NormalizationParameters"]]
+Normalization = dict[str, dict[str, "FeatureParameters"]]
 """``normalization.json`` as read: ``state_features`` (and ``action_features``) -> parameters."""
 
 RESUME_STATE = "resume"
 """The key of a checkpoint's state for resuming (generators, counts, metrics so far)."""
-
-CHECK_ROWS = 1024
-"""Rows kept to check an exported model on (all of them when the data has fewer)."""
 
 CHECK_FIELDS: dict[ActionType, tuple[str, ...]] = {
     ActionType.DISCRETE: ("state", "state_presence"),
@@ -300,7 +297,7 @@ def restore_trainer(
     normalization: for an export or an evaluation (``purpose``, named in errors)."""
     from horizon_engine.training import load_checkpoint
 
-    normalization = RunFolder(run_dir).normalization()
+    normalization = RunFolder(run_dir).normalization(plugins)
     trainer, problem = set_up_trainer(choice, description, normalization, plugins, device)
     trainer.load_state_dict(load_checkpoint(Path(run_dir), purpose)["trainer"])
     return trainer, problem
@@ -313,7 +310,7 @@ def timeline_problem(run: StageRun) -> tuple[ProblemDescription, Normalization]:
 
     folder = RunFolder(run.output_dir)
     info = TimelineInfo.read(folder.timeline)
-    normalization = folder.normalization()
+    normalization = folder.normalization(run.plugins)
     max_feature_value = 6.0
     if "normalization" in run.spec.sections:
         max_feature_value = run.spec.sections["normalization"].config.max_feature_value
@@ -402,6 +399,10 @@ class TrainingDriver:
     and ``checkpoints/latest.pt``; ``checkpoints`` the epochs' own checkpoint files (a resumed
     training's earlier epochs' too); ``history`` each epoch's metrics.
     """
+
+    CHECK_ROWS: ClassVar[int] = 1024
+    """Rows kept to check an exported model on (all of them when the data has fewer): a host
+    feeding its own data picks that many for ``save_check_rows``."""
 
     def __init__(
         self,
@@ -652,7 +653,7 @@ class TrainingDriver:
         from horizon_engine.files import atomic_output
 
         rows = {
-            name: tensors[name][:CHECK_ROWS].cpu().clone()
+            name: tensors[name][: self.CHECK_ROWS].cpu().clone()
             for name in CHECK_FIELDS[self.problem.action_type]
         }
         with atomic_output(self.folder.file(RunFolder.CHECK_ROWS)) as temporary:

@@ -38,3 +38,9 @@ class BadRowsError(HorizonError):
 class StageInputError(HorizonError):
     """A stage's input files, written by an earlier stage, are missing or were left
     incomplete by a run that was interrupted or failed while writing them."""
+
+
+class NothingToResume(HorizonError):
+    """``--resume`` on a folder whose run completed every stage (or, for a command that runs
+    its own training, finished it): there is nothing to do, which the command says and exits
+    with success."""

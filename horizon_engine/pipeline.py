@@ -35,6 +35,7 @@ from horizon_engine.errors import (
     BadRowsError,
     ConfigError,
     HorizonError,
+    NothingToResume,
     StageInputError,
 )
 from horizon_engine.files import staged_outputs
@@ -606,10 +607,6 @@ NO_SOURCE = (
 """The error of a pipeline with no rows to read, ``why`` saying what would have read them."""
 
 
-class NothingToResume(HorizonError):
-    """``--resume`` on a folder whose run completed every stage: there is nothing to do."""
-
-
 @dataclass(frozen=True)
 class ResumePlan:
     """What ``--resume`` does: the stages to run, the one among them that continues from its
@@ -637,7 +634,7 @@ def plan_resume(
             f"--resume: {output_dir} holds a run of `{earlier.manifest['command']}`, not of "
             "horizon run; resume it with that command"
         )
-    changed = config_changes(earlier.manifest.get("config"), spec.resolved())
+    changed = earlier.config_changes(spec.resolved(), RESULT_NEUTRAL_OPTIONS)
     if changed:
         raise HorizonError(
             f"--resume: the config differs from the one {earlier.describe()} recorded in "
@@ -665,32 +662,6 @@ def plan_resume(
     earlier_runs = earlier.manifest.get("continued_runs")
     continued = [earlier.run_id, *(earlier_runs if isinstance(earlier_runs, list) else [])]
     return ResumePlan(stages, first.name, [str(run_id) for run_id in continued])
-
-
-def config_changes(recorded: Any, resolved: Mapping[str, Any]) -> list[str]:
-    """The dotted keys (``trainer.learning_rate``, ``evaluation[0].kind``) whose values differ
-    between a manifest's ``recorded`` config and ``resolved``, but for
-    ``RESULT_NEUTRAL_OPTIONS``; both compared as JSON."""
-    changes: list[str] = []
-
-    def compare(before: Any, after: Any, key: str) -> None:
-        if key in RESULT_NEUTRAL_OPTIONS:
-            return
-        if isinstance(before, dict) and isinstance(after, dict):
-            for name in sorted({*before, *after}):
-                compare(before.get(name), after.get(name), f"{key}.{name}" if key else name)
-        elif isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
-            for index, (one, other) in enumerate(zip(before, after, strict=True)):
-                compare(one, other, f"{key}[{index}]")
-        elif before != after:
-            changes.append(key or "the whole config")
-
-    compare(
-        json.loads(json.dumps(recorded, default=str)),
-        json.loads(json.dumps(resolved, default=str)),
-        "",
-    )
-    return changes
 
 
 class Engine:

@@ -38,7 +38,7 @@ import json
 import os
 import re
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -115,6 +115,11 @@ class RunFolder:
                 f"{path}: config.pipeline is {json.dumps(pipeline)[:80]}, not a table of options"
             )
         return manifest
+
+    def earlier_run(self) -> EarlierRun | None:
+        """The run the folder's manifest records, which ``--resume`` continues; None where
+        there is none (``read_earlier_run``)."""
+        return read_earlier_run(self.path)
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         """Replace ``manifest.json`` atomically."""
@@ -408,6 +413,34 @@ class EarlierRun:
     def describe(self) -> str:
         started = self.manifest.get("started_at")
         return f"run {self.run_id}" + (f" (started {started})" if started else "")
+
+    def config_changes(
+        self, resolved: Mapping[str, Any], neutral: frozenset[str] = frozenset()
+    ) -> list[str]:
+        """The dotted keys (``trainer.learning_rate``, ``evaluation[0].kind``) whose values
+        differ between the config this run recorded and ``resolved``, but for ``neutral``
+        ones; both compared as JSON. What ``--resume`` refuses: the continued run would not
+        give the recorded run's result."""
+        changes: list[str] = []
+
+        def compare(before: Any, after: Any, key: str) -> None:
+            if key in neutral:
+                return
+            if isinstance(before, dict) and isinstance(after, dict):
+                for name in sorted({*before, *after}):
+                    compare(before.get(name), after.get(name), f"{key}.{name}" if key else name)
+            elif isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
+                for index, (one, other) in enumerate(zip(before, after, strict=True)):
+                    compare(one, other, f"{key}[{index}]")
+            elif before != after:
+                changes.append(key or "the whole config")
+
+        compare(
+            json.loads(json.dumps(self.manifest.get("config"), default=str)),
+            json.loads(json.dumps(resolved, default=str)),
+            "",
+        )
+        return changes
 
 
 def read_earlier_run(folder: Path) -> EarlierRun | None:

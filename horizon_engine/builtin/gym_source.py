@@ -33,8 +33,8 @@ from horizon_engine import (
     RowShaper,
     SourceBatch,
     SourceConfig,
+    card_if_exported,
 )
-from horizon_engine.model_card import card_if_exported
 
 if TYPE_CHECKING:
     import gymnasium

@@ -46,15 +46,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from horizon_engine import (
+    ActionBounds,
     ExportConfig,
     ExporterBase,
     HorizonError,
+    ModelCard,
     PolicyBundle,
     RunFolder,
     atomic_output,
     hookimpl,
+    recorded_possible,
+    top_two_gap,
+    write_model_card,
 )
-from horizon_engine.model_card import ActionBounds, ModelCard, write_model_card
 
 if TYPE_CHECKING:
     import onnx
@@ -325,8 +329,6 @@ class OnnxExporter(ExporterBase):
         """
         import onnxruntime
         import torch
-
-        from horizon_engine.policies import recorded_possible, top_two_gap
 
         session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
         got = dict(zip(OUTPUTS, session.run(None, feeds), strict=True))

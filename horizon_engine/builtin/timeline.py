@@ -27,13 +27,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from horizon_engine import BAD_ROWS_SHOWN, hookimpl
-from horizon_engine.schema import FEATURES, ActionType, BadRow, list_entries
-from horizon_engine.timeline import (
+from horizon_engine import (
+    BAD_ROWS_SHOWN,
+    FEATURES,
+    ActionType,
+    BadRow,
     TimelineConfig,
     TimelineEngine,
     TimelineResult,
     eval_episodes,
+    hookimpl,
     sort_episodes,
     timeline_schema,
     weighted_reward,
@@ -753,8 +756,8 @@ def _empty_where_null(array: pa.Array) -> pa.Array:
             array.keys.slice(start, length),
             array.items.slice(start, length),
         )
-    _, values = list_entries(array)
     start = offsets[0].as_py()
+    values = array.values.slice(start, offsets[-1].as_py() - start)
     return pa.ListArray.from_arrays(pa.array(offsets.to_numpy() - start), values)
 
 

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import click
 
-from horizon_engine import command
-from horizon_engine.builtin.gym.config import GymSection, load_gym_spec
-from horizon_engine.cli import (
+from horizon_engine import (
     INTERRUPTED_EXIT_STATUS,
-    _interrupts_as_keyboard_interrupt,
-    _plugin_host,
+    NothingToResume,
+    command,
+    sigterm_as_interrupt,
 )
+from horizon_engine.builtin.gym.config import GymSection, load_gym_spec
 
 
 @click.group()
@@ -61,9 +61,8 @@ def collect(
     output: Path,
 ) -> None:
     """Log a random or epsilon-greedy policy's decisions as pre-timeline JSON rows."""
-    from horizon_engine import atomic_output
+    from horizon_engine import atomic_output, progress_bar
     from horizon_engine.builtin.gym_source import GymSourceConfig, collect_rows
-    from horizon_engine.progress import progress_bar
 
     _check_env_option(env_id)
     if epsilon < 1.0 and model is None:
@@ -152,18 +151,16 @@ def gym_train(
 ) -> None:
     """Train a policy online in a Gymnasium environment, as GYM_TOML (a gym.toml) says."""
     from horizon_engine.builtin.gym.runner import train_gym
-    from horizon_engine.pipeline import NothingToResume
 
     settings = list(overrides)
     if score_bar is not None:
         settings.append(f"gym.score_bar={score_bar!r}")
     if output_dir is not None:
         settings.append(f"gym.output_dir={json.dumps(str(output_dir))}")
-    plugins = _plugin_host()
-    spec = load_gym_spec(gym_toml, plugins, settings)
+    spec = load_gym_spec(gym_toml, None, settings)
     try:
-        with _interrupts_as_keyboard_interrupt():
-            result = train_gym(spec, plugins, rows, reward_history, sys.stdout.isatty(), resume)
+        with sigterm_as_interrupt():
+            result = train_gym(spec, None, rows, reward_history, sys.stdout.isatty(), resume)
     except NothingToResume as exc:
         click.echo(str(exc))
         return

@@ -1,7 +1,7 @@
 """gym.toml: the ``[gym]`` section, and the pipeline sections it shares, validated together.
 
 ``[normalization]``, ``[trainer]`` and ``[export]`` are pipeline.toml's sections, checked by the
-same ``ConfigBuilder``, so a gym file's mistakes read like a pipeline file's.
+same rules (``load_config_sections``), so a gym file's mistakes read like a pipeline file's.
 """
 
 from __future__ import annotations
@@ -12,19 +12,18 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, model_validator
 
-from horizon_engine import ComponentConfig, ConfigError, NormalizationConfig
-from horizon_engine.config import (
+from horizon_engine import (
     Choice,
-    ConfigBuilder,
-    apply_overrides,
-    load_toml,
-    parse_override,
+    ComponentConfig,
+    ConfigError,
+    ConfigSections,
+    NormalizationConfig,
+    PluginHost,
+    load_config_sections,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
-
-    from horizon_engine.plugins import PluginHost
 
 GYM_SECTIONS: tuple[str, ...] = ("gym", "normalization", "trainer", "export")
 """The sections of gym.toml; the last three are pipeline.toml's, validated the same way."""
@@ -133,54 +132,46 @@ class GymSpec:
 
 def load_gym_spec(
     source: str | Path | Mapping[str, Any],
-    plugins: PluginHost,
+    plugins: PluginHost | None,
     overrides: Iterable[str] = (),
 ) -> GymSpec:
-    """Load gym.toml (a path or a dict), apply ``--set`` overrides, and validate it.
+    """Load gym.toml (a path or a dict), apply ``--set`` overrides, and validate it against
+    ``plugins``' components (the process's plugins when None).
 
     ``[normalization]``, ``[trainer]`` and ``[export]`` are validated exactly as in
     pipeline.toml, and every mistake is reported at once with the file, line, section and key.
     """
-    if isinstance(source, str | Path):
-        raw, text = load_toml(source, "gym file")
-        origin = str(source)
-    else:
-        raw, text, origin = dict(source), None, "<config>"
-    overrides = list(overrides)
-    raw = apply_overrides(raw, overrides)
-    overridden = [".".join(parse_override(override)[0]) for override in overrides]
-    builder = ConfigBuilder(plugins, origin, text, overridden)
-    builder.check_section_names(raw, list(GYM_SECTIONS), "gym", GymSection)
-    gym = builder.validate("gym", GymSection, raw.get("gym", {}))
-    chosen = {
-        name: builder.choose(name, builder.rule(name), raw[name])
-        for name in GYM_SECTIONS[1:]
-        if name in raw
-    }
-    if "trainer" not in raw:
-        builder.problems.append(
-            f"{origin}: a gym file needs a [trainer] section choosing the trainer, "
-            'e.g. [trainer] kind = "dqn"'
-        )
-    if builder.problems:
-        raise ConfigError(builder.problems)
+    sections = load_config_sections(
+        source,
+        {"gym": GymSection},
+        GYM_SECTIONS[1:],
+        overrides,
+        plugins,
+        what="gym file",
+        required={
+            "trainer": "a gym file needs a [trainer] section choosing the trainer, e.g. "
+            '[trainer] kind = "dqn"'
+        },
+    )
+    gym: GymSection = sections.options["gym"]  # type: ignore[assignment]
+    chosen = sections.choices
     trainer = chosen["trainer"]
     threads = trainer.config.threads if "threads" in trainer.config.model_fields_set else None
     if gym.torch_threads is not None and threads is None:
         config = trainer.config.model_copy(update={"threads": gym.torch_threads})
         trainer = Choice(trainer.section, trainer.component, config, trainer.rule)
-    spec = GymSpec(origin, gym, trainer, chosen.get("normalization"), chosen.get("export"))
-    _check_spec(spec, builder)
+    spec = GymSpec(sections.origin, gym, trainer, chosen.get("normalization"), chosen.get("export"))
+    _check_spec(spec, sections)
     return spec
 
 
-def _check_spec(spec: GymSpec, builder: ConfigBuilder) -> None:
+def _check_spec(spec: GymSpec, sections: ConfigSections) -> None:
     """What no one section can check alone: the sections' options against each other."""
     problems = []
     batch = spec.trainer.config.minibatch_size
     if batch > spec.gym.replay_buffer_size:
         problems.append(
-            f"{builder.locate.where('trainer', 'minibatch_size')}: [trainer] minibatch_size = "
+            f"{sections.where('trainer', 'minibatch_size')}: [trainer] minibatch_size = "
             f"{batch} is larger than [gym] replay_buffer_size = {spec.gym.replay_buffer_size}; "
             "training samples minibatches from the buffer"
         )

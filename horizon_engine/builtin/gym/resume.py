@@ -18,11 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from horizon_engine import HorizonError
-from horizon_engine.files import WRITE_REFUSED, atomic_output, remove_path
-from horizon_engine.pipeline import NothingToResume, config_changes
-from horizon_engine.run_folder import EarlierRun, RunFolder, read_earlier_run
-from horizon_engine.training import read_checkpoint
+from horizon_engine import (
+    WRITE_REFUSED,
+    EarlierRun,
+    HorizonError,
+    NothingToResume,
+    RunFolder,
+    atomic_output,
+    read_checkpoint,
+    remove_path,
+)
 
 if TYPE_CHECKING:
     from horizon_engine.builtin.gym.config import GymSpec
@@ -94,7 +99,7 @@ def check_resumable(spec: GymSpec) -> EarlierRun:
     from horizon_engine.builtin.gym.runner import GYM_COMMAND
 
     output_dir = Path(spec.gym.output_dir)
-    earlier = read_earlier_run(output_dir)
+    earlier = RunFolder(output_dir).earlier_run()
     if earlier is None:
         raise HorizonError(
             f"--resume: {output_dir} holds no run to resume (no readable "
@@ -111,11 +116,7 @@ def check_resumable(spec: GymSpec) -> EarlierRun:
             f"--resume: {earlier.describe()} is still running (process "
             f"{earlier.manifest.get('pid')}); wait for it to end, or stop it first"
         )
-    changed = [
-        key
-        for key in config_changes(earlier.manifest.get("config"), spec.resolved())
-        if key not in NEUTRAL_KEYS
-    ]
+    changed = earlier.config_changes(spec.resolved(), NEUTRAL_KEYS)
     if changed:
         raise HorizonError(
             f"--resume: the config differs from the one {earlier.describe()} recorded in "

@@ -19,7 +19,14 @@ from horizon_engine import (
     ExploresOnline,
     HorizonError,
     NormalizationConfig,
+    PluginHost,
+    ProblemDescription,
     RunContext,
+    RunFolder,
+    TrainingDriver,
+    export_policy,
+    get_plugin_host,
+    record_failure,
 )
 from horizon_engine.builtin.gym.config import GymSpec, epsilon_at
 from horizon_engine.builtin.gym.replay_buffer import ReplayBuffer
@@ -39,16 +46,12 @@ from horizon_engine.builtin.gym.resume import (
     save_online_state,
 )
 from horizon_engine.builtin.gym_source import pre_timeline_row
-from horizon_engine.driver import CHECK_ROWS, ProblemDescription, TrainingDriver
-from horizon_engine.run_folder import RunFolder, record_failure
 
 if TYPE_CHECKING:
     import gymnasium
     import torch
 
-    from horizon_engine import NormalizationParameters
-    from horizon_engine.driver import Normalization
-    from horizon_engine.plugins import PluginHost
+    from horizon_engine import Normalization, NormalizationParameters
 
 GYM_COMMAND = "horizon gym train"
 """What a gym run's manifest.json records as its ``command``."""
@@ -101,8 +104,6 @@ def train_gym(
     ``resume`` continues the output folder's interrupted run (``OnlineRun``) to the result the
     uninterrupted run would have had.
     """
-    from horizon_engine.plugins import get_plugin_host
-
     host = plugins or get_plugin_host()
     return OnlineRun(spec, host, show_progress).run(rows, reward_history, resume)
 
@@ -670,7 +671,7 @@ class OnlineRun:
         states' features, with ``parametric_actions`` the one-hot action features (each
         present, as 1.0, wherever its action was taken), and for a Box space the action
         features as ``continuous_action`` over the Box's bounds (``_box_bounds``)."""
-        from horizon_engine.pipeline import identify_feature_sets
+        from horizon_engine import identify_feature_sets
 
         transitions = len(self.buffer)
         rows = np.arange(transitions)
@@ -808,11 +809,12 @@ class OnlineRun:
         return returns.tolist()
 
     def _save_check_rows(self) -> None:
-        """Keep ``CHECK_ROWS`` greedy-play states of the final policy (a parametric policy's
-        with every action offered, in order): an export of this run is checked on them."""
+        """Keep ``TrainingDriver.CHECK_ROWS`` greedy-play states of the final policy (a
+        parametric policy's with every action offered, in order): an export of this run is
+        checked on them."""
         import torch
 
-        states = self._greedy_states(self.driver.trainer.policy(), CHECK_ROWS)
+        states = self._greedy_states(self.driver.trainer.policy(), TrainingDriver.CHECK_ROWS)
         values = torch.from_numpy(states.astype(np.float32))
         rows = {"state": values, "state_presence": torch.ones_like(values)}
         if self.action_feature_ids and not self.continuous:
@@ -828,8 +830,6 @@ class OnlineRun:
         """Export the final policy when ``[export]`` is configured and a policy was trained,
         checked on the saved greedy-play states (the exporter verifies its file against
         PyTorch on them); the exporter's outputs and details, or None."""
-        from horizon_engine.export_stage import export_policy
-
         if self.spec.export is None or self.driver is None:
             return None
         exported = export_policy(self.run_context, self.spec.export, self.driver.trainer.policy())

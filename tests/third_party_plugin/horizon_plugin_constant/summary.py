@@ -9,20 +9,18 @@ manifest records as its output like any built-in stage's.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
 
 from horizon_engine import (
+    Choice,
     ComponentConfig,
     HorizonError,
+    RunContext,
     RunFolder,
     SectionRule,
     Stage,
     StageReport,
     atomic_output,
 )
-
-if TYPE_CHECKING:
-    from horizon_engine import RunContext
 
 TIMELINE_INFO = RunFolder.TIMELINE_INFO
 SUMMARY_FILE = "row_summary/rows.json"
@@ -35,7 +33,7 @@ class RowSummaryConfig(ComponentConfig):
     """A name for the summary, written into it."""
 
 
-def summarize_rows(run: RunContext, choice: Any) -> StageReport:
+def summarize_rows(run: RunContext, choice: Choice) -> StageReport:
     """Count the timeline's train and eval rows into ``row_summary/rows.json``; ``choice``
     is the section's, its ``config`` the validated ``[row_summary]``."""
     config: RowSummaryConfig = choice.config
