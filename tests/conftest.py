@@ -107,15 +107,6 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     session.stop()
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every Spark test on one pytest-xdist worker (``--dist loadgroup``, as ``make test`` runs
-    the suite): a JVM per worker costs seconds to start and a share of the memory, and the
-    Spark tests together take less than half of the suite's time."""
-    for item in items:
-        if item.get_closest_marker("spark") or "spark" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("spark"))
-
-
 # --- A tiny trainer, to drive the core's training loop and export without a real algorithm ---
 
 MEAN_REWARD_PLUGIN = '''
