@@ -21,7 +21,10 @@ from horizon_engine import Engine, HorizonError, RunFolder, command
 DATA_STAGES = ("source", "timeline", "normalization")
 """The stages whose outputs the analysis reads, each configured by the section of its name."""
 
-DEFAULT_SECTIONS = {"analysis": "analysis.kind=world_model"}
+WORLD_MODEL = "world_model"
+"""The analysis whose report this command prints: the world model's MDP check."""
+
+DEFAULT_SECTIONS = {"analysis": f"analysis.kind={WORLD_MODEL}"}
 """What a pipeline without one of these sections is given (as a ``--set`` override); the
 engine runs an absent ``[timeline]`` and ``[normalization]`` at their defaults itself."""
 
@@ -60,6 +63,13 @@ def check_mdp(pipeline: Path, overrides: list[str], rebuild: bool = False) -> Pa
     missing = [DEFAULT_SECTIONS[name] for name in DEFAULT_SECTIONS if name not in spec.sections]
     overrides = [*overrides, *missing]
     spec = engine.validate(pipeline, overrides, stages=[*DATA_STAGES, "analysis"])
+    kind = spec.sections["analysis"].component.name
+    if kind != WORLD_MODEL:
+        raise HorizonError(
+            f"{spec.origin}: [analysis] kind = {kind!r}; check-mdp checks the data with "
+            f"kind = {WORLD_MODEL!r} and prints its report. Run another analysis with "
+            "`horizon run PIPELINE --stages analysis`, or pass --set analysis.kind=world_model"
+        )
     output_dir = Path(spec.pipeline.output_dir)
     reusable = not rebuild and _data_stages_done(output_dir, spec.resolved())
     stages = ["analysis"] if reusable else [*DATA_STAGES, "analysis"]

@@ -74,6 +74,53 @@ def test_an_analysis_kind_that_cannot_analyse_is_refused_before_running(tmp_path
         Engine(show_progress=False).validate(config)
 
 
+ANOTHER_ANALYSIS = '''
+from horizon_engine import hookimpl
+from horizon_plugins_worldmodel.trainer import WorldModelTrainer
+
+
+class OtherAnalysis(WorldModelTrainer):
+    """Analyses the data as the world model does, under another name."""
+
+    name = "other_analysis"
+
+
+@hookimpl
+def horizon_register_trainers(register):
+    register(OtherAnalysis)
+'''
+
+
+def test_check_mdp_refuses_another_analysis_kind_before_running_anything(
+    plugin_site, tmp_path, monkeypatch
+):
+    """check-mdp prints the world model's report: with another ``[analysis]`` trainer (one
+    that can analyse, from a third party) it has no report to print, and says so before any
+    stage runs rather than failing on a missing file afterwards."""
+    from horizon_engine import plugins
+    from horizon_plugins_worldmodel.commands import check_mdp
+
+    module = "horizon_plugin_other_analysis"
+    plugin_site.install(
+        "horizon-plugin-other-analysis",
+        "1.0",
+        {"other_analysis": module},
+        {f"{module}.py": ANOTHER_ANALYSIS},
+    )
+    monkeypatch.setattr(plugins, "_default_host", plugins.PluginHost())
+    pipeline = tmp_path / "pipeline.toml"
+    pipeline.write_text(
+        f'[pipeline]\noutput_dir = "{tmp_path / "run"}"\n\n'
+        '[source]\nkind = "gym"\nenv = "CartPole-v1"\nepisodes = 5\n\n'
+        '[analysis]\nkind = "other_analysis"\n',
+        encoding="utf-8",
+    )
+
+    with pytest.raises(HorizonError, match="kind = 'other_analysis'; check-mdp checks the data"):
+        check_mdp(pipeline, [])
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.slow
 def test_check_mdp_on_cartpole_from_gym_collect(tmp_path):
     """200 random episodes (about 4,500 rows); 40 passes of each model were enough here,
