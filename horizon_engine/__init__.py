@@ -46,9 +46,10 @@ names, and an import-linter contract run by ``make test`` holds them to it.
   (``ActionBounds``), ``read_model_card``, ``model_card_from_metadata``,
   ``model_card_of_session``, ``card_if_exported``, ``ModelCardError``;
 - stages (``horizon_register_stages``): ``Stage``, ``SectionRule``, and ``Choice``, the
-  section's choice a stage's run is handed with the run's ``RunContext``; and for a stage whose
-  trainer analyses the timeline's data, its run and check: ``analyze_timeline``,
-  ``analysis_problems``;
+  section's choice a stage's run is handed with the run's ``RunContext``; ``PipelineSpec``,
+  the validated pipeline a stage's ``check`` is handed (and ``Engine.validate`` returns); and
+  for a stage whose trainer analyses the timeline's data, its run and check:
+  ``analyze_timeline``, ``analysis_problems``;
 - hosts that drive a trainer with their own data (as the gym runner plays for it):
   ``TrainingDriver``, ``ProblemDescription``, ``SampledData``, ``export_policy``,
   ``record_failure`` (what a failed run's manifest records), ``Normalization`` (what a
@@ -94,7 +95,7 @@ from horizon_engine.components import (
     SourceConfig,
     Trainer,
 )
-from horizon_engine.config import Choice, ConfigSections, load_config_sections
+from horizon_engine.config import Choice, ConfigSections, PipelineSpec, load_config_sections
 from horizon_engine.dataset import TimelineTensors
 from horizon_engine.driver import (
     Normalization,
@@ -250,6 +251,7 @@ __all__ = [
     "NothingToResume",
     "OffersEvaluationModels",
     "PathPatterns",
+    "PipelineSpec",
     "PluginHost",
     "PolicyBundle",
     "PolicyOutput",
