@@ -19,6 +19,7 @@ names, and an import-linter contract run by ``make test`` holds them to it.
   ``FLOAT32_MAX``) and the
   one JSON line parser (``parse_json_line``, ``BadLine``, ``strip_bom``);
 - timeline engines: ``TimelineEngine``, ``TimelineConfig``, ``TimelineResult``,
+  ``TimelineInfo`` (a built timeline's ``timeline.json``: ``RunFolder.timeline_info()``),
   ``timeline_schema``, ``FEATURES``, ``eval_split_value`` and ``eval_episodes``, and the rules
   and parts every engine shares: ``weighted_reward``, ``sort_episodes``, ``write_split``;
 - normalization engines: ``NormalizationEngine``, ``NormalizationConfig``,
@@ -179,6 +180,7 @@ from horizon_engine.stages import SectionRule, Stage
 from horizon_engine.timeline import (
     TimelineConfig,
     TimelineEngine,
+    TimelineInfo,
     TimelineResult,
     eval_episodes,
     eval_split_value,
@@ -269,6 +271,7 @@ __all__ = [
     "StageReport",
     "TimelineConfig",
     "TimelineEngine",
+    "TimelineInfo",
     "TimelineResult",
     "TimelineTensors",
     "Trainer",

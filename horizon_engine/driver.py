@@ -306,10 +306,8 @@ def restore_trainer(
 def timeline_problem(run: StageRun) -> tuple[ProblemDescription, Normalization]:
     """The description of a pipeline run's data: its ``timeline/timeline.json`` and
     ``normalization.json``, and the normalization itself."""
-    from horizon_engine.timeline import TimelineInfo
-
     folder = RunFolder(run.output_dir)
-    info = TimelineInfo.read(folder.timeline)
+    info = folder.timeline_info()
     normalization = folder.normalization(run.plugins)
     max_feature_value = 6.0
     if "normalization" in run.spec.sections:

@@ -421,11 +421,9 @@ def run_normalization_stage(run: StageRun, choice: Choice) -> StageReport:
     actions are feature maps). Writes ``normalization.json``; notes (constant features, too few
     samples, overrides) become the stage's warnings.
     """
-    from horizon_engine.timeline import TimelineInfo
-
     config = choice.config
     folder = RunFolder(run.output_dir)
-    info = TimelineInfo.read(folder.timeline)
+    info = folder.timeline_info()
     if not info.train_rows:
         raise HorizonError(
             f"[normalization] {folder.split('train')} holds no rows to fit the normalization on"

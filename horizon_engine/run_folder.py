@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
     from horizon_engine.driver import Normalization, ProblemDescription
     from horizon_engine.plugins import PluginHost
+    from horizon_engine.timeline import TimelineInfo
 
 
 @dataclass(frozen=True)
@@ -180,6 +181,13 @@ class RunFolder:
         from horizon_engine.driver import ProblemDescription
 
         return ProblemDescription.read(self.path)
+
+    def timeline_info(self) -> TimelineInfo:
+        """``timeline/timeline.json``: the timeline's action type, actions, n-step window,
+        engine and rows per split, checked field by field."""
+        from horizon_engine.timeline import TimelineInfo
+
+        return TimelineInfo.read(self.timeline)
 
     def normalization(self, plugins: PluginHost | None = None) -> Normalization:
         """``normalization.json``: state (and action) features -> their parameters, each read

@@ -45,6 +45,7 @@ from __future__ import annotations
 import hashlib
 import json
 from abc import abstractmethod
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -54,7 +55,7 @@ from pydantic import Field
 from horizon_engine.components import Component, ComponentConfig, DistinctNames
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Iterable
 
     import numpy as np
     import pyarrow as pa
@@ -200,7 +201,53 @@ class TimelineInfo:
 
     @classmethod
     def read(cls, folder: Path) -> TimelineInfo:
-        return cls(**json.loads((folder / TIMELINE_INFO).read_text()))
+        """``folder``'s ``timeline.json``, checked field by field: a run folder may come from
+        elsewhere, so a missing, unknown or ill-typed field is a ``HorizonError`` naming the
+        file and the field, never a half-read record."""
+        from horizon_engine.errors import HorizonError
+
+        path = folder / TIMELINE_INFO
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise HorizonError(f"{path}: no timeline here; run the timeline stage") from None
+        except (OSError, ValueError, RecursionError) as exc:
+            raise HorizonError(f"{path}: not a timeline's description ({exc})") from None
+        if not isinstance(record, dict):
+            raise HorizonError(f"{path}: not a timeline's description (expected an object)")
+        problems = [f"unknown field {key!r}" for key in record if key not in _INFO_FIELDS]
+        for key, (kind, valid) in _INFO_FIELDS.items():
+            if key not in record:
+                problems.append(f"no {key!r}")
+            elif not valid(record[key]):
+                problems.append(f"{key!r} is not {kind}: {record[key]!r}")
+        if problems:
+            raise HorizonError(f"{path}: {'; '.join(problems)}")
+        return cls(**record)
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+_INFO_FIELDS: dict[str, tuple[str, Callable[[object], bool]]] = {
+    "action_type": (
+        "discrete, parametric or continuous",
+        lambda value: value in ("discrete", "parametric", "continuous"),
+    ),
+    "actions": (
+        "null or a list of action names",
+        lambda value: (
+            value is None
+            or (isinstance(value, list) and all(isinstance(name, str) for name in value))
+        ),
+    ),
+    "n_step": ("a window of 1 or more steps", lambda value: _count(value) and value >= 1),
+    "engine": ("an engine's name", lambda value: isinstance(value, str) and bool(value)),
+    "train_rows": ("a count of rows", _count),
+    "eval_rows": ("a count of rows", _count),
+}
+"""``timeline.json``'s fields: what each must be, and the check."""
 
 
 def weighted_reward(metrics: pa.Array, weights: dict[str, float]) -> np.ndarray:

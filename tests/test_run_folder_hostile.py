@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from test_training import pipeline
 
+from horizon_engine import HorizonError
 from horizon_engine.cli import main
 from horizon_engine.pipeline import Engine
 from horizon_engine.run_folder import UnsafePathError, inside_path, leftovers
@@ -200,3 +202,29 @@ def test_a_linked_tensorboard_folder_leading_out_is_refused(engine, tmp_path):
     with pytest.raises(UnsafePathError, match="stage 'train', which writes tensorboard/"):
         engine.run(pipeline(run))
     assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        (lambda info: info.pop("n_step"), "no 'n_step'"),
+        (lambda info: info.update(train_rows="many"), "'train_rows' is not a count of rows"),
+        (lambda info: info.update(action_type="mixed"), "'action_type' is not discrete, param"),
+        (lambda info: info.update(actions=[0, 1]), "'actions' is not null or a list of action"),
+        (lambda info: info.update(shards=4), "unknown field 'shards'"),
+    ],
+)
+def test_a_tampered_timeline_description_is_refused_naming_the_file_and_field(
+    engine, tmp_path, edit, why
+):
+    """``timeline/timeline.json`` is read back by the normalization and train stages (and any
+    plugin stage, through ``RunFolder.timeline_info``): a copied folder's edited file stops
+    the stage with the file and the field named, not a TypeError."""
+    run = tmp_path / "run"
+    engine.run(pipeline(run), stages=["source", "timeline"])
+    described = run / "timeline" / "timeline.json"
+    info = json.loads(described.read_text())
+    edit(info)
+    described.write_text(json.dumps(info))
+    with pytest.raises(HorizonError, match=f"{re.escape(str(described))}: .*{why}"):
+        engine.run(pipeline(run), stages=["normalization"])

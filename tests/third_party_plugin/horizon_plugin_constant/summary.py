@@ -13,7 +13,6 @@ import json
 from horizon_engine import (
     Choice,
     ComponentConfig,
-    HorizonError,
     RunContext,
     RunFolder,
     SectionRule,
@@ -37,12 +36,8 @@ def summarize_rows(run: RunContext, choice: Choice) -> StageReport:
     """Count the timeline's train and eval rows into ``row_summary/rows.json``; ``choice``
     is the section's, its ``config`` the validated ``[row_summary]``."""
     config: RowSummaryConfig = choice.config
-    path = run.output_dir / TIMELINE_INFO
-    try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-        train_rows, eval_rows = int(info["train_rows"]), int(info["eval_rows"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise HorizonError(f"[row_summary] {path}: not a timeline's description ({exc})") from None
+    info = RunFolder(run.output_dir).timeline_info()
+    train_rows, eval_rows = info.train_rows, info.eval_rows
     summary = {"label": config.label, "train_rows": train_rows, "eval_rows": eval_rows}
     with atomic_output(run.output_dir / SUMMARY_FILE) as temporary:
         temporary.write_text(json.dumps(summary) + "\n", encoding="utf-8")
