@@ -446,7 +446,7 @@ class OnlineRun:
         ``(None, None)`` when no evaluation was complete: the run starts over."""
         if self.folder.last_epoch_checkpoint() is None:
             return None, None
-        self._start_driver(self.folder.normalization())
+        self._start_driver(self.folder.normalization(self.plugins))
         self.driver.resume()
         state = read_online_state(self.output_dir, self.driver.epoch)
         self._check_rows_file(state.get("rows_file"))
@@ -604,7 +604,7 @@ class OnlineRun:
         warm_start = trainer_config.warm_start_from
         if warm_start:
             earlier = RunFolder(warm_start)
-            normalization = earlier.normalization()
+            normalization = earlier.normalization(self.plugins)
             path = earlier.file(RunFolder.NORMALIZATION)
             self._check_features(
                 normalization, f"[trainer] warm_start_from = {warm_start!r}: {path}"
