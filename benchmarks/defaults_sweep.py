@@ -243,18 +243,15 @@ def greedy_returns(model: Path, env_id: str, episodes: int) -> list[float]:
     import gymnasium
     import onnxruntime
 
-    from horizon_engine import model_card_of_session
+    from horizon_engine import ModelInputs, ModelOutputs, model_card_of_session
 
     session = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     candidates: dict[str, np.ndarray] = {}
-    if "candidates" in [model_input.name for model_input in session.get_inputs()]:
-        ids = model_card_of_session(session, str(model)).action_feature_ids
-        offered = np.eye(len(ids), dtype=np.float32)[None]
-        candidates = {
-            "candidates": offered,
-            "candidate_presence": offered,
-            "candidate_mask": np.ones(offered.shape[:2], dtype=np.float32),
-        }
+    card = model_card_of_session(session, str(model))
+    if card.parametric:
+        offered = np.eye(len(card.action_feature_ids), dtype=np.float32)[None]
+        mask = np.ones(offered.shape[:2], dtype=np.float32)
+        candidates = dict(zip(ModelInputs.PER_CANDIDATE, (offered, offered, mask), strict=True))
     env = gymnasium.make(env_id)
     returns = []
     try:
@@ -263,8 +260,9 @@ def greedy_returns(model: Path, env_id: str, episodes: int) -> list[float]:
             total, done = 0.0, False
             while not done:
                 features = np.asarray(observation, dtype=np.float32).reshape(1, -1)
-                inputs = {"features": features, "presence": np.ones_like(features), **candidates}
-                action = session.run(["action"], inputs)[0][0]
+                state = (features, np.ones_like(features))
+                inputs = dict(zip(ModelInputs.STATE, state, strict=True)) | candidates
+                action = session.run([ModelOutputs.ACTION], inputs)[0][0]
                 if action.ndim == 0:  # a discrete action's index
                     action = int(action)
                 observation, reward, terminated, truncated, _ = env.step(action)

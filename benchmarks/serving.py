@@ -97,6 +97,7 @@ def timed(call, *args) -> float:
 def measure(model: Path, calls: int, big_calls: int) -> None:
     import onnxruntime
 
+    from horizon_engine import ModelInputs, ModelOutputs
     from horizon_plugins_serving.predictor import Predictor
 
     predictor = Predictor(model)
@@ -107,11 +108,11 @@ def measure(model: Path, calls: int, big_calls: int) -> None:
     def sides(batch: int, seed: int):
         states = raw_states(batch, seed)
         features, presence = predictor.state_arrays(states)
-        feeds = {"features": features, "presence": presence}
+        feeds = dict(zip(ModelInputs.STATE, (features, presence), strict=True))
         return {
             "ours": (predictor.predict, states),
             "bare": (bare.run, None, feeds),
-            "bare_scores": (bare.run, ["scores"], feeds),
+            "bare_scores": (bare.run, [ModelOutputs.SCORES], feeds),
         }
 
     for batch, count in ((1, calls), (1024, big_calls)):

@@ -45,7 +45,9 @@ names, and an import-linter contract run by ``make test`` holds them to it.
   for checking an exported model's choices, ``recorded_possible`` and ``top_two_gap``; for
   everything that loads an exported model, its checked metadata: ``ModelCard``
   (``ActionBounds``), ``read_model_card``, ``model_card_from_metadata``,
-  ``model_card_of_session``, ``card_if_exported``, ``ModelCardError``;
+  ``model_card_of_session``, ``card_if_exported``, ``ModelCardError``; and the model's
+  input and output names, which the exporter writes and its users feed and fetch by:
+  ``ModelInputs``, ``ModelOutputs``;
 - stages (``horizon_register_stages``): ``Stage``, ``SectionRule``, and ``Choice``, the
   section's choice a stage's run is handed with the run's ``RunContext``; ``PipelineSpec``,
   the validated pipeline a stage's ``check`` is handed (and ``Engine.validate`` returns); and
@@ -129,6 +131,8 @@ from horizon_engine.model_card import (
     ActionBounds,
     ModelCard,
     ModelCardError,
+    ModelInputs,
+    ModelOutputs,
     card_if_exported,
     model_card_from_metadata,
     model_card_of_session,
@@ -245,6 +249,8 @@ __all__ = [
     "InvertiblePreprocessing",
     "ModelCard",
     "ModelCardError",
+    "ModelInputs",
+    "ModelOutputs",
     "Normalization",
     "NormalizationConfig",
     "NormalizationEngine",

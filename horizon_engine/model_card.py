@@ -6,8 +6,10 @@ model reads it back (``read_model_card``, ``model_card_from_metadata``): ``horiz
 other, so the card is checked as it is read: each field must be valid JSON of its type
 (``feature_ids`` a list of distinct strings, ``action_bounds`` a low and a high per action
 feature with low <= high, ...), or reading stops with a ``ModelCardError`` naming the file and
-the field. The keys are named once, here, for the writer and the readers alike. This module
-does not import torch: the serving side uses it.
+the field. The keys are named once, here, for the writer and the readers alike, and so are the
+model's input and output names (``ModelInputs``, ``ModelOutputs``): the exporter names the
+graph's inputs and outputs with them and everything that feeds a model or fetches from it looks
+them up here. This module does not import torch: the serving side uses it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Final, NoReturn
 
 from horizon_engine.errors import HorizonError
 from horizon_engine.exploration import Exploration
@@ -35,6 +37,48 @@ HORIZON_VERSION = "horizon_version"
 ACTION_TYPES = ("discrete", "parametric", "continuous")
 """What a model's outputs are: a score per named action, per candidate action (scored from
 its features), or the action's features themselves."""
+
+
+class ModelInputs:
+    """An exported model's input names. Every model takes ``features`` and ``presence``
+    ``[batch, features]`` (in ``feature_ids`` order; presence 1.0 or 0.0); a parametric model
+    also takes its candidate actions, ``candidates`` and ``candidate_presence`` ``[batch,
+    candidates, action features]`` and ``candidate_mask`` ``[batch, candidates]``."""
+
+    FEATURES: Final = "features"
+    PRESENCE: Final = "presence"
+    CANDIDATES: Final = "candidates"
+    CANDIDATE_PRESENCE: Final = "candidate_presence"
+    CANDIDATE_MASK: Final = "candidate_mask"
+    STATE: Final = (FEATURES, PRESENCE)
+    PER_CANDIDATE: Final = (CANDIDATES, CANDIDATE_PRESENCE, CANDIDATE_MASK)
+
+    @classmethod
+    def of(cls, action_type: str) -> tuple[str, ...]:
+        """The inputs of a model of ``action_type``, in the exporter's order."""
+        return cls.STATE + (cls.PER_CANDIDATE if action_type == "parametric" else ())
+
+
+class ModelOutputs:
+    """An exported model's output names. A discrete or parametric model outputs ``scores``
+    and ``probabilities`` (per action or candidate) and ``action`` (the chosen index); a
+    continuous actor outputs ``action`` (its features) and, for a stochastic policy,
+    ``log_density``."""
+
+    SCORES: Final = "scores"
+    PROBABILITIES: Final = "probabilities"
+    ACTION: Final = "action"
+    LOG_DENSITY: Final = "log_density"
+    SCORED: Final = (SCORES, PROBABILITIES, ACTION)
+    ACTOR: Final = (ACTION, LOG_DENSITY)
+
+    @classmethod
+    def of(cls, action_type: str, stochastic: bool = False) -> tuple[str, ...]:
+        """The outputs of a model of ``action_type``, in the exporter's order; ``stochastic``
+        counts for a continuous actor only."""
+        if action_type == "continuous":
+            return cls.ACTOR[: 1 + stochastic]
+        return cls.SCORED
 
 
 class ModelCardError(HorizonError):

@@ -26,6 +26,8 @@ import numpy as np
 from horizon_engine import (
     Exploration,
     HorizonError,
+    ModelInputs,
+    ModelOutputs,
     feature_map_problem,
     integer_problem,
     model_card_of_session,
@@ -203,11 +205,11 @@ class Predictor:
         self.action_columns = {f: c for c, f in enumerate(self.action_feature_ids)}
         self.action_index = {action: index for index, action in enumerate(self.actions)}
         outputs = {output.name for output in self.session.get_outputs()}
-        self.stochastic = "log_density" in outputs
+        self.stochastic = ModelOutputs.LOG_DENSITY in outputs
         self.fetch = (
-            (["action", "log_density"] if self.stochastic else ["action"])
+            list(ModelOutputs.of(self.action_type, self.stochastic))
             if self.continuous
-            else ["scores"]
+            else [ModelOutputs.SCORES]
         )
         pruned = fetched_only(self.path, self.fetch)
         if pruned is not None:
@@ -314,8 +316,9 @@ class Predictor:
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """The session on prepared inputs, fetching only what the Predictor needs (one row of
         a discrete model through its ``OneRowBinding``)."""
-        if self.one_row is not None and len(feeds) == 2 and len(feeds["features"]) == 1:
-            scores = self.one_row.run(feeds["features"], feeds["presence"])
+        features = feeds[ModelInputs.FEATURES]
+        if self.one_row is not None and len(feeds) == 2 and len(features) == 1:
+            scores = self.one_row.run(features, feeds[ModelInputs.PRESENCE])
             if scores is not None:
                 return [scores]
         return self.session.run(self.fetch, feeds)
@@ -329,17 +332,14 @@ class Predictor:
         candidate mask, and for a stochastic actor the ``log_density``."""
         features, presence = self.state_arrays(states)
         self._count_featureless(presence)
-        feeds = {"features": features, "presence": presence}
+        feeds = dict(zip(ModelInputs.STATE, (features, presence), strict=True))
         mask = None
         if self.parametric:
             if candidates is None or len(candidates) != len(states):
                 raise HorizonError("a parametric model needs a list of candidates for each row")
-            values, candidate_presence, mask = self.candidate_arrays(candidates)
-            feeds |= {
-                "candidates": values,
-                "candidate_presence": candidate_presence,
-                "candidate_mask": mask,
-            }
+            offered = self.candidate_arrays(candidates)
+            feeds |= dict(zip(ModelInputs.PER_CANDIDATE, offered, strict=True))
+            mask = feeds[ModelInputs.CANDIDATE_MASK]
         outputs = self.run(feeds)
         return outputs[0], mask, outputs[1] if len(outputs) > 1 else None
 
@@ -480,17 +480,15 @@ class OneRowBinding:
         self.presence = np.zeros((1, width), np.float32)
         self.scores = np.zeros((1, actions), np.float32)
         self.binding = session.io_binding()
-        self.values = {
-            name: onnxruntime.OrtValue.ortvalue_from_numpy(array)  # shares the array's memory
-            for name, array in (
-                ("features", self.features),
-                ("presence", self.presence),
-                ("scores", self.scores),
-            )
-        }
-        self.binding.bind_ortvalue_input("features", self.values["features"])
-        self.binding.bind_ortvalue_input("presence", self.values["presence"])
-        self.binding.bind_ortvalue_output("scores", self.values["scores"])
+        # Each OrtValue shares its array's memory; kept for as long as the binding uses them.
+        self.values = [
+            onnxruntime.OrtValue.ortvalue_from_numpy(array)
+            for array in (self.features, self.presence, self.scores)
+        ]
+        features, presence, scores = self.values
+        self.binding.bind_ortvalue_input(ModelInputs.FEATURES, features)
+        self.binding.bind_ortvalue_input(ModelInputs.PRESENCE, presence)
+        self.binding.bind_ortvalue_output(ModelOutputs.SCORES, scores)
         self.lock = threading.Lock()
 
     @classmethod
@@ -501,11 +499,15 @@ class OneRowBinding:
         inputs = {node.name: node.shape for node in session.get_inputs()}
         outputs = {node.name: node.shape for node in session.get_outputs()}
         width, actions = len(predictor.feature_ids), len(predictor.actions)
-        shapes = (inputs.get("features"), inputs.get("presence"), outputs.get("scores"))
+        shapes = (
+            inputs.get(ModelInputs.FEATURES),
+            inputs.get(ModelInputs.PRESENCE),
+            outputs.get(ModelOutputs.SCORES),
+        )
         if (
             predictor.continuous
             or predictor.parametric
-            or set(inputs) != {"features", "presence"}
+            or set(inputs) != set(ModelInputs.STATE)
             or any(shape is None or len(shape) != 2 for shape in shapes)
             or [shape[1] for shape in shapes] != [width, width, actions]
         ):

@@ -6,6 +6,10 @@ it the card to write (``write_model_card``). A module reading ``custom_metadata_
 ``metadata_props`` itself, or looking a card key up by its string in something it got from a
 model's metadata, gets fields nobody checked (the defaults sweep parsed ``action_feature_ids``
 with ``json.loads`` of its own) and spells the format twice.
+
+The model's input and output names are the card's too (``ModelInputs``, ``ModelOutputs``): the
+exporter names the graph with them and every module that feeds a model or fetches from it
+spells them through those names, so a renamed input cannot leave a caller feeding the old one.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import ast
 
 from test_architecture import PACKAGES, ROOT
 
-from horizon_engine import ActionBounds, ModelCard
+from horizon_engine import ActionBounds, ModelCard, ModelInputs, ModelOutputs
 
 OWNER = ROOT / "horizon_engine" / "model_card.py"
 METADATA_ATTRIBUTES = {"custom_metadata_map", "metadata_props"}
@@ -27,6 +31,11 @@ CARD_KEYS = set(
     ).metadata()
 )
 """Every key a card writes, taken from the writer rather than spelled here."""
+MODEL_NAMES = set(ModelInputs.of("parametric") + ModelOutputs.of("discrete"))
+MODEL_NAMES |= set(ModelOutputs.of("continuous", stochastic=True))
+"""Every input and output name of an exported model, taken from the exporter's namespace."""
+SESSION_CALLS = {"run", "bind_ortvalue_input", "bind_ortvalue_output", "bind_input", "bind_output"}
+"""The onnxruntime calls that take input or output names: feeds, fetches and io bindings."""
 
 
 def card_reads(source: str) -> list[str]:
@@ -84,3 +93,102 @@ def test_the_check_finds_the_reads_it_forbids():
         "line 2: metadata.get('feature_ids')",
         "line 3: .metadata_props",
     ]
+
+
+def _model_name(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and node.value in MODEL_NAMES
+
+
+def spelled_model_names(source: str) -> list[str]:
+    """Where ``source`` spells a model's input or output name itself, in the forms that name
+    one and no row field does: a name in the arguments of a session call (``SESSION_CALLS``:
+    a fetch list, a feed dict's key, a bound input), a name asked for with ``in`` or ``not
+    in`` (among a model's inputs or outputs), a dict or set literal of two or more constant
+    keys all of which are model names (a feed dict, an output table, an input set), and a
+    name looked up (subscript or ``.get``) in something whose name says feeds, inputs or
+    outputs. Rows, batches and ``PolicyOutput`` fields share some of the names
+    (``"action"``), so a bare string is not enough to flag."""
+    found: dict[tuple[int, int], str] = {}
+    for node in ast.walk(ast.parse(source)):
+        spelled: list[ast.AST] = []
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in SESSION_CALLS
+        ):
+            arguments = [*node.args, *(keyword.value for keyword in node.keywords)]
+            spelled = [leaf for argument in arguments for leaf in ast.walk(argument)]
+        elif isinstance(node, ast.Compare) and any(
+            isinstance(op, ast.In | ast.NotIn) for op in node.ops
+        ):
+            spelled = [node.left]
+        elif isinstance(node, ast.Dict | ast.Set):
+            keys = [key for key in (node.keys if isinstance(node, ast.Dict) else node.elts) if key]
+            if len(keys) >= 2 and all(_model_name(key) for key in keys):
+                spelled = keys
+        else:
+            looked_up = None
+            if isinstance(node, ast.Subscript):
+                looked_up, key = node.value, node.slice
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "get"
+                and node.args
+            ):
+                looked_up, key = node.func.value, node.args[0]
+            text = ast.unparse(looked_up).lower() if looked_up is not None else ""
+            if any(word in text for word in ("feed", "input", "output")):
+                spelled = [key]
+        for leaf in spelled:
+            if _model_name(leaf):
+                found[leaf.lineno, leaf.col_offset] = f"line {leaf.lineno}: {leaf.value!r}"
+    return [found[place] for place in sorted(found)]
+
+
+def test_only_the_model_card_module_spells_a_models_input_and_output_names():
+    modules = [path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))]
+    modules += sorted((ROOT / "benchmarks").rglob("*.py"))
+    spellings = [
+        f"{path.relative_to(ROOT)}, {spelled}"
+        for path in modules
+        if path != OWNER
+        for spelled in spelled_model_names(path.read_text(encoding="utf-8"))
+    ]
+    assert spellings == []
+
+
+def test_the_check_finds_the_names_it_forbids_and_passes_row_fields():
+    """The forms the predictor, the gym source, the exporter and the benchmarks used before,
+    then row and batch fields of the same names, which are not the model's."""
+    assert spelled_model_names(
+        'session.run(["action"], {"features": features, "presence": ones})\n'
+        'binding.bind_ortvalue_output("scores", value)\n'
+        'stochastic = "log_density" in outputs\n'
+        'feeds |= {"candidates": offered, "candidate_presence": offered}\n'
+        'fits = set(inputs) != {"features", "presence"}\n'
+        'shape = outputs.get("scores")\n'
+        'one = feeds["features"]\n'
+    ) == [
+        "line 1: 'action'",
+        "line 1: 'features'",
+        "line 1: 'presence'",
+        "line 2: 'scores'",
+        "line 3: 'log_density'",
+        "line 4: 'candidates'",
+        "line 4: 'candidate_presence'",
+        "line 5: 'features'",
+        "line 5: 'presence'",
+        "line 6: 'scores'",
+        "line 7: 'features'",
+    ]
+    assert (
+        spelled_model_names(
+            'row = {"action": action, "reward": reward}\n'
+            'loss = F.cross_entropy(logits, batch["action"])\n'
+            'fields = ("action", "scores", "probabilities", "log_density")\n'
+            'numbers = {"features": useless}\n'
+            'axes = {0: "batch", 1: "candidates"}\n'
+        )
+        == []
+    )

@@ -28,6 +28,8 @@ from horizon_engine import (
     DataSource,
     Exploration,
     HorizonError,
+    ModelInputs,
+    ModelOutputs,
     RowFormat,
     RowLayout,
     RowShaper,
@@ -225,7 +227,7 @@ def _onnx_actor(path: str, dimensions: int) -> Callable[[np.ndarray], np.ndarray
     session = _onnx_session(path)
     names = [model_input.name for model_input in session.get_inputs()]
     outputs = [output.name for output in session.get_outputs()]
-    if "action" not in outputs or "scores" in outputs:
+    if ModelOutputs.ACTION not in outputs or ModelOutputs.SCORES in outputs:
         raise HorizonError(
             f"[source] model = {path!r} is no continuous actor (its outputs are {outputs}); "
             "a continuous action space needs a model exported from an actor-critic trainer"
@@ -236,7 +238,7 @@ def _onnx_actor(path: str, dimensions: int) -> Callable[[np.ndarray], np.ndarray
         feeds = {names[0]: observation}
         if len(names) > 1:
             feeds[names[1]] = np.ones_like(observation)
-        (action,) = session.run(["action"], feeds)
+        (action,) = session.run([ModelOutputs.ACTION], feeds)
         action = np.asarray(action, dtype=np.float64).ravel()
         if action.size != dimensions:
             raise HorizonError(
@@ -278,7 +280,7 @@ def _onnx_greedy(path: str, n_actions: int) -> Callable[[np.ndarray], int]:
         feeds = {names[0]: observation}
         if len(names) > 1:
             feeds[names[1]] = np.ones_like(observation)
-        if "candidates" in names:
+        if ModelInputs.CANDIDATES in names:
             feeds |= _one_hot_candidates(path, action_ids, observation.shape[1], n_actions)
         scores = np.asarray(session.run(None, feeds)[0])
         if scores.size != n_actions:
@@ -306,11 +308,8 @@ def _one_hot_candidates(
     candidates = np.zeros((1, n_actions, len(action_ids)), dtype=np.float32)
     for index, feature in enumerate(wanted):
         candidates[0, index, action_ids.index(feature)] = 1.0
-    return {
-        "candidates": candidates,
-        "candidate_presence": candidates.copy(),
-        "candidate_mask": np.ones((1, n_actions), dtype=np.float32),
-    }
+    mask = np.ones((1, n_actions), dtype=np.float32)
+    return dict(zip(ModelInputs.PER_CANDIDATE, (candidates, candidates.copy(), mask), strict=True))
 
 
 def make_env(env_id: str, section: str = "source") -> gymnasium.Env:

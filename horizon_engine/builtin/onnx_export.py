@@ -51,6 +51,8 @@ from horizon_engine import (
     ExporterBase,
     HorizonError,
     ModelCard,
+    ModelInputs,
+    ModelOutputs,
     PolicyBundle,
     RunFolder,
     atomic_output,
@@ -82,13 +84,6 @@ and the normalization allow 64, and a model 2e-5 off at its largest score still 
 PROBABILITY_TOLERANCE = 4 * FLOAT32_EPSILON
 """Probabilities lie in [0, 1] and are computed by the same few operations in both libraries
 from agreeing scores: a few rounding steps of 1 apart."""
-
-
-STATE_INPUTS = ("features", "presence")
-CANDIDATE_INPUTS = ("candidates", "candidate_presence", "candidate_mask")
-OUTPUTS = ("scores", "probabilities", "action")
-CONTINUOUS_OUTPUTS = ("action", "log_density")
-"""A continuous model's outputs: ``log_density`` only for a stochastic policy."""
 
 
 def _policy_head(bundle: PolicyBundle, config: ExportConfig) -> torch.nn.Module:
@@ -180,9 +175,10 @@ def _action_bounds(bundle: PolicyBundle) -> dict[str, list[float | None]]:
 
 def _sample_inputs(bundle: PolicyBundle) -> dict[str, torch.Tensor]:
     """The check rows as the model's inputs, by input name."""
-    inputs = dict(zip(STATE_INPUTS, (bundle.sample_values, bundle.sample_presence), strict=True))
+    state = (bundle.sample_values, bundle.sample_presence)
+    inputs = dict(zip(ModelInputs.STATE, state, strict=True))
     if bundle.sample_candidates is not None:
-        inputs |= dict(zip(CANDIDATE_INPUTS, bundle.sample_candidates, strict=True))
+        inputs |= dict(zip(ModelInputs.PER_CANDIDATE, bundle.sample_candidates, strict=True))
     return inputs
 
 
@@ -217,14 +213,12 @@ class ScoreTolerance:
         return self.atol + self.rtol * np.abs(expected)
 
 
-def _dynamic_axes(
-    parametric: bool, outputs: tuple[str, ...] = OUTPUTS
-) -> dict[str, dict[int, str]]:
+def _dynamic_axes(parametric: bool, outputs: tuple[str, ...]) -> dict[str, dict[int, str]]:
     """Batch everywhere; for a parametric model the candidates axis of the candidate inputs
     and of the per-candidate outputs too."""
-    axes: dict[str, dict[int, str]] = {name: {0: "batch"} for name in STATE_INPUTS + outputs}
+    axes: dict[str, dict[int, str]] = {name: {0: "batch"} for name in ModelInputs.STATE + outputs}
     if parametric:
-        for name in (*CANDIDATE_INPUTS, "scores", "probabilities"):
+        for name in (*ModelInputs.PER_CANDIDATE, ModelOutputs.SCORES, ModelOutputs.PROBABILITIES):
             axes[name] = {0: "batch", 1: "candidates"}
     return axes
 
@@ -244,9 +238,10 @@ class OnnxExporter(ExporterBase):
 
         if bundle.continuous:
             head = _continuous_head(bundle)
-            outputs = CONTINUOUS_OUTPUTS[: 1 + head.stochastic]
+            outputs = ModelOutputs.of(bundle.action_type.value, head.stochastic)
         else:
-            head, outputs = _policy_head(bundle, self.config), OUTPUTS
+            head = _policy_head(bundle, self.config)
+            outputs = ModelOutputs.of(bundle.action_type.value)
         inputs = _sample_inputs(bundle)
         with torch.no_grad():
             expected = [output.numpy() for output in head(*inputs.values())]
@@ -279,7 +274,7 @@ class OnnxExporter(ExporterBase):
                 verified = self._verify(str(temporary), feeds, expected, tolerance)
         described: dict[str, Any] = {"policy": self.config.policy}
         if bundle.continuous:
-            kind = "stochastic" if "log_density" in outputs else "deterministic"
+            kind = "stochastic" if ModelOutputs.LOG_DENSITY in outputs else "deterministic"
             described = {"policy": kind, "outputs": list(outputs)}
         self.details = {
             **described,
@@ -331,13 +326,15 @@ class OnnxExporter(ExporterBase):
         import torch
 
         session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-        got = dict(zip(OUTPUTS, session.run(None, feeds), strict=True))
-        want = dict(zip(OUTPUTS, expected, strict=True))
-        scores = want["scores"].astype(np.float64)
+        want_scores, want_probabilities, want_action = expected
+        got_scores, got_probabilities, got_action = session.run(list(ModelOutputs.SCORED), feeds)
+        scores = want_scores.astype(np.float64)
         rule = f"rtol {tolerance.rtol:.3g}, atol {tolerance.atol:.3g}"
-        worst = _check_close("scores", want["scores"], got["scores"], tolerance.bound(scores), rule)
+        worst = _check_close(
+            ModelOutputs.SCORES, want_scores, got_scores, tolerance.bound(scores), rule
+        )
 
-        mask = torch.from_numpy(feeds.get("candidate_mask", np.ones_like(want["scores"])))
+        mask = torch.from_numpy(feeds.get(ModelInputs.CANDIDATE_MASK, np.ones_like(want_scores)))
         possible = recorded_possible(mask).numpy() > 0
         gap = top_two_gap(torch.from_numpy(scores), mask).numpy()
         # How far any possible action's score of the row may move.
@@ -348,26 +345,26 @@ class OnnxExporter(ExporterBase):
             probability_bound = moves / (2 * self.config.temperature) + PROBABILITY_TOLERANCE
             # The choice is the most probable action; at a high temperature probabilities can
             # be closer than their own rounding where the scores are not.
-            probabilities = torch.from_numpy(want["probabilities"].astype(np.float64))
+            probabilities = torch.from_numpy(want_probabilities.astype(np.float64))
             tied |= top_two_gap(probabilities, mask).numpy() <= 2 * probability_bound
         else:
             probability_bound = np.full(len(scores), PROBABILITY_TOLERANCE)
         decided = ~tied
-        differing = np.flatnonzero(decided & (want["action"] != got["action"]))
+        differing = np.flatnonzero(decided & (want_action != got_action))
         if differing.size:
             row = int(differing[0])
             raise HorizonError(
-                f"[export] the ONNX model chooses action {int(got['action'][row])} where "
-                f"PyTorch chooses {int(want['action'][row])} at row {row}, whose two best "
+                f"[export] the ONNX model chooses action {int(got_action[row])} where "
+                f"PyTorch chooses {int(want_action[row])} at row {row}, whose two best "
                 f"scores are {gap[row]:.3g} apart, more than twice the {moves[row]:.3g} a "
-                f"score may move ({rule}); scores {want['scores'][row].tolist()} vs "
-                f"{got['scores'][row].tolist()}"
+                f"score may move ({rule}); scores {want_scores[row].tolist()} vs "
+                f"{got_scores[row].tolist()}"
             )
         compared = np.ones_like(decided) if softmax else decided
         _check_close(
-            "probabilities",
-            want["probabilities"][compared],
-            got["probabilities"][compared],
+            ModelOutputs.PROBABILITIES,
+            want_probabilities[compared],
+            got_probabilities[compared],
             probability_bound[compared, None],
             f"{self.config.policy} policy",
             rows=np.flatnonzero(compared),
@@ -401,17 +398,20 @@ def _verify_continuous(
     import onnxruntime
 
     session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-    got = dict(zip(want, session.run(None, feeds), strict=True))
-    action = want["action"].astype(np.float64)
-    tolerance = ScoreTolerance.for_model(bundle.model, want["action"])
+    got = dict(zip(want, session.run(list(want), feeds), strict=True))
+    want_action, got_action = want[ModelOutputs.ACTION], got[ModelOutputs.ACTION]
+    action = want_action.astype(np.float64)
+    tolerance = ScoreTolerance.for_model(bundle.model, want_action)
     rule = f"rtol {tolerance.rtol:.3g}, atol {tolerance.atol:.3g}"
-    worst = _check_close("action", want["action"], got["action"], tolerance.bound(action), rule)
+    worst = _check_close(
+        ModelOutputs.ACTION, want_action, got_action, tolerance.bound(action), rule
+    )
     verified: dict[str, Any] = {
         "verified_rows": len(action),
         "max_abs_difference": worst,
         "action_tolerance": {"rtol": tolerance.rtol, "atol": tolerance.atol},
     }
-    if "log_density" not in want:
+    if ModelOutputs.LOG_DENSITY not in want:
         return verified
     bounds = _action_bounds(bundle)
     low = np.array([np.nan if v is None else v for v in bounds["low"]], dtype=np.float64)
@@ -420,13 +420,18 @@ def _verify_continuous(
     margin = np.minimum(action - low, high - action) / half
     margin = np.nanmin(np.where(np.isnan(margin), 1.0, margin), axis=1, initial=1.0)
     compared = margin >= SATURATED
-    density = want["log_density"][compared]
+    density = want[ModelOutputs.LOG_DENSITY][compared]
     tolerance = ScoreTolerance.for_model(bundle.model, density)
     bound = tolerance.bound(density.astype(np.float64)) + tolerance.rtol / margin[compared]
     rule = f"rtol {tolerance.rtol:.3g}, atol {tolerance.atol:.3g}, + rtol / (1 - |y|)"
     rows = np.flatnonzero(compared)
     worst = _check_close(
-        "log_density", density, got["log_density"][compared], bound, rule, rows=rows
+        ModelOutputs.LOG_DENSITY,
+        density,
+        got[ModelOutputs.LOG_DENSITY][compared],
+        bound,
+        rule,
+        rows=rows,
     )
     verified |= {
         "log_density_max_abs_difference": worst,
@@ -476,14 +481,14 @@ def _declare_output_shapes(model: onnx.ModelProto, bundle: PolicyBundle) -> None
     ``[batch]``."""
     width: int | str = "candidates" if bundle.parametric else len(bundle.actions)
     shapes: dict[str, list[int | str]] = {
-        "scores": ["batch", width],
-        "probabilities": ["batch", width],
-        "action": ["batch"],
+        ModelOutputs.SCORES: ["batch", width],
+        ModelOutputs.PROBABILITIES: ["batch", width],
+        ModelOutputs.ACTION: ["batch"],
     }
     if bundle.continuous:
         shapes = {
-            "action": ["batch", len(bundle.action_feature_ids)],
-            "log_density": ["batch"],
+            ModelOutputs.ACTION: ["batch", len(bundle.action_feature_ids)],
+            ModelOutputs.LOG_DENSITY: ["batch"],
         }
     for output in model.graph.output:
         dims = output.type.tensor_type.shape.dim
