@@ -3,9 +3,9 @@
 
 PYTHON ?= python3
 # Test processes (pytest-xdist): the suite's learning tests train on one thread each, so two
-# workers use a two-core machine's second core (6 minutes with two on a quiet machine). Spark's
-# tests are left spread over both: grouping them on one worker (--dist loadgroup) measured
-# 450 s against 358 s, its worker the last to finish.
+# workers use a two-core machine's second core: 6 to 8 minutes, as the machine's speed drifts.
+# Measured on one tree: 358 s with two workers against 450 s with Spark's tests grouped on one
+# of them (--dist loadgroup; its worker finished last); three workers took longer still.
 TEST_WORKERS ?= 2
 VENV := .venv
 BIN := $(VENV)/bin
