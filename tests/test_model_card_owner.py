@@ -15,6 +15,7 @@ spells them through those names, so a renamed input cannot leave a caller feedin
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 
 from test_architecture import PACKAGES, ROOT
 
@@ -65,17 +66,21 @@ def card_reads(source: str) -> list[str]:
     return found
 
 
-def test_only_the_model_card_module_reads_or_writes_a_models_metadata():
+def findings_outside_the_owner(check: Callable[[str], list[str]]) -> list[str]:
+    """``check``'s findings in every module of the packages and benchmarks but model_card.py."""
     modules = [path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))]
     modules += sorted((ROOT / "benchmarks").rglob("*.py"))
     assert OWNER in modules
-    readers = [
-        f"{path.relative_to(ROOT)}, {read}"
+    return [
+        f"{path.relative_to(ROOT)}, {found}"
         for path in modules
         if path != OWNER
-        for read in card_reads(path.read_text(encoding="utf-8"))
+        for found in check(path.read_text(encoding="utf-8"))
     ]
-    assert readers == []
+
+
+def test_only_the_model_card_module_reads_or_writes_a_models_metadata():
+    assert findings_outside_the_owner(card_reads) == []
 
 
 def test_the_check_finds_the_reads_it_forbids():
@@ -147,15 +152,7 @@ def spelled_model_names(source: str) -> list[str]:
 
 
 def test_only_the_model_card_module_spells_a_models_input_and_output_names():
-    modules = [path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))]
-    modules += sorted((ROOT / "benchmarks").rglob("*.py"))
-    spellings = [
-        f"{path.relative_to(ROOT)}, {spelled}"
-        for path in modules
-        if path != OWNER
-        for spelled in spelled_model_names(path.read_text(encoding="utf-8"))
-    ]
-    assert spellings == []
+    assert findings_outside_the_owner(spelled_model_names) == []
 
 
 def test_the_check_finds_the_names_it_forbids_and_passes_row_fields():
