@@ -10,8 +10,9 @@ names, and an import-linter contract run by ``make test`` holds them to it.
   run folder's file names (and of reading and writing the files the engine reads back);
 - config models: ``ComponentConfig``, and the option types ``DistinctNames`` (a list that
   names each thing once) and ``PathPatterns`` (a source's ``path``);
-- data sources: ``DataSource``, ``SourceConfig``, ``SourceBatch``, and the row schema
-  (``RowLayout``, ``RowFormat``, ``RowShaper``, ``ActionType``, ``BadRow``, ``detect_layout``,
+- data sources: ``DataSource``, ``SourceConfig``, ``SourceBatch``, the files a ``path``
+  stands for (``expand_paths``, ``path_problems``), and the row schema (``RowLayout``,
+  ``RowFormat``, ``RowShaper``, ``ActionType``, ``BadRow``, ``detect_layout``,
   ``majority_layout``);
 - everything that reads rows from outside (sources, ``serve``, ``score``, ``join``): the one
   rule for a row's values (``ValueProblem``, ``number_problem``, ``integer_problem``,
@@ -180,6 +181,7 @@ from horizon_engine.schema import (
     detect_layout,
     majority_layout,
 )
+from horizon_engine.source_paths import expand_paths, path_problems
 from horizon_engine.stages import SectionRule, Stage
 from horizon_engine.timeline import (
     TimelineConfig,
@@ -300,6 +302,7 @@ __all__ = [
     "eval_episodes",
     "eval_split_value",
     "evaluate_run",
+    "expand_paths",
     "export_policy",
     "feature_map_problem",
     "feature_module",
@@ -316,6 +319,7 @@ __all__ = [
     "model_card_of_session",
     "number_problem",
     "parse_json_line",
+    "path_problems",
     "policy_output",
     "progress_bar",
     "read_checkpoint",

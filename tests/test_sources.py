@@ -482,3 +482,26 @@ def test_a_value_too_large_for_float32_is_quarantined_and_training_warns_nothing
     assert manifest["stages"]["source"]["dropped"] == {"out_of_range": 1}
     [quarantined] = (tmp_path / "run" / "source" / "quarantine.jsonl").read_text().splitlines()
     assert json.loads(quarantined)["location"] == f"{path}:20"
+
+
+def test_expand_paths_is_the_one_rule_for_what_a_source_path_stands_for(tmp_path):
+    """The public rule a third party's file source reads by, as the built-in ones do: a
+    folder's files with the suffixes, none under a name starting with ``.`` or ``_`` (Spark's
+    markers, a writer's temporary parts), each file once however often it matches."""
+    from horizon_engine import expand_paths, path_problems
+
+    logs = tmp_path / "logs"
+    for name in ("a.jsonl", "sub/b.jsonl.gz", "_SUCCESS", ".tmp/c.jsonl", "_temporary/d.jsonl"):
+        (logs / name).parent.mkdir(parents=True, exist_ok=True)
+        (logs / name).write_text("")
+    (logs / "notes.txt").write_text("")
+
+    found = expand_paths([str(logs), str(logs / "a.jsonl")], (".jsonl", ".jsonl.gz"))
+
+    assert found == [logs / "a.jsonl", logs / "sub" / "b.jsonl.gz"]
+    missing = str(tmp_path / "nowhere" / "*.jsonl")
+    assert path_problems([str(logs), missing], (".jsonl",)) == [
+        f"[source] path {missing!r}: no file or folder matches"
+    ]
+    with pytest.raises(HorizonError, match=r"no \*\.parquet file under it"):
+        expand_paths(str(logs), (".parquet",))
