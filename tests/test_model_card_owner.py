@@ -39,6 +39,21 @@ SESSION_CALLS = {"run", "bind_ortvalue_input", "bind_ortvalue_output", "bind_inp
 """The onnxruntime calls that take input or output names: feeds, fetches and io bindings."""
 
 
+def lookup(node: ast.AST, methods: set[str]) -> tuple[ast.AST | None, ast.AST | None]:
+    """What ``node`` looks a key up in, and the key: ``x[key]`` or ``x.get(key)`` (one of
+    ``methods``); (None, None) for any other node."""
+    if isinstance(node, ast.Subscript):
+        return node.value, node.slice
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in methods
+        and node.args
+    ):
+        return node.func.value, node.args[0]
+    return None, None
+
+
 def card_reads(source: str) -> list[str]:
     """Where ``source`` reads a model's metadata itself: each use of ``METADATA_ATTRIBUTES``,
     and each card key subscripted (or ``.get``) on an expression that names metadata."""
@@ -46,16 +61,7 @@ def card_reads(source: str) -> list[str]:
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Attribute) and node.attr in METADATA_ATTRIBUTES:
             found.append(f"line {node.lineno}: .{node.attr}")
-        looked_up = None
-        if isinstance(node, ast.Subscript):
-            looked_up, key = node.value, node.slice
-        elif (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr in {"get", "pop"}
-            and node.args
-        ):
-            looked_up, key = node.func.value, node.args[0]
+        looked_up, key = lookup(node, {"get", "pop"})
         if (
             looked_up is not None
             and isinstance(key, ast.Constant)
@@ -132,16 +138,7 @@ def spelled_model_names(source: str) -> list[str]:
             if len(keys) >= 2 and all(_model_name(key) for key in keys):
                 spelled = keys
         else:
-            looked_up = None
-            if isinstance(node, ast.Subscript):
-                looked_up, key = node.value, node.slice
-            elif (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "get"
-                and node.args
-            ):
-                looked_up, key = node.func.value, node.args[0]
+            looked_up, key = lookup(node, {"get"})
             text = ast.unparse(looked_up).lower() if looked_up is not None else ""
             if any(word in text for word in ("feed", "input", "output")):
                 spelled = [key]
