@@ -53,7 +53,7 @@ from horizon_engine.run_folder import (
     remove_inside,
     take_over,
 )
-from horizon_engine.stages import Stage
+from horizon_engine.stages import Stage, readers_of
 
 if TYPE_CHECKING:
     import numpy as np
@@ -869,7 +869,7 @@ class Engine:
         manifest["incomplete_stages"].pop(stage.name, None)
         if stage.name not in manifest["executed"]:
             manifest["executed"].append(stage.name)
-        for name in _readers_of(stage, self.plugins.stages()):
+        for name in readers_of(stage, self.plugins.stages()):
             record = manifest["stages"].get(name)
             if record and record["run_id"] != run.run_id and not record.get("stale"):
                 record["stale"] = (
@@ -917,22 +917,6 @@ class Engine:
         RunFolder(run.output_dir).finish_interrupted(
             manifest, partial(self.plugins.on_run_end, run)
         )
-
-
-def _readers_of(stage: Stage, stages: list[Stage]) -> list[str]:
-    """The stages that read ``stage``'s outputs, directly or through another such stage's:
-    those a new run of ``stage`` makes stale. A stage that reads none of them (the analysis
-    after a new export) is not."""
-    readers: list[str] = []
-    replaced = [stage]
-    while replaced:
-        producer = replaced.pop()
-        for reader in stages:
-            reads_it = any(matches(path, producer.claims) for path in reader.reads)
-            if reads_it and reader.name not in readers and reader is not stage:
-                readers.append(reader.name)
-                replaced.append(reader)
-    return readers
 
 
 def _files_of_runs(folder: Path, run_ids: list[str]) -> list[str]:

@@ -159,6 +159,22 @@ def _clash(earlier: Stage, later: Stage) -> str | None:
     return None
 
 
+def readers_of(stage: Stage, stages: Sequence[Stage]) -> list[str]:
+    """The stages that read ``stage``'s outputs, directly or through another such stage's:
+    those a new run of ``stage`` makes stale. A stage that reads none of them (the analysis
+    after a new export) is not."""
+    readers: list[str] = []
+    replaced = [stage]
+    while replaced:
+        producer = replaced.pop()
+        for reader in stages:
+            reads_it = any(matches(path, producer.claims) for path in reader.reads)
+            if reads_it and reader.name not in readers and reader is not stage:
+                readers.append(reader.name)
+                replaced.append(reader)
+    return readers
+
+
 def _producers(stage: Stage, stages: Sequence[Stage]) -> set[str]:
     """The stages whose claims ``stage`` reads."""
     found = set()
