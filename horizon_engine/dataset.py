@@ -61,13 +61,15 @@ def dense_features(column: pa.Array, feature_ids: Sequence[str]) -> tuple[np.nda
 
 
 def candidate_features(
-    column: pa.Array, feature_ids: Sequence[str]
+    column: pa.Array, feature_ids: Sequence[str], width: int = 1
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A list-of-feature-maps column (each row's candidate actions) as ``[rows, K, features]``
     values and presence and the ``[rows, K]`` mask of real candidates (float32).
 
-    ``K`` is the longest list, at least 1 so that every row has a slot to mask; a null or empty
-    list (a terminal row's next actions, or ones not recorded) is a row of masked slots.
+    ``K`` is the longest list, at least ``width`` (1: every row has a slot to mask; a streamed
+    split passes the whole split's longest, so that its batches have the in-memory shapes); a
+    null or empty list (a terminal row's next actions, or ones not recorded) is a row of masked
+    slots.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -77,7 +79,7 @@ def candidate_features(
     parents, maps = list_entries(column)
     offsets = column.offsets.to_numpy(zero_copy_only=False)
     counts = np.diff(offsets)
-    width = max(int(counts.max()) if len(counts) else 0, 1)
+    width = max(int(counts.max()) if len(counts) else 0, width)
     slots = np.arange(len(parents)) - np.repeat(offsets[:-1] - offsets[0], counts)
     values, presence = dense_features(maps, feature_ids)
     shape = (len(column), width, len(feature_ids))
@@ -91,13 +93,13 @@ def candidate_features(
 
 
 def _candidate_tensors(
-    column: pa.Array, feature_ids: Sequence[str], name: str
+    column: pa.Array, feature_ids: Sequence[str], name: str, width: int = 1
 ) -> dict[str, torch.Tensor]:
     """``candidate_features`` as the tensors named after the column: ``name`` (the mask),
     ``<singular>_features`` and ``<singular>_presence``, e.g. ``possible_action_features``."""
     import torch
 
-    values, presence, mask = candidate_features(column, feature_ids)
+    values, presence, mask = candidate_features(column, feature_ids, width)
     singular = name.replace("actions", "action")
     return {
         name: torch.from_numpy(mask),
@@ -265,12 +267,60 @@ def load_timeline(
     (the discrete action names) from ``timeline/timeline.json``.
     """
     import pyarrow.parquet as pq
-    import torch
 
     try:
         table = pq.read_table(folder).combine_chunks()
     except (OSError, ValueError) as exc:
         raise HorizonError(f"{folder}: cannot read the timeline split: {exc}") from None
+    return timeline_tensors(table, action_type, feature_ids, action_feature_ids, actions)
+
+
+PADDED_COLUMNS = (
+    "possible_actions",
+    "possible_next_actions",
+    "next_n_rewards",
+    "next_n_possible_next_actions",
+)
+"""The list columns whose tensors are padded to the longest list: a streamed split reads them
+alone first (``padding_widths``) to pad every batch alike."""
+
+
+def padding_widths(table: pa.Table, action_type: ActionType) -> dict[str, int]:
+    """The widths ``timeline_tensors`` pads ``table``'s lists to, by column: the candidates of
+    parametric rows (``possible_actions``, ...) and the n-step window (``next_n_rewards``).
+    The widest of a split's row groups are the split's: what the whole split would be padded
+    to in memory."""
+    import pyarrow as pa
+
+    widths = {}
+    for name in PADDED_COLUMNS:
+        if name not in table.column_names:
+            continue
+        if name != "next_n_rewards" and action_type is not ActionType.PARAMETRIC:
+            continue
+        column = table[name].combine_chunks()
+        if name == "next_n_possible_next_actions":
+            ends = _window_ends(table["next_n_rewards"].combine_chunks())
+            column = list_entries(column)[1].take(pa.array(ends))
+        lengths = np.diff(column.offsets.to_numpy(zero_copy_only=False))
+        widths[name] = int(lengths.max()) if len(lengths) else 0
+    return widths
+
+
+def timeline_tensors(
+    table: pa.Table,
+    action_type: ActionType,
+    feature_ids: Sequence[str],
+    action_feature_ids: Sequence[str] = (),
+    actions: Sequence[str] = (),
+    widths: Mapping[str, int] | None = None,
+) -> TimelineTensors:
+    """Rows of a timeline split (a whole split, or a row group of one) as tensors: the one
+    conversion the in-memory and the streamed split share. ``widths`` (``padding_widths`` of
+    the whole split) pads lists to the split's longest rather than ``table``'s."""
+    import torch
+
+    widths = widths or {}
     column = {name: table[name].combine_chunks() for name in table.column_names}
     state, state_presence = dense_features(column["state_features"], feature_ids)
     next_state, next_presence = dense_features(column["next_state_features"], feature_ids)
@@ -307,9 +357,10 @@ def load_timeline(
             loaded[f"{name}_presence"] = torch.from_numpy(presence)
     if action_type is ActionType.PARAMETRIC:
         for name in ("possible_actions", "possible_next_actions"):
-            loaded |= _candidate_tensors(column[name], action_feature_ids, name)
+            width = widths.get(name, 1)
+            loaded |= _candidate_tensors(column[name], action_feature_ids, name, width)
     if "next_n_rewards" in column:
-        loaded |= _n_step_tensors(column, feature_ids, len(actions), action_feature_ids)
+        loaded |= _n_step_tensors(column, feature_ids, len(actions), action_feature_ids, widths)
     return TimelineTensors(
         **loaded, feature_ids=list(feature_ids), action_feature_ids=list(action_feature_ids)
     )
@@ -330,21 +381,22 @@ def _n_step_tensors(
     feature_ids: Sequence[str],
     action_count: int,
     action_feature_ids: Sequence[str],
+    widths: Mapping[str, int],
 ) -> dict[str, torch.Tensor]:
     """The n-step arrays, padded to the longest (0 reward, terminal) with their lengths, and
     the state (and possible actions) where each row's n-step window ends, to bootstrap from.
     ``action_count`` is the number of discrete actions (0 otherwise); ``action_feature_ids``
-    are the parametric candidates' features."""
+    are the parametric candidates' features; ``widths`` the least widths to pad to."""
     import pyarrow as pa
     import torch
 
     rewards = column["next_n_rewards"]
     offsets = rewards.offsets.to_numpy(zero_copy_only=False)
     lengths = np.diff(offsets)
-    width = int(lengths.max()) if len(lengths) else 0
+    width = max(int(lengths.max()) if len(lengths) else 0, widths.get("next_n_rewards", 0))
     rows = np.repeat(np.arange(len(rewards)), lengths)
     steps = np.arange(offsets[-1] - offsets[0]) - np.repeat(offsets[:-1] - offsets[0], lengths)
-    last = pa.array(offsets[1:] - offsets[0] - 1)
+    last = pa.array(_window_ends(rewards))
 
     def padded(name: str, dtype: type) -> torch.Tensor:
         _, values = list_entries(column[name])
@@ -368,5 +420,12 @@ def _n_step_tensors(
         if action_count:
             tensors[name] = torch.from_numpy(_masks(ends.take(last), action_count))
         elif action_feature_ids:
-            tensors |= _candidate_tensors(ends.take(last), action_feature_ids, name)
+            width = widths.get(name, 1)
+            tensors |= _candidate_tensors(ends.take(last), action_feature_ids, name, width)
     return tensors
+
+
+def _window_ends(rewards: pa.ListArray) -> np.ndarray:
+    """The position, among a list column's entries, of each row's n-step window's last step."""
+    offsets = rewards.offsets.to_numpy(zero_copy_only=False)
+    return offsets[1:] - offsets[0] - 1
