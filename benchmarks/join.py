@@ -12,8 +12,9 @@ once as a Parquet folder, the same rows in both; and one rewards JSONL of rows
 those with a second row, 1% of the rows past the 48h window, and 0.5% more rows for unknown
 decision_ids, shuffled.
 
-Two cases, each JSONL log to JSONL output and Parquet log to Parquet output, ``--window 48h``
-and ``--default click=0`` (every decision is written, with 0 where no reward came):
+Three cases, JSONL log to JSONL output, Parquet log to Parquet output and JSONL log to Parquet
+output, ``--window 48h`` and ``--default click=0`` (every decision is written, with 0 where no
+reward came):
 
 - ``ours``: ``horizon join``'s command, in-process (``join_command``, the local engine,
   ``join_local``, and its report file);
@@ -23,7 +24,7 @@ and ``--default click=0`` (every decision is written, with 0 where no reward cam
   clicks, the decisions' keys left-joined on the sums (Arrow's join takes no struct or list
   column beside the keys, so the sums are put back in log order by a row number), nulls
   filled with 0, and written with pandas' ``to_json(orient="records", lines=True)`` (or one
-  Parquet file in the output folder).
+  Parquet file in the output folder, its metrics a struct).
 
 Each run is a fresh Python process (as ``horizon join`` runs), which imports pyarrow, pandas
 and our join modules alike before its clock starts; its time runs from reading the files to
@@ -37,7 +38,9 @@ Last, one line per case for ``run_all.py``:
     RESULT name=join_jsonl rows=1000000 ours_rows_per_s=... baseline=plain_arrow
     baseline_rows_per_s=... ratio=... ours_peak_mb=... baseline_peak_mb=...
 
-``ratio``: ours over the baseline's rows (decisions) per second (above 1, ours is faster).
+``ratio``: ours over the baseline's rows (decisions) per second (above 1, ours is faster). The
+JSONL-to-Parquet line also gives ``over_jsonl_output``: our seconds for it over our seconds for
+JSONL to JSONL (what writing Parquet rather than JSONL costs us).
 """
 
 from __future__ import annotations
@@ -70,8 +73,13 @@ WINDOW = "48h"
 WINDOW_SECONDS = 48 * 3600
 START = datetime(2026, 11, 30, tzinfo=UTC)
 SIDES = ("ours", "plain_arrow")
-CASES = {"jsonl": ("decisions.jsonl", "joined.jsonl"), "parquet": ("decisions.parquet", "p")}
-"""Each case's log and output names (the Parquet output: a ``.parquet`` folder)."""
+LOGS = {"jsonl": "decisions.jsonl", "parquet": "decisions.parquet"}
+CASES = {
+    "jsonl": ("jsonl", "joined.jsonl"),
+    "parquet": ("parquet", "joined.parquet"),
+    "jsonl_parquet": ("jsonl", "joined.parquet"),
+}
+"""Each case's log (a key of ``LOGS``) and output name (``.parquet``: a folder of parts)."""
 QUICK = {"rows": 200_000, "rounds": 2}
 
 
@@ -89,7 +97,7 @@ def generate(folder: Path, rows: int, seed: int = 0) -> Files:
     from horizon_plugins_serving.decision_log import decision_rows, open_decision_log
 
     rng = np.random.default_rng(seed)
-    logs = {case: folder / log for case, (log, _) in CASES.items()}
+    logs = {form: folder / name for form, name in LOGS.items()}
     batches = -(-rows // BATCH)
     ids: list[str] = []
     seconds = np.empty(rows, dtype=np.int64)
@@ -155,8 +163,7 @@ def join_plain_arrow(log: Path, rewards: Path, output: Path) -> None:
     import pyarrow.json as pj
     import pyarrow.parquet as pq
 
-    parquet = log.is_dir()
-    decisions = pq.read_table(log) if parquet else pj.read_json(log)
+    decisions = pq.read_table(log) if log.is_dir() else pj.read_json(log)
     stamp = pa.timestamp("us", tz="UTC")
     keys = pa.table(
         {
@@ -180,7 +187,7 @@ def join_plain_arrow(log: Path, rewards: Path, output: Path) -> None:
     clicks = joined["click_sum"].fill_null(0).combine_chunks()
     metrics = pa.StructArray.from_arrays([clicks], ["click"])
     result = decisions.append_column("metrics", metrics)
-    if parquet:
+    if output.name.endswith(".parquet"):
         output.mkdir()
         pq.write_table(result, output / "part-0.parquet")
     else:
@@ -282,17 +289,17 @@ class Figures:
 
 def report(figures: dict[tuple[str, str], Figures], rows: int, rounds: int) -> None:
     print(
-        f"\n{'case':<8} {'side':<12} {'seconds (median, range)':>26} {'rows/s':>11} "
+        f"\n{'case':<13} {'side':<12} {'seconds (median, range)':>26} {'rows/s':>11} "
         f"{'CPU s':>6} {'peak MB':>8}"
     )
     for (case, side), runs in figures.items():
         spread = f"{runs.median:.2f} ({min(runs.seconds):.2f}-{max(runs.seconds):.2f})"
         print(
-            f"{case:<8} {side:<12} {spread:>26} {rows / runs.median:>11,.0f} "
+            f"{case:<13} {side:<12} {spread:>26} {rows / runs.median:>11,.0f} "
             f"{statistics.median(runs.cpu_s):>6.2f} {max(runs.peak_mb):>8,.0f}"
         )
     print(f"(each the median of {rounds} joins of {rows:,} decisions; CPU s: of the process)\n")
-    for case in CASES:
+    for case in dict.fromkeys(case for case, _ in figures):
         ours, theirs = figures[(case, "ours")], figures[(case, "plain_arrow")]
         fields = {
             "name": f"join_{case}",
@@ -304,6 +311,8 @@ def report(figures: dict[tuple[str, str], Figures], rows: int, rounds: int) -> N
             "ours_peak_mb": f"{max(ours.peak_mb):.0f}",
             "baseline_peak_mb": f"{max(theirs.peak_mb):.0f}",
         }
+        if case == "jsonl_parquet" and ("jsonl", "ours") in figures:
+            fields["over_jsonl_output"] = f"{ours.median / figures[('jsonl', 'ours')].median:.2f}"
         print("RESULT " + " ".join(f"{key}={value}" for key, value in fields.items()))
 
 
@@ -312,6 +321,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000, help="decisions in the log")
     parser.add_argument("--rounds", type=int, default=3, help="joins of each side, per case")
     parser.add_argument("--quick", action="store_true", help="200,000 decisions, 2 rounds")
+    parser.add_argument(
+        "--cases", nargs="+", choices=list(CASES), default=list(CASES), help="cases to run"
+    )
     parser.add_argument("--measure", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--log", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--rewards", type=Path, help=argparse.SUPPRESS)
@@ -336,13 +348,13 @@ def main() -> None:
             f"generated in {time.perf_counter() - started:.1f} s (not counted): "
             f"{files.reward_rows:,} reward rows, {files.clicks:,} clicks within the window"
         )
-        for case, (_, output_name) in CASES.items():
-            suffix = ".parquet" if case == "parquet" else ""
+        for case in args.cases:
+            log, output_name = CASES[case]
             for turn in range(args.rounds):
                 outputs = {}
                 for side in SIDES if turn % 2 == 0 else SIDES[::-1]:
-                    outputs[side] = folder / f"{side}-{output_name}{suffix}"
-                    run = measure_fresh(side, files.logs[case], files.rewards, outputs[side])
+                    outputs[side] = folder / f"{side}-{output_name}"
+                    run = measure_fresh(side, files.logs[log], files.rewards, outputs[side])
                     runs = figures.setdefault((case, side), Figures())
                     runs.seconds.append(run["seconds"])
                     runs.cpu_s.append(run["cpu_s"])
