@@ -24,7 +24,8 @@ names, and an import-linter contract run by ``make test`` holds them to it.
   ``timeline_schema``, ``FEATURES``, ``eval_split_value`` and ``eval_episodes``, and the rules
   and parts every engine shares: ``weighted_reward``, ``sort_episodes``, ``write_split``;
 - normalization engines: ``NormalizationEngine``, ``NormalizationConfig``,
-  ``group_map_values``; feature types: ``FeatureType``, ``FeatureParameters`` (what a type's
+  ``group_map_values``, ``Reservoir`` (a seeded sample of a stream of row groups); feature
+  types: ``FeatureType``, ``FeatureParameters`` (what a type's
   own parameters model subclasses), ``NormalizationParameters`` (the built-in types', Horizon's
   fields), ``feature_module`` (the three have a register hook each; ``TimelineTransform``,
   ``NormalizationTransform`` and ``FeatureTransform``, of the deprecated transforms hook,
@@ -160,6 +161,7 @@ from horizon_engine.policies import (
 )
 from horizon_engine.preprocessor import FeatureType, feature_module
 from horizon_engine.progress import progress_bar
+from horizon_engine.reservoir import Reservoir
 from horizon_engine.row_values import (
     FLOAT32_MAX,
     ValueProblem,
@@ -266,6 +268,7 @@ __all__ = [
     "PolicyBundle",
     "PolicyOutput",
     "ProblemDescription",
+    "Reservoir",
     "RowFormat",
     "RowLayout",
     "RowShaper",

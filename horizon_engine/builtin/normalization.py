@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from horizon_engine import (
     NormalizationConfig,
     NormalizationEngine,
+    Reservoir,
     group_map_values,
     hookimpl,
 )
@@ -32,16 +33,19 @@ class LocalNormalization(NormalizationEngine):
     def sample(
         self, run: RunContext, train: Path, column: str, num_samples: int
     ) -> dict[str, np.ndarray]:
-        import numpy as np
+        """A reservoir sample of the column, read a row group at a time: the split may be
+        larger than memory. Every row when the split has at most ``num_samples``."""
         import pyarrow as pa
+        import pyarrow.dataset as ds
         import pyarrow.parquet as pq
 
-        values = pq.read_table(train, columns=[column])[column].combine_chunks()
-        if len(values) > num_samples:
-            rng = np.random.default_rng(run.seed)
-            chosen = np.sort(rng.choice(len(values), size=num_samples, replace=False))
-            values = values.take(pa.array(chosen))
-        return group_map_values(values)
+        reservoir = Reservoir(num_samples, run.seed)
+        split = ds.dataset(train, format="parquet")
+        for path in split.files:
+            for batch in pq.ParquetFile(path).iter_batches(columns=[column]):
+                reservoir.add(pa.Table.from_batches([batch]))
+        sample = reservoir.sample(pa.schema([split.schema.field(column)]))
+        return group_map_values(sample[column].combine_chunks())
 
 
 @hookimpl

@@ -18,20 +18,24 @@ The semantics are those of ``horizon_engine.timeline``; the Spark engine builds 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 import numpy as np
+from pydantic import Field
 
 from horizon_engine import (
     BAD_ROWS_SHOWN,
     FEATURES,
     ActionType,
     BadRow,
+    Reservoir,
     TimelineConfig,
     TimelineEngine,
     TimelineResult,
@@ -45,6 +49,7 @@ from horizon_engine import (
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
     from horizon_engine import RunContext
 
@@ -73,12 +78,28 @@ class _Rejections:
         return dict(sorted(Counter(self.kinds.values()).items()))
 
 
+class LocalTimelineConfig(TimelineConfig):
+    """The ``[timeline]`` section for the local engine: the shared fields and its memory."""
+
+    max_memory_gb: float | None = Field(default=None, gt=0)
+    """Memory the build may take. A source whose build would need more is cut into buckets of
+    whole episodes (by ranges of ``mdp_id``), built one after another into the same output.
+    None: a quarter of this machine's memory (``DEFAULT_MEMORY_SHARE``)."""
+
+
 class LocalTimeline(TimelineEngine):
     """Builds the timeline in-process with pyarrow and numpy (the default engine)."""
 
     name = "local"
-    Config = TimelineConfig
-    config: TimelineConfig
+    Config = LocalTimelineConfig
+    config: LocalTimelineConfig
+
+    def __init__(self, config: TimelineConfig) -> None:
+        # A caller that builds with any engine holds the shared section (the benchmarks, the
+        # parity tests): it is read as this engine's, with the default memory.
+        if not isinstance(config, LocalTimelineConfig):
+            config = LocalTimelineConfig.model_validate(config.model_dump())
+        super().__init__(config)
 
     def build(
         self,
@@ -88,12 +109,7 @@ class LocalTimeline(TimelineEngine):
         action_type: ActionType,
         quarantine: bool,
     ) -> TimelineResult:
-        from concurrent.futures import ThreadPoolExecutor
 
-        import pyarrow.compute as pc
-        import pyarrow.parquet as pq
-
-        config = self.config
         # The id columns are read as the dictionary codes the source stage's Parquet holds
         # them as: several times faster than reading their strings, and not hashed again. One
         # chunk per column: Arrow's take on a many-chunked column resolves chunks per row;
@@ -101,9 +117,127 @@ class LocalTimeline(TimelineEngine):
         # with their dictionaries unified), where read_table makes one per 128k rows. The file
         # is mapped, not pre-buffered: that would first copy it into fresh memory (at 10^7
         # rows, a quarter of the read's time on this VM).
-        ids = ["ds", "mdp_id", *(["action"] if action_type is ActionType.DISCRETE else [])]
-        file = pq.ParquetFile(rows, memory_map=True, pre_buffer=False, read_dictionary=ids)
-        table = file.read().combine_chunks()
+        file = _parquet_file(rows, action_type)
+        buckets = bucket_count(file.metadata, self.config.max_memory_gb)
+        if buckets == 1:
+            table = file.read().combine_chunks()
+            return self._build_table(run, rows, table, output, action_type, quarantine, None)
+        scratch = output / "_buckets"
+        scratch.mkdir()
+        try:
+            return self._build_buckets(run, rows, file, buckets, scratch, action_type, quarantine)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def _build_buckets(
+        self,
+        run: RunContext,
+        rows: Path,
+        file: pq.ParquetFile,
+        buckets: int,
+        scratch: Path,
+        action_type: ActionType,
+        quarantine: bool,
+    ) -> TimelineResult:
+        """Build a source larger than the memory allowed: its episodes are cut into buckets by
+        ranges of ``mdp_id`` (files under ``scratch``), and each bucket is built alone.
+
+        Ranges rather than hashes of ``mdp_id``: the buckets' outputs, one after the other,
+        are then the in-memory build's rows in its order (by split, ``mdp_id``, then
+        ``sequence_number``) with no merge. The bounds are quantiles of a seeded sample of the
+        rows' ``mdp_id``, so the buckets hold about as many rows each, and the same source
+        gives the same bounds in any process on any machine. The checks that reject rows look
+        at one row at a time, so they run while the rows are cut, in the source's order: the
+        quarantine and the examples are the in-memory build's. Only the outlier filter needs
+        every episode: its percentile is taken over the episode lengths of all buckets first.
+        """
+        output = scratch.parent
+        bounds = _bucket_bounds(file, buckets, run.seed)
+        paths, rejected = self._partition(rows, file, bounds, scratch, action_type, quarantine)
+        length_limit = None
+        if self.config.outlier_episode_length_percentile is not None:
+            length_limit = self._length_limit(_episode_lengths(paths))
+        parts = _SplitParts(output, timeline_schema(action_type, self.config.window))
+        results = []
+        for path in paths:
+            folder = path.with_suffix("")
+            folder.mkdir()
+            table = _parquet_file(path, action_type).read().combine_chunks()
+            result = self._build_table(
+                run, rows, table, folder, action_type, quarantine, length_limit
+            )
+            del table
+            path.unlink()
+            parts.take(folder)
+            results.append(result)
+        parts.finish()
+        return TimelineResult(
+            rows_in=file.metadata.num_rows,
+            train_rows=sum(result.train_rows for result in results),
+            eval_rows=sum(result.eval_rows for result in results),
+            train_episodes=sum(result.train_episodes for result in results),
+            eval_episodes=sum(result.eval_episodes for result in results),
+            dropped=_summed([result.dropped for result in results]),
+            rejected=dict(sorted(rejected.counts.items())),
+            examples=rejected.examples,
+            n_step=self.config.window,
+        )
+
+    def _partition(
+        self,
+        rows: Path,
+        file: pq.ParquetFile,
+        bounds: np.ndarray,
+        scratch: Path,
+        action_type: ActionType,
+        quarantine: bool,
+    ) -> tuple[list[Path], _Rejected]:
+        """Write the rows the transform can use to a file per bucket (the ones with rows, in
+        bucket order), a batch of the source at a time; count and quarantine the others."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        paths = [scratch / f"bucket-{number:05d}.parquet" for number in range(len(bounds) + 1)]
+        rejected = _Rejected(scratch.parent / "quarantine" if quarantine else None)
+        writers: dict[int, pq.ParquetWriter] = {}
+        first_row = 0
+        with contextlib.ExitStack() as stack:
+            stack.callback(rejected.close)
+            for batch in file.iter_batches(batch_size=PARTITION_BATCH_ROWS):
+                table = pa.Table.from_batches([batch])
+                rejections = self._checked(table, action_type)[0]
+                if rejections.mask.any():
+                    rejected.add(rows, table, rejections, first_row)
+                    table = table.filter(pa.array(~rejections.mask))
+                first_row += batch.num_rows
+                bucket = _bucket_of(table["mdp_id"], bounds)
+                for number in np.unique(bucket).tolist():
+                    if number not in writers:
+                        writers[number] = pq.ParquetWriter(paths[number], table.schema)
+                        stack.callback(writers[number].close)
+                    writers[number].write_table(table.filter(pa.array(bucket == number)))
+        return [paths[number] for number in sorted(writers)], rejected
+
+    def _build_table(
+        self,
+        run: RunContext,
+        rows: Path,
+        table: pa.Table,
+        output: Path,
+        action_type: ActionType,
+        quarantine: bool,
+        length_limit: float | None,
+    ) -> TimelineResult:
+        """Build the timeline of ``table`` (the rows of ``rows``, or a bucket of them) in memory.
+
+        ``length_limit``: the longest episode kept, where ``outlier_episode_length_percentile``
+        is set and the percentile is over more episodes than the table's; None computes it here.
+        """
+        from concurrent.futures import ThreadPoolExecutor
+
+        import pyarrow.compute as pc
+
+        config = self.config
         # Three independent pieces of work, two on a pool and one here (Arrow and numpy release
         # the GIL): the rows the transform cannot use, the columns the output copies, and the
         # order of every row by (split, episode, sequence number), rejected rows left out after.
@@ -129,7 +263,9 @@ class LocalTimeline(TimelineEngine):
         truncated = _truncated(table)
         cut = truncated[order] if truncated.any() else np.zeros(len(order), dtype=bool)
         episodes = _Episodes.of(codes[order], sequence[order], cut)
-        survives, dropped = self._filters(episodes)
+        if length_limit is None:
+            length_limit = self._length_limit(episodes.lengths)
+        survives, dropped = self._filters(episodes, length_limit)
         is_eval = eval_episode[episodes.codes]
         builder = _TimelineRows(
             columns, order, action_type, config.window, episodes, reward, actions
@@ -234,27 +370,28 @@ class LocalTimeline(TimelineEngine):
         output: Path,
     ) -> list[BadRow]:
         """The first rejected rows for the error message; all of them in the quarantine."""
-        rejected_rows = np.flatnonzero(rejections.mask)
-        if not len(rejected_rows):
+        if not rejections.mask.any():
             return []
-        chosen = rejected_rows if quarantine else rejected_rows[:BAD_ROWS_SHOWN]
-        contents = table.take(chosen).to_pylist(maps_as_pydicts="lossy")
-        bad_rows = [
-            BadRow(f"{rows}:row {row}", rejections.reasons[row], rejections.kinds[row], content)
-            for row, content in zip(chosen.tolist(), contents, strict=True)
-        ]
+        bad_rows = _bad_rows(rows, table, rejections, 0, None if quarantine else BAD_ROWS_SHOWN)
         if quarantine:
             folder = output / "quarantine"
             folder.mkdir()
-            with (folder / "part-00000.jsonl").open("w", encoding="utf-8") as handle:
-                for bad in bad_rows:
-                    record = {"location": bad.location, "kind": bad.kind, "reason": bad.reason}
-                    handle.write(json.dumps({**record, "row": bad.row}, default=str) + "\n")
+            with (folder / QUARANTINE_FILE).open("w", encoding="utf-8") as handle:
+                _write_quarantine(handle, bad_rows)
         return bad_rows[:BAD_ROWS_SHOWN]
 
-    def _filters(self, episodes: _Episodes) -> tuple[np.ndarray, dict[str, int]]:
-        """Rows that survive the outlier, time-window, truncation and terminal-row filters; drops
-        by reason."""
+    def _length_limit(self, lengths: np.ndarray) -> float | None:
+        """The longest episode the outlier filter keeps, of episodes of these ``lengths``."""
+        percentile = self.config.outlier_episode_length_percentile
+        if percentile is None or not len(lengths):
+            return None
+        return float(np.percentile(lengths, percentile))
+
+    def _filters(
+        self, episodes: _Episodes, length_limit: float | None
+    ) -> tuple[np.ndarray, dict[str, int]]:
+        """Rows that survive the outlier (episodes longer than ``length_limit``), time-window,
+        truncation and terminal-row filters; drops by reason."""
         config = self.config
         survives = np.ones(episodes.rows, dtype=bool)
         dropped: dict[str, int] = {}
@@ -265,9 +402,8 @@ class LocalTimeline(TimelineEngine):
                 dropped[reason] = int(newly.sum())
             survives[newly] = False
 
-        if config.outlier_episode_length_percentile is not None and episodes.rows:
-            limit = np.percentile(episodes.lengths, config.outlier_episode_length_percentile)
-            drop(episodes.lengths[episodes.episode] > limit, "outlier_episode")
+        if length_limit is not None:
+            drop(episodes.lengths[episodes.episode] > length_limit, "outlier_episode")
         if config.time_window_limit is not None:
             time_since_first = episodes.time_since_first(0, episodes.rows)
             drop(time_since_first > config.time_window_limit, "time_window")
@@ -275,6 +411,182 @@ class LocalTimeline(TimelineEngine):
         if not config.add_terminal_state_row:
             drop(~episodes.has_next, "terminal_row")
         return survives, dropped
+
+
+DROP_REASONS = ("outlier_episode", "time_window", "truncated", "terminal_row")
+"""The filters' reasons for dropping a row, in the order the filters apply."""
+
+QUARANTINE_FILE = "part-00000.jsonl"
+
+DEFAULT_MEMORY_SHARE = 0.25
+"""Share of the machine's memory a build may take when ``max_memory_gb`` is not set: other
+processes (a trainer, Spark, other runs) keep the rest."""
+
+BUILD_MEMORY_PER_SOURCE_BYTE = 4.0
+"""Peak memory of an in-memory build over its source's uncompressed size (Parquet metadata):
+measured at 2.x for shuffled CartPole rows (``benchmarks/timeline.py --memory``), with room for
+wider rows and n-step arrays."""
+
+PARTITION_BATCH_ROWS = 65_536
+"""Source rows read, checked and cut into buckets at a time."""
+
+BOUNDS_SAMPLE_ROWS = 100_000
+"""Sampled ``mdp_id`` values the bucket bounds are quantiles of: a bucket then holds its share
+of the rows to within about a percent (binomial error of 10^5 draws), for 20 bytes a value."""
+
+
+def bucket_count(metadata: pq.FileMetaData, max_memory_gb: float | None) -> int:
+    """Buckets a source needs so that building one takes at most ``max_memory_gb``."""
+    import math
+    import os
+
+    source_bytes = sum(
+        metadata.row_group(group).total_byte_size for group in range(metadata.num_row_groups)
+    )
+    if max_memory_gb is None:
+        machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        bound = DEFAULT_MEMORY_SHARE * machine
+    else:
+        bound = max_memory_gb * 2**30
+    return max(1, math.ceil(source_bytes * BUILD_MEMORY_PER_SOURCE_BYTE / bound))
+
+
+def _parquet_file(path: Path, action_type: ActionType) -> pq.ParquetFile:
+    """Pre-timeline rows with the id columns read as dictionary codes (see ``build``)."""
+    import pyarrow.parquet as pq
+
+    ids = ["ds", "mdp_id", *(["action"] if action_type is ActionType.DISCRETE else [])]
+    return pq.ParquetFile(path, memory_map=True, pre_buffer=False, read_dictionary=ids)
+
+
+def _bucket_bounds(file: pq.ParquetFile, buckets: int, seed: int) -> np.ndarray:
+    """The ``mdp_id`` values that start each bucket after the first (increasing, distinct):
+    quantiles of a seeded sample of the rows' ``mdp_id``."""
+    import pyarrow as pa
+
+    reservoir = Reservoir(BOUNDS_SAMPLE_ROWS, seed)
+    for batch in file.iter_batches(batch_size=PARTITION_BATCH_ROWS, columns=["mdp_id"]):
+        ids = batch.column(0)
+        if pa.types.is_dictionary(ids.type):
+            ids = ids.dictionary_decode()
+        reservoir.add(pa.table({"mdp_id": ids}))
+    sample = reservoir.sample(pa.schema([("mdp_id", pa.string())]))["mdp_id"].to_pylist()
+    ordered = np.sort(np.array(sample, dtype=object))
+    positions = np.arange(1, buckets) * len(ordered) // buckets
+    return np.unique(ordered[positions]) if len(ordered) else ordered
+
+
+def _bucket_of(mdp_ids: pa.ChunkedArray, bounds: np.ndarray) -> np.ndarray:
+    """Each row's bucket: how many bounds its ``mdp_id`` is at or after (string order, as
+    Arrow sorts them: by code point)."""
+    encoded = _dictionary_encoded(mdp_ids)
+    names = np.array(encoded.dictionary.to_pylist(), dtype=object)
+    return np.searchsorted(bounds, names, side="right")[encoded.indices.to_numpy()]
+
+
+def _episode_lengths(paths: list[Path]) -> np.ndarray:
+    """Rows per episode of the bucket files (an episode lies in one bucket)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    lengths = [
+        pc.value_counts(pq.read_table(path, columns=["mdp_id"])["mdp_id"])
+        .field("counts")
+        .to_numpy()
+        for path in paths
+    ]
+    return np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+
+
+def _summed(counts: list[dict[str, int]]) -> dict[str, int]:
+    """Counts by reason added up, the reasons in ``DROP_REASONS`` order."""
+    total: Counter[str] = Counter()
+    for count in counts:
+        total.update(count)
+    return {reason: total[reason] for reason in DROP_REASONS if total[reason]}
+
+
+class _Rejected:
+    """Rows a bucketed build rejected: counts by kind, the first few as examples, and, with a
+    quarantine folder, all of them written there in the source's order."""
+
+    def __init__(self, quarantine: Path | None) -> None:
+        self.quarantine = quarantine
+        self.counts: Counter[str] = Counter()
+        self.examples: list[BadRow] = []
+        self.handle: TextIO | None = None
+
+    def add(self, rows: Path, table: pa.Table, rejections: _Rejections, first_row: int) -> None:
+        self.counts.update(rejections.kinds.values())
+        wanted = None if self.quarantine else BAD_ROWS_SHOWN - len(self.examples)
+        bad_rows = _bad_rows(rows, table, rejections, first_row, wanted)
+        self.examples += bad_rows[: BAD_ROWS_SHOWN - len(self.examples)]
+        if self.quarantine is not None:
+            if self.handle is None:
+                self.quarantine.mkdir()
+                self.handle = (self.quarantine / QUARANTINE_FILE).open("w", encoding="utf-8")
+            _write_quarantine(self.handle, bad_rows)
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+
+
+class _SplitParts:
+    """The output's ``train`` and ``eval`` files, gathered from the buckets' in bucket order
+    and numbered on; a bucket's file without rows is left out, but a split keeps a file."""
+
+    def __init__(self, output: Path, schema: pa.Schema) -> None:
+        self.output = output
+        self.schema = schema
+        self.counts = {split: 0 for split in ("train", "eval")}
+        for split in self.counts:
+            (output / split).mkdir()
+
+    def take(self, bucket: Path) -> None:
+        """Move the files of the bucket built in ``bucket`` into the output."""
+        import pyarrow.parquet as pq
+
+        for split in self.counts:
+            for path in sorted((bucket / split).glob("*.parquet")):
+                if pq.read_metadata(path).num_rows:
+                    path.rename(self.output / split / f"part-{self.counts[split]:05d}.parquet")
+                    self.counts[split] += 1
+
+    def finish(self) -> None:
+        """Give a split that no bucket had rows for its file of no rows."""
+        import pyarrow.parquet as pq
+
+        for split, count in self.counts.items():
+            if not count:
+                pq.write_table(
+                    self.schema.empty_table(), self.output / split / "part-00000.parquet"
+                )
+
+
+def _bad_rows(
+    rows: Path, table: pa.Table, rejections: _Rejections, first_row: int, limit: int | None
+) -> list[BadRow]:
+    """The rejected rows of ``table`` (the first ``limit`` of them), located in ``rows``,
+    whose row number ``first_row`` is the table's first."""
+    chosen = np.flatnonzero(rejections.mask)[:limit]
+    contents = table.take(chosen).to_pylist(maps_as_pydicts="lossy")
+    return [
+        BadRow(
+            f"{rows}:row {first_row + row}",
+            rejections.reasons[row],
+            rejections.kinds[row],
+            content,
+        )
+        for row, content in zip(chosen.tolist(), contents, strict=True)
+    ]
+
+
+def _write_quarantine(handle: TextIO, bad_rows: list[BadRow]) -> None:
+    """One JSON line per rejected row: where it was, why, and its values."""
+    for bad in bad_rows:
+        record = {"location": bad.location, "kind": bad.kind, "reason": bad.reason}
+        handle.write(json.dumps({**record, "row": bad.row}, default=str) + "\n")
 
 
 @dataclass
