@@ -62,13 +62,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
 from horizon_engine import HorizonError, detect_layout
 
-UUID4_CLEARED = ~((0xC000 << 48) | (0xF000 << 64))
-UUID4_SET = (0x8000 << 48) | (4 << 76)
-"""The variant and version bits of a random UUID, as ``uuid.uuid4`` sets them."""
 RANDOM_POOL_BYTES = 1 << 14
 """Bytes drawn from ``os.urandom`` at a time for decision ids: 1,024 of them a system call."""
 
@@ -102,12 +100,13 @@ RANDOM = RandomPool()
 
 def decision_ids(count: int) -> list[str]:
     """``count`` random (version 4) UUIDs as 32 hex digits, what ``uuid.uuid4().hex`` gives,
-    from ``RandomPool``'s bytes."""
-    randomness = RANDOM.take(16 * count)
-    return [
-        f"{int.from_bytes(randomness[start : start + 16]) & UUID4_CLEARED | UUID4_SET:032x}"
-        for start in range(0, 16 * count, 16)
-    ]
+    from ``RandomPool``'s bytes: the version and variant bits set on all of them at once in
+    numpy, then one hex string cut into ids (no integer and no format call per id)."""
+    randomness = np.frombuffer(RANDOM.take(16 * count), np.uint8).reshape(count, 16).copy()
+    randomness[:, 6] = randomness[:, 6] & 0x0F | 0x40
+    randomness[:, 8] = randomness[:, 8] & 0x3F | 0x80
+    digits = randomness.tobytes().hex()
+    return [digits[start : start + 32] for start in range(0, 32 * count, 32)]
 
 
 def json_line(record: Mapping[str, Any]) -> bytes:

@@ -36,6 +36,25 @@ LONG_DIGITS = re.compile(rb"(?<![.\d])\d{19}(?![.eE])")
 or an exponent): orjson reads one below -2**63 or above 2**64 - 1 as a float, so the body
 goes to the exact reader. A float's long fraction does not count."""
 
+DIGITS_AS_ZEROS = bytes(
+    ord("0") if byte in b"0123456789" else byte if byte == ord(".") else ord(" ")
+    for byte in range(256)
+)
+"""A translation that keeps a body's digits (as zeros) and decimal points, and makes every
+other byte a space."""
+START_OF_LONG_RUN = b" " + b"0" * 19
+"""What ``LONG_DIGITS`` needs, in a body so translated (after one more space, for a run at the
+start): 19 digits after neither a digit nor a decimal point. A translation and a substring
+search, both in C at a byte's cost, find it; only a body that has it goes to the regular
+expression, which, tried at every digit of a body of floats, took as long as the rest of
+reading a 64-row request."""
+
+
+def _has_long_integer(body: bytes) -> bool:
+    """Whether ``body`` holds what ``LONG_DIGITS`` matches."""
+    translated = b" " + body.translate(DIGITS_AS_ZEROS)
+    return START_OF_LONG_RUN in translated and LONG_DIGITS.search(body) is not None
+
 
 class BodyError(ValueError):
     """A request body that is not the JSON ``horizon serve`` reads; the message says why."""
@@ -60,7 +79,7 @@ def decode_body(body: bytes) -> Any:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError:
         return _decode_exactly(body)
-    if LONG_DIGITS.search(body):
+    if _has_long_integer(body):
         return _decode_exactly(body)
     return payload
 

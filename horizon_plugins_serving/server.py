@@ -525,16 +525,15 @@ class DecisionService:
                 413, f"{len(rows)} rows, more than the limit of {self.max_batch} (--max-batch)"
             )
         predictor = self.predictor
-        for number, row in enumerate(rows):
-            problem = predictor.row_problem(row)
-            if (
-                problem is None
-                and self.send_drop
-                and row.get("possible_actions") not in (None, predictor.actions)
-            ):
-                problem = f"send/drop decisions take both actions {predictor.actions} or none"
-            if problem is not None:
-                raise RequestError(422, f"row {number}: {problem}")
+        bad = predictor.rows_problem(rows)
+        if self.send_drop:
+            unfit = f"send/drop decisions take both actions {predictor.actions} or none"
+            for number, row in enumerate(rows[: len(rows) if bad is None else bad[0]]):
+                if row.get("possible_actions") not in (None, predictor.actions):
+                    bad = number, unfit
+                    break
+        if bad is not None:
+            raise RequestError(422, f"row {bad[0]}: {bad[1]}")
         return rows
 
     def decide(
