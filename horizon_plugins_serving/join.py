@@ -128,34 +128,36 @@ def plan_join(
     rewards within the window per decision and metric. ``keys``: decision_id and timestamp,
     in log order (a row's position is its index).
 
-    One hash table of the decision_ids answers both questions, "which row came first" and
-    "which row is this reward's" (``index_in`` finds the first match), and the sums are a
-    sort by (position, metric): no hash join or group-by tables of every decision.
+    Two hash tables answer both questions, "which row came first" and "which row is this
+    reward's": the dictionary encoding of the decision_ids numbers them in the order they first
+    come (so a row is first where its number is above every number before it), and one lookup
+    of the rewards' ids in that dictionary gives each reward its decision's number, hence its
+    first row. The sums are a sort by (position, metric): no group-by table of every decision.
     """
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
     count = keys.num_rows
-    ids = keys.column("decision_id").combine_chunks()
-    lookup = pc.SetLookupOptions(value_set=ids)
-    distinct = pc.unique(ids)
-    first = np.zeros(count, dtype=bool)
-    first[pc.index_in(distinct, options=lookup).to_numpy(zero_copy_only=False)] = True
+    encoded = keys.column("decision_id").combine_chunks().dictionary_encode()
+    distinct, numbers = encoded.dictionary, encoded.indices.to_numpy(zero_copy_only=False)
+    highest_before = np.maximum.accumulate(np.concatenate([[-1], numbers[:-1]]))[:count]
+    first = numbers > highest_before
+    first_rows = np.flatnonzero(first)  # each decision's first row, by its number
     report.decision_rows = count
     report.decisions = len(distinct)
     report.duplicate_decisions = count - len(distinct)
-    repeats = pc.unique(ids.filter(pa.array(~first)))  # in the order their repeats come
-    by_first = np.sort(pc.index_in(repeats, options=lookup).to_numpy(zero_copy_only=False))
-    report.duplicate_ids = ids.take(pa.array(by_first[:SHOWN])).to_pylist()
+    repeated = np.unique(numbers[~first])  # by number: in the order of their first rows
+    report.duplicate_ids = distinct.take(pa.array(repeated[:SHOWN], pa.int64())).to_pylist()
 
     reward_ids = rewards.rows.column("decision_id")
-    position = pc.index_in(reward_ids, options=lookup)
-    known = pc.is_valid(position)
-    decided = keys.column("timestamp").combine_chunks().take(position)
-    delay = pc.subtract(rewards.rows.column("timestamp").cast(pa.int64()), decided.cast(pa.int64()))
-    delay = delay.fill_null(0).to_numpy(zero_copy_only=False)  # 0 for an unknown decision
+    number = pc.index_in(reward_ids, value_set=distinct)
+    known = pc.is_valid(number)
     known_rows = known.to_numpy(zero_copy_only=False)
+    positions = np.full(len(known_rows), -1, dtype=np.int64)
+    positions[known_rows] = first_rows[number.drop_null().to_numpy(zero_copy_only=False)]
+    decided = _micros(keys.column("timestamp"))[np.maximum(positions, 0)] if count else 0
+    delay = np.where(known_rows, _micros(rewards.rows.column("timestamp")) - decided, 0)
     window = round(window_seconds * 1_000_000)
     early = known_rows & (delay < 0)
     late = known_rows & (delay > window)
@@ -167,7 +169,6 @@ def plan_join(
     unknown = reward_ids.filter(pc.invert(known))
     report.unknown_ids = pc.unique(unknown).slice(0, SHOWN).to_pylist()
 
-    positions = position.fill_null(-1).to_numpy(zero_copy_only=False)
     rewarded = np.zeros(count, dtype=bool)
     rewarded[positions[inside]] = True
     report.rewarded = int(rewarded.sum())
@@ -177,12 +178,20 @@ def plan_join(
     else:
         report.defaulted = unrewarded
     sums_at, names, sums = _sums(rewards.metrics, positions, inside)
+    ids = keys.column("decision_id")
     _drop_unholdable_sums(ids, sums_at, names, sums, first, rewarded, report, bad)
     return JoinPlan(first, rewarded, sums_at, pa.table({"metric": names, "value": sums}))
 
 
+def _micros(timestamps: pa.ChunkedArray) -> np.ndarray:
+    """Timestamps (microseconds, no nulls) as int64 microseconds since the epoch."""
+    import pyarrow as pa
+
+    return timestamps.combine_chunks().cast(pa.int64()).to_numpy(zero_copy_only=False)
+
+
 def _drop_unholdable_sums(
-    ids: pa.Array,
+    ids: pa.ChunkedArray,
     sums_at: np.ndarray,
     names: pa.Array,
     sums: pa.Array,
