@@ -1,0 +1,466 @@
+"""A timeline split larger than memory: read a Parquet row group at a time, shuffled in a buffer.
+
+``StreamedTimeline`` is the ``EpochData`` the train stage uses when a split does not fit
+``[trainer] max_memory_gb`` (``choose_data``). It never holds the split: an epoch reads the
+split's row groups in an order drawn from the driver's ``data_order`` generator, converts each
+with ``dataset.timeline_tensors`` (the in-memory split's conversion: the same tensors, the same
+shapes, since lists are padded to the split's longest, found once from the list columns alone),
+and passes the rows through a shuffle buffer of ``buffer_rows``: when the buffer is full it is
+permuted (the same generator) and minibatches leave it until half remains, to be mixed with the
+next row groups. An epoch holds every row of the split once, and a run is reproducible and
+resumable from the generator's state alone, which every checkpoint already holds.
+
+The state preprocessor's output (the batch schema's ``*_preprocessed``) is computed per batch on
+the device, where the in-memory split computes it once; batches move to the device one at a time
+(through pinned memory, without blocking, on a GPU). ``shard`` gives row group ``i`` to process
+``i % world`` with the same number of minibatches on every process, decided from the Parquet
+metadata alone. The eval split is read in whole episodes (``episodes``) to be evaluated chunk by
+chunk (``evaluate_split``).
+
+torch and pyarrow are imported where they are used.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from horizon_engine.errors import HorizonError
+from horizon_engine.schema import ActionType
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import torch
+
+    from horizon_engine.dataset import TimelineTensors
+    from horizon_engine.driver import ProblemDescription
+    from horizon_engine.training import TrainerBase, TrainerConfig
+
+READ_ROWS = 16_384
+"""Most rows read from Parquet and converted at once: a row group (the local engine writes
+65,536 rows) is read in slices, so a writer's larger row groups do not raise the peak."""
+
+MEMORY_SHARE = 4
+"""``[trainer] max_memory_gb = "auto"`` is the machine's memory over this: in memory, loading a
+split peaks at about twice its tensors (the Arrow table and the tensors made from it), the
+preprocessor's output adds a third of them again, and the timeline stage, other runs and the
+system need their share of a shared machine."""
+
+EVAL_SHARE = 0.5
+"""The share of the memory budget the eval split may take in memory while the train split is
+streamed (what is left holds the shuffle buffer): above it the eval split is streamed too."""
+
+BUFFER_COPIES = 6
+"""Bytes of the budget per byte of a buffered row: the shuffle buffer holds up to three copies
+of a row at its fullest (the rows read, their permutation, the slices read in), and as much
+again is left for reading (Arrow's buffers of a row group's slice) and the update's tensors.
+Measured: at 3, the peak's growth reached 1.3 times the budget in one of three runs
+(tests/test_streamed.py's memory test)."""
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    """One Parquet row group of a split: where it is, its rows and its first episode's number."""
+
+    path: Path
+    index: int
+    rows: int
+    first_episode: int
+    """The split-wide number (``episode_id``) of its first row's episode: episodes are numbered
+    by first appearance in the split, as in memory, whatever order the groups are read in."""
+
+
+@dataclass(frozen=True)
+class StreamedTimeline:
+    """One timeline split read from Parquet as needed (``open`` reads the metadata only)."""
+
+    folder: Path
+    groups: tuple[RowGroup, ...]
+    """This process's row groups (all of them for ``shard(0, 1)``), in file order."""
+    rows_by_rank: tuple[int, ...]
+    """The rows of each of the processes' shares: every process knows every share's size."""
+    rank: int
+    action_type: ActionType
+    feature_ids: tuple[str, ...]
+    action_feature_ids: tuple[str, ...]
+    actions: tuple[str, ...]
+    widths: Mapping[str, int]
+    """The split's longest lists (``dataset.padding_widths``)."""
+    buffer_rows: int
+    device: torch.device
+    all_groups: tuple[RowGroup, ...] = ()
+    preprocessor: torch.nn.Module | None = None
+
+    @classmethod
+    def open(
+        cls,
+        folder: Path,
+        description: ProblemDescription,
+        buffer_rows: int,
+        device: torch.device,
+    ) -> StreamedTimeline:
+        """The split in ``folder`` (a timeline split's Parquet files), read from its metadata
+        and its id and list columns; an unreadable file is an error naming it."""
+        groups, widths = _survey(folder, description.action_type)
+        return cls(
+            folder=folder,
+            groups=groups,
+            rows_by_rank=(sum(group.rows for group in groups),),
+            rank=0,
+            action_type=description.action_type,
+            feature_ids=tuple(description.feature_ids),
+            action_feature_ids=tuple(description.action_feature_ids),
+            actions=tuple(description.actions),
+            widths=widths,
+            buffer_rows=max(1, buffer_rows),
+            device=device,
+            all_groups=groups,
+        )
+
+    def __len__(self) -> int:
+        return self.rows_by_rank[self.rank]
+
+    def shard(self, rank: int, world: int) -> StreamedTimeline:
+        """What process ``rank`` of ``world`` trains on: row group ``i`` when ``i % world`` is
+        ``rank``. A split with fewer row groups than processes is an error (a process would
+        have no rows)."""
+        if not 0 <= rank < world:
+            raise ValueError(f"rank {rank} is not one of {world} processes")
+        if len(self.all_groups) < world:
+            raise HorizonError(
+                f"{self.folder}: {len(self.all_groups)} row groups cannot be shared between "
+                f"{world} training processes; use fewer processes or in-memory data"
+            )
+        shares = [self.all_groups[start::world] for start in range(world)]
+        return replace(
+            self,
+            groups=tuple(shares[rank]),
+            rows_by_rank=tuple(sum(group.rows for group in share) for share in shares),
+            rank=rank,
+        )
+
+    def with_preprocessed(self, preprocessor: torch.nn.Module) -> StreamedTimeline:
+        """The split whose batches also hold ``preprocessor``'s output, computed per batch."""
+        return replace(self, preprocessor=preprocessor)
+
+    def batch_sizes(self, batch_size: int) -> list[int]:
+        """This process's minibatch sizes in an epoch. One process: ``batch_size`` rows each,
+        the last the rest, as in memory. Several: each global minibatch's share
+        (``batch_size // world`` rows), as many minibatches on every process (as many as the
+        smallest share makes), each process's rows spread evenly over them."""
+        rows = len(self)
+        if len(self.rows_by_rank) == 1:
+            count = max(1, math.ceil(rows / batch_size))
+            return [batch_size] * (count - 1) + [rows - batch_size * (count - 1)]
+        share = max(1, batch_size // len(self.rows_by_rank))
+        count = max(1, min(math.ceil(each / share) for each in self.rows_by_rank))
+        base, extra = divmod(rows, count)
+        return [base + 1] * extra + [base] * (count - extra)
+
+    def minibatches(self, batch_size: int, generator: torch.Generator) -> Iterator[dict]:
+        """One epoch: the row groups in an order drawn from ``generator``, through the shuffle
+        buffer, as minibatches of ``batch_sizes`` rows on the device."""
+        import torch
+
+        buffer = _ShuffleBuffer(generator, self.batch_sizes(batch_size)[::-1])
+        for position in torch.randperm(len(self.groups), generator=generator).tolist():
+            for part in self._read(self.groups[position]):
+                buffer.add(part.tensors())
+                if buffer.rows >= self.buffer_rows:
+                    for batch in buffer.drain(keep=self.buffer_rows // 2):
+                        yield self._on_device(batch)
+        for batch in buffer.drain(keep=0):
+            yield self._on_device(batch)
+
+    def episodes(self, max_rows: int) -> Iterator[TimelineTensors]:
+        """The split in file order, in chunks of whole episodes of about ``max_rows`` rows (an
+        episode longer than that is a chunk of its own), on the CPU, episodes numbered as in
+        memory."""
+        pending: list[TimelineTensors] = []
+        rows = 0
+        for group in self.groups:
+            for part in self._read(group):
+                pending.append(part)
+                rows += len(part)
+                if rows < max_rows:
+                    continue
+                whole = _concatenated(pending)
+                last = whole.episode_id[-1]
+                cut = int((whole.episode_id == last).nonzero()[0])
+                if cut == 0:
+                    pending, rows = [whole], len(whole)
+                    continue
+                yield whole.take(_arange(0, cut))
+                tail = whole.take(_arange(cut, len(whole)))
+                pending, rows = [tail], len(tail)
+        if rows:
+            yield _concatenated(pending)
+
+    def first_rows(self, count: int) -> TimelineTensors:
+        """The split's first ``count`` rows (all of them when it has fewer), reading only the
+        row groups that hold them."""
+        taken: list[TimelineTensors] = []
+        rows = 0
+        for group in self.groups:
+            for part in self._read(group):
+                taken.append(part)
+                rows += len(part)
+                if rows >= count:
+                    whole = _concatenated(taken)
+                    return whole.take(_arange(0, count))
+        return _concatenated(taken)
+
+    def _read(self, group: RowGroup) -> Iterator[TimelineTensors]:
+        """A row group as tensors, ``READ_ROWS`` rows at a time."""
+        import pyarrow as pa
+
+        from horizon_engine.dataset import timeline_tensors
+
+        offset = group.first_episode
+        previous_last: object = None
+        for batch in _row_group_batches(group, min(READ_ROWS, self.buffer_rows)):
+            table = pa.Table.from_batches([batch])
+            part = timeline_tensors(
+                table,
+                self.action_type,
+                self.feature_ids,
+                self.action_feature_ids,
+                self.actions,
+                self.widths,
+            )
+            ids = table["mdp_id"]
+            if previous_last is not None and ids[0].as_py() != previous_last:
+                offset += 1
+            part.episode_id += offset
+            offset = int(part.episode_id[-1])
+            previous_last = ids[-1].as_py()
+            yield part
+
+    def _on_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``batch`` on the device (pinned, copied without blocking, on a GPU) with the state
+        preprocessor's output for its states."""
+        import torch
+
+        from horizon_engine.batch_schema import PREPROCESSED_STATES
+
+        if self.device.type == "cuda":
+            batch = {
+                name: tensor.pin_memory().to(self.device, non_blocking=True)
+                for name, tensor in batch.items()
+            }
+        elif self.device.type != "cpu":
+            batch = {name: tensor.to(self.device) for name, tensor in batch.items()}
+        if self.preprocessor is not None:
+            with torch.no_grad():
+                for name in PREPROCESSED_STATES:
+                    if name in batch:
+                        batch[f"{name}_preprocessed"] = self.preprocessor(
+                            batch[name], batch[f"{name}_presence"]
+                        )
+        return batch
+
+
+class _ShuffleBuffer:
+    """Rows waiting to be batched: permuted as a whole when drained, so each batch mixes the
+    rows of every row group read since the buffer was last half empty. ``sizes`` are the
+    epoch's minibatch sizes, taken in order."""
+
+    def __init__(self, generator: torch.Generator, sizes: list[int]) -> None:
+        self.generator = generator
+        self.sizes = sizes
+        self.parts: list[dict[str, torch.Tensor]] = []
+        self.rows = 0
+
+    def add(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.parts.append(tensors)
+        self.rows += len(tensors["reward"])
+
+    def drain(self, keep: int) -> Iterator[dict[str, torch.Tensor]]:
+        """Permute the rows, then yield the next minibatches while at least ``keep`` rows
+        would remain (every one for ``keep = 0``)."""
+        import torch
+
+        if not self.rows:
+            return
+        order = torch.randperm(self.rows, generator=self.generator)
+        names = self.parts[0].keys()
+        rows = {name: torch.cat([part[name] for part in self.parts])[order] for name in names}
+        start = 0
+        while self.sizes and self.rows - start - self.sizes[-1] >= keep:
+            size = self.sizes.pop()
+            yield {name: tensor[start : start + size] for name, tensor in rows.items()}
+            start += size
+        self.parts = [{name: tensor[start:] for name, tensor in rows.items()}]
+        self.rows -= start
+
+
+def evaluate_split(
+    trainer: TrainerBase, data: StreamedTimeline | TimelineTensors
+) -> dict[str, float]:
+    """``trainer.evaluate`` on ``data``: in memory at once; streamed chunk by chunk of whole
+    episodes (returns to an episode's end need all of it), each metric the mean of the chunks'
+    weighted by their rows (the trainers' metrics are means over rows; a mean over a subset of
+    rows, such as a DQN's ``mean_q/<action>`` over the rows where the action is possible, is
+    weighted by the chunk's rows, which approximates the split's mean)."""
+    if not isinstance(data, StreamedTimeline):
+        return trainer.evaluate(data)
+    sums: dict[str, float] = {}
+    weights: dict[str, int] = {}
+    for chunk in data.episodes(data.buffer_rows):
+        for name, value in trainer.evaluate(chunk.to(data.device)).items():
+            sums[name] = sums.get(name, 0.0) + value * len(chunk)
+            weights[name] = weights.get(name, 0) + len(chunk)
+    return {name: total / weights[name] for name, total in sums.items()}
+
+
+@dataclass(frozen=True)
+class DataChoice:
+    """How the train stage holds its data, and why (recorded in the manifest)."""
+
+    train: Literal["memory", "streamed"]
+    eval: Literal["memory", "streamed"]
+    reason: str
+    buffer_rows: int
+    """The shuffle buffer's rows when streamed: the budget left by the eval split; also the
+    rows of a streamed eval split evaluated at once."""
+    eval_rows: int
+    """The eval rows that fit ``EVAL_SHARE`` of the budget: the per-epoch estimators' sample
+    of a streamed eval split."""
+
+
+def memory_budget(setting: float | str) -> int:
+    """``[trainer] max_memory_gb`` in bytes: "auto" is the machine's memory / ``MEMORY_SHARE``."""
+    if setting != "auto":
+        return int(float(setting) * 2**30)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // MEMORY_SHARE
+
+
+def choose_data(
+    config: TrainerConfig, train: StreamedTimeline, evaluation: StreamedTimeline
+) -> DataChoice:
+    """``[trainer] data`` applied to the two splits: "memory" and "streamed" as told, "auto"
+    in memory when both splits' tensors (estimated from the Parquet metadata and the feature
+    counts: ``row_bytes``) fit ``max_memory_gb``, streamed otherwise. Streamed, the eval split
+    stays in memory when it fits ``EVAL_SHARE`` of the budget."""
+    budget = memory_budget(config.max_memory_gb)
+    train_bytes = len(train) * row_bytes(train)
+    eval_bytes = len(evaluation) * row_bytes(evaluation)
+    sizes = (
+        f"the splits' tensors are about {_gib(train_bytes)} (train) + {_gib(eval_bytes)} "
+        f"(eval); [trainer] max_memory_gb = {config.max_memory_gb} is {_gib(budget)}"
+    )
+    if config.data == "memory" or (config.data == "auto" and train_bytes + eval_bytes <= budget):
+        how = "as [trainer] data = 'memory'" if config.data == "memory" else "they fit"
+        reason = f"in memory: {how} ({sizes})"
+        return DataChoice("memory", "memory", reason, 1, len(evaluation))
+    eval_in_memory = eval_bytes <= EVAL_SHARE * budget
+    left = budget - (eval_bytes if eval_in_memory else 0)
+    buffer_rows = max(config.minibatch_size, left // (BUFFER_COPIES * row_bytes(train)))
+    how = "as [trainer] data = 'streamed'" if config.data == "streamed" else "they do not fit"
+    eval_held = "in memory" if eval_in_memory else "streamed in whole episodes"
+    reason = (
+        f"streamed: {how} ({sizes}); a shuffle buffer of {buffer_rows} rows, the eval split "
+        f"{eval_held}"
+    )
+    eval_rows = max(1, int(EVAL_SHARE * budget) // row_bytes(evaluation))
+    held = "memory" if eval_in_memory else "streamed"
+    return DataChoice("streamed", held, reason, buffer_rows, eval_rows)
+
+
+def row_bytes(data: StreamedTimeline) -> int:
+    """The bytes one row's tensors take in memory, its preprocessed states included (taken as
+    wide as the raw ones): 4-byte values, 8-byte indices."""
+    states, actions = len(data.feature_ids), len(data.action_feature_ids)
+    values = 6 * states + 4 + 2 * 2 * 4
+    if data.action_type is ActionType.DISCRETE:
+        values += 2 * len(data.actions)
+    else:
+        values += 4 * actions
+    for name in ("possible_actions", "possible_next_actions", "next_n_possible_next_actions"):
+        values += data.widths.get(name, 0) * (2 * actions + 1)
+    if "next_n_rewards" in data.widths:
+        values += 3 * data.widths["next_n_rewards"] + 2 + 3 * states
+        if data.action_type is ActionType.DISCRETE:
+            values += len(data.actions)
+    return 4 * values
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.3g} GiB"
+
+
+def _survey(folder: Path, action_type: ActionType) -> tuple[tuple[RowGroup, ...], dict[str, int]]:
+    """A split's row groups (rows, first episode's number) and padding widths, read from the
+    metadata and the id and list columns."""
+    import pyarrow.parquet as pq
+
+    from horizon_engine.dataset import PADDED_COLUMNS, padding_widths
+
+    paths = sorted(
+        path
+        for path in folder.glob("*.parquet")
+        if path.is_file() and not path.name.startswith(("_", "."))
+    )
+    if not paths:
+        raise HorizonError(f"{folder}: holds no Parquet files of a timeline split")
+    groups: list[RowGroup] = []
+    widths: dict[str, int] = {}
+    episodes = 0
+    last_episode: object = None
+    for path in paths:
+        try:
+            file = pq.ParquetFile(path)
+            names = file.schema_arrow.names
+            listed = [name for name in PADDED_COLUMNS if name in names]
+            for index in range(file.num_row_groups):
+                table = file.read_row_group(index, columns=["mdp_id", *listed])
+                if not table.num_rows:
+                    continue
+                ids = table["mdp_id"]
+                continues = ids[0].as_py() == last_episode
+                first = episodes - 1 if continues else episodes
+                distinct = len(ids.combine_chunks().unique())
+                episodes = first + distinct
+                last_episode = ids[-1].as_py()
+                groups.append(RowGroup(path, index, table.num_rows, first))
+                for name, width in padding_widths(table, action_type).items():
+                    widths[name] = max(widths.get(name, 0), width)
+        except (OSError, ValueError, KeyError) as exc:
+            raise HorizonError(f"{path}: cannot read the timeline split: {exc}") from None
+    return tuple(groups), widths
+
+
+def _row_group_batches(group: RowGroup, rows: int) -> Iterator[pa.RecordBatch]:
+    import pyarrow.parquet as pq
+
+    try:
+        file = pq.ParquetFile(group.path)
+        yield from file.iter_batches(batch_size=rows, row_groups=[group.index])
+    except (OSError, ValueError) as exc:
+        raise HorizonError(f"{group.path}: cannot read the timeline split: {exc}") from None
+
+
+def _concatenated(parts: Sequence[TimelineTensors]) -> TimelineTensors:
+    import torch
+
+    from horizon_engine.dataset import TimelineTensors
+
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    tensors = {
+        name: torch.cat([part.tensors()[name] for part in parts]) for name in first.tensors()
+    }
+    return TimelineTensors(
+        **tensors, feature_ids=first.feature_ids, action_feature_ids=first.action_feature_ids
+    )
+
+
+def _arange(start: int, stop: int) -> torch.Tensor:
+    import torch
+
+    return torch.arange(start, stop)

@@ -1,0 +1,282 @@
+"""A timeline split streamed from Parquet: the in-memory split's rows and shapes, a row group at a
+time, reproducibly shuffled, shared between processes, evaluated in whole episodes, and a train
+stage whose memory is bounded by ``[trainer] max_memory_gb`` rather than by the data."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from horizon_engine.dataset import load_timeline
+from horizon_engine.driver import ProblemDescription
+from horizon_engine.errors import HorizonError
+from horizon_engine.pipeline import Engine
+from horizon_engine.schema import ActionType
+from horizon_engine.streamed import StreamedTimeline, evaluate_split
+
+SOURCES = {
+    ActionType.DISCRETE: ({"env": "CartPole-v1", "episodes": 12}, ["0", "1"], 4, []),
+    ActionType.PARAMETRIC: (
+        {"env": "CartPole-v1", "episodes": 12, "parametric_actions": True},
+        [],
+        4,
+        ["4", "5"],
+    ),
+    ActionType.CONTINUOUS: ({"env": "Pendulum-v1", "episodes": 1}, [], 3, ["3"]),
+}
+"""Per action type: the gym source's options, the discrete actions, the state features and the
+action features of its timeline."""
+
+
+def small_row_groups(split: Path, destination: Path, rows_per_group: int = 37) -> Path:
+    """``split``'s rows rewritten as two files of small row groups: many groups, one episode
+    across two of them, as a large split has."""
+    table = pq.read_table(split)
+    destination.mkdir()
+    half = table.num_rows // 2
+    pq.write_table(table.slice(0, half), destination / "part-00000.parquet", rows_per_group)
+    pq.write_table(table.slice(half), destination / "part-00001.parquet", rows_per_group)
+    return destination
+
+
+@pytest.fixture(scope="module", params=list(SOURCES), ids=lambda kind: kind.value)
+def split(request, tmp_path_factory) -> tuple[Path, ProblemDescription]:
+    action_type = request.param
+    source, actions, states, action_features = SOURCES[action_type]
+    folder = tmp_path_factory.mktemp(action_type.value)
+    timeline = {"eval_fraction": 0.0, "n_step": 3, **({"actions": actions} if actions else {})}
+    config = {
+        "pipeline": {"output_dir": str(folder / "run")},
+        "source": {"kind": "gym", "ds": "2019-01-01", **source},
+        "timeline": timeline,
+    }
+    Engine(show_progress=False).run(config)
+    description = ProblemDescription(
+        action_type=action_type,
+        actions=actions,
+        feature_ids=[str(index) for index in range(states)],
+        action_feature_ids=action_features,
+        n_step=3,
+        seed=0,
+        max_feature_value=6.0,
+    )
+    return small_row_groups(folder / "run" / "timeline" / "train", folder / "grouped"), description
+
+
+def in_memory(folder: Path, description: ProblemDescription):
+    return load_timeline(
+        folder,
+        description.action_type,
+        description.feature_ids,
+        description.action_feature_ids,
+        description.actions,
+    )
+
+
+def streamed(folder: Path, description: ProblemDescription, buffer_rows: int = 100):
+    return StreamedTimeline.open(folder, description, buffer_rows, torch.device("cpu"))
+
+
+def by_row(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors in (episode, step) order: the same order for any shuffle of the rows."""
+    order = torch.argsort(tensors["episode_id"] * 1_000_000 + tensors["step"])
+    return {name: tensor[order] for name, tensor in tensors.items()}
+
+
+def epoch(data: StreamedTimeline, batch_size: int, seed: int) -> list[dict[str, torch.Tensor]]:
+    return list(data.minibatches(batch_size, torch.Generator().manual_seed(seed)))
+
+
+def test_an_epoch_holds_the_splits_rows_once_with_the_in_memory_shapes(split):
+    folder, description = split
+    memory = in_memory(folder, description)
+    data = streamed(folder, description)
+    assert len(data.groups) > 4 and len(data) == len(memory)
+
+    batches = epoch(data, 64, seed=0)
+
+    assert [len(batch["reward"]) for batch in batches] == [
+        len(rows) for rows in memory.reward.split(64)
+    ]
+    expected = memory.tensors()
+    assert all(set(batch) == set(expected) for batch in batches)
+    for name, tensor in expected.items():
+        assert all(batch[name].shape[1:] == tensor.shape[1:] for batch in batches), name
+    seen = by_row({name: torch.cat([batch[name] for batch in batches]) for name in expected})
+    wanted = by_row(expected)
+    for name in expected:
+        assert torch.equal(seen[name], wanted[name]), name
+
+
+def test_epochs_are_reproducible_from_the_generator_and_shuffled_across_row_groups(split):
+    folder, description = split
+    data = streamed(folder, description)
+    first, again, other = epoch(data, 64, 0), epoch(data, 64, 0), epoch(data, 64, 1)
+
+    assert all(torch.equal(a["state"], b["state"]) for a, b in zip(first, again, strict=True))
+    assert not all(torch.equal(a["state"], b["state"]) for a, b in zip(first, other, strict=True))
+
+
+def test_the_buffer_mixes_row_groups_into_every_batch(split):
+    folder, description = split
+    memory = in_memory(folder, description)
+    position = {
+        (int(episode), int(step)): row
+        for row, (episode, step) in enumerate(zip(memory.episode_id, memory.step, strict=True))
+    }
+    data = streamed(folder, description, buffer_rows=200)
+
+    first = epoch(data, 32, 0)[0]
+
+    rows = zip(first["episode_id"].tolist(), first["step"].tolist(), strict=True)
+    groups = {position[row] // 37 for row in rows}
+    assert len(groups) > 2
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_shards_cover_every_row_once_with_as_many_nonempty_batches_each(split, world):
+    folder, description = split
+    data = streamed(folder, description)
+    shards = [data.shard(rank, world) for rank in range(world)]
+
+    epochs = [epoch(shard, 64, 0) for shard in shards]
+
+    assert len({len(batches) for batches in epochs}) == 1
+    assert all(len(batch["reward"]) > 0 for batches in epochs for batch in batches)
+    assert sum(len(shard) for shard in shards) == len(data)
+    keys = torch.cat(
+        [batch["episode_id"] * 1_000_000 + batch["step"] for batches in epochs for batch in batches]
+    )
+    assert len(keys) == len(data) == len(keys.unique())
+    assert data.shard(0, 1).groups == data.groups
+
+
+def test_eval_chunks_hold_whole_episodes_and_evaluation_weights_them_by_rows(split):
+    folder, description = split
+    memory = in_memory(folder, description)
+    data = streamed(folder, description, buffer_rows=90)
+
+    chunks = list(data.episodes(90))
+
+    # A chunk passes 90 rows only by the rest of an episode; one longer than that is one chunk.
+    assert all(len(chunk) < 90 + 37 or len(chunk.episode_id.unique()) == 1 for chunk in chunks)
+    ends = [int(chunk.episode_id[-1]) for chunk in chunks[:-1]]
+    starts = [int(chunk.episode_id[0]) for chunk in chunks[1:]]
+    assert all(start == end + 1 for start, end in zip(starts, ends, strict=True))
+    joined = torch.cat([chunk.reward for chunk in chunks])
+    assert torch.equal(joined, memory.reward)
+
+    class MeanReward:
+        def evaluate(self, rows):
+            return {"reward": float(rows.reward.mean())}
+
+    found = evaluate_split(MeanReward(), data)["reward"]
+    assert found == pytest.approx(float(memory.reward.mean()))
+
+
+def test_first_rows_are_the_in_memory_splits_first_rows(split):
+    folder, description = split
+    memory = in_memory(folder, description)
+
+    first = streamed(folder, description).first_rows(50)
+
+    for name, tensor in first.tensors().items():
+        assert torch.equal(tensor, memory.tensors()[name][:50]), name
+
+
+def test_an_unreadable_part_file_is_named(tmp_path):
+    folder = tmp_path / "train"
+    folder.mkdir()
+    (folder / "part-00000.parquet").write_bytes(b"not parquet")
+    description = ProblemDescription(ActionType.DISCRETE, ["0", "1"], ["0"], [], 1, 0, 6.0)
+    with pytest.raises(HorizonError, match=r"part-00000\.parquet: cannot read the timeline split"):
+        streamed(folder, description)
+
+
+MEASURE_TRAIN_STAGE = """
+import json, resource, sys
+from horizon_engine import streamed
+from horizon_engine.pipeline import Engine
+
+opened = streamed.StreamedTimeline.open.__func__
+before = []
+
+def open_and_mark(cls, *args, **kwargs):
+    before.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    return opened(cls, *args, **kwargs)
+
+streamed.StreamedTimeline.open = classmethod(open_and_mark)
+manifest = Engine(show_progress=False).run(json.loads(sys.argv[1]), stages=["train"])
+grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before[0]
+details = manifest["stages"]["train"]["details"]
+print(json.dumps({"grown_bytes": grown * 1024, "data": details["data"]}))
+"""
+"""Runs the train stage of the run configured by argv[1] and prints how much the process's peak
+memory grew from just before the stage read its data (``ru_maxrss`` is in KiB on Linux)."""
+
+BOUND_GB = 0.03
+
+
+@pytest.fixture(scope="module")
+def large_run(tmp_path_factory) -> dict:
+    """A CartPole run whose train split is 24 copies of a random policy's (each its own episodes):
+    about 156,000 rows, several times ``BOUND_GB`` loaded in memory."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    folder = tmp_path_factory.mktemp("large") / "run"
+    config = {
+        "pipeline": {"output_dir": str(folder)},
+        "source": {"kind": "gym", "env": "CartPole-v1", "episodes": 300, "ds": "2019-01-01"},
+        "timeline": {"actions": ["0", "1"], "eval_fraction": 0.05},
+        "normalization": {"quantiles": False},
+        "trainer": {
+            "kind": "dqn",
+            "epochs": 1,
+            "layers": [16],
+            "threads": 1,
+            "minibatch_size": 2048,
+        },
+    }
+    Engine(show_progress=False).run(config, stages=["source", "timeline", "normalization"])
+    split = folder / "timeline" / "train"
+    table = pq.read_table(split)
+    copies = [
+        table.set_column(
+            table.schema.get_field_index("mdp_id"),
+            "mdp_id",
+            pc.binary_join_element_wise(pa.scalar(f"copy{copy}-"), table["mdp_id"], ""),
+        )
+        for copy in range(24)
+    ]
+    for part in split.iterdir():
+        part.unlink()
+    pq.write_table(pa.concat_tables(copies), split / "part-00000.parquet", 65_536)
+    return config
+
+
+def train_stage_growth(config: dict, data: str) -> dict:
+    trainer = {**config["trainer"], "data": data, "max_memory_gb": BOUND_GB}
+    found = subprocess.run(
+        [sys.executable, "-c", MEASURE_TRAIN_STAGE, json.dumps({**config, "trainer": trainer})],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(found.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("data", ["streamed", "memory"])
+def test_streamed_training_memory_is_bounded_by_the_setting_not_the_data(large_run, data):
+    """The same measurement of the in-memory train stage exceeds the bound: it measures."""
+    measured = train_stage_growth(large_run, data)
+
+    assert measured["data"].startswith("streamed" if data == "streamed" else "in memory")
+    within = measured["grown_bytes"] < BOUND_GB * 2**30
+    assert within if data == "streamed" else not within, measured
