@@ -30,11 +30,12 @@ def _evaluate_split(
     description: ProblemDescription,
     split: Path,
     purpose: str,
-) -> tuple[EpisodeEvaluation, Results]:
+) -> tuple[EpisodeEvaluation, Results, list[str]]:
     """The latest checkpoint's policy, evaluated by ``choices`` on the timeline split folder
-    ``split`` (rows with ``description``'s features and actions)."""
-    from horizon_engine.dataset import load_timeline
+    ``split`` (rows with ``description``'s features and actions), or on its first episodes
+    when it does not fit ``[trainer] max_memory_gb`` (the warnings say so)."""
     from horizon_engine.driver import restore_trainer
+    from horizon_engine.streamed import episodes_within
     from horizon_engine.training import resolve_device
 
     trainer_choice = run.spec.sections["trainer"]
@@ -42,22 +43,15 @@ def _evaluate_split(
     trainer, _ = restore_trainer(
         run.output_dir, trainer_choice, description, run.plugins, device, purpose
     )
-    rows = load_timeline(
-        split,
-        description.action_type,
-        description.feature_ids,
-        description.action_feature_ids,
-        description.actions,
-    ).to(device)
+    rows, warnings = episodes_within(split, description, trainer_choice.config, device)
     if not len(rows):
         raise HorizonError(
             f"[[evaluation]] {split} holds no rows: the estimators need an eval split "
             "([timeline] eval_fraction > 0)"
         )
-    evaluation = EpisodeEvaluation(
-        choices, description.action_type, rows, read_metrics(split), run.seed
-    )
-    return evaluation, evaluation.run(trainer)
+    metrics = {name: values[: len(rows)] for name, values in read_metrics(split).items()}
+    evaluation = EpisodeEvaluation(choices, description.action_type, rows, metrics, run.seed)
+    return evaluation, evaluation.run(trainer), warnings
 
 
 def run_evaluation_stage(run: StageRun, choices: list[Choice]) -> StageReport:
@@ -74,7 +68,7 @@ def run_evaluation_stage(run: StageRun, choices: list[Choice]) -> StageReport:
             f"[[evaluation]] {split} holds no rows: the estimators need an eval split "
             "([timeline] eval_fraction > 0)"
         )
-    evaluation, results = _evaluate_split(run, choices, description, split, "evaluation")
+    evaluation, results, warnings = _evaluate_split(run, choices, description, split, "evaluation")
     epochs = folder.cpe_epochs()
     final = results_json(results)
     record = {
@@ -90,6 +84,7 @@ def run_evaluation_stage(run: StageRun, choices: list[Choice]) -> StageReport:
         rows_in=len(evaluation.data),
         rows_out=len(evaluation.data),
         outputs=[RunFolder.CPE],
+        warnings=warnings,
         details={
             "episodes": evaluation.episode_count,
             "estimates": final,
@@ -153,7 +148,9 @@ def evaluate_run(
             f"{split} holds no eval split to evaluate on: give another timeline with --data"
         )
     run = StageRun.start(spec, plugins, uuid.uuid4().hex[:12], output_dir=run_dir)
-    evaluation, results = _evaluate_split(run, spec.evaluation, description, split, "evaluation")
+    evaluation, results, warnings = _evaluate_split(
+        run, spec.evaluation, description, split, "evaluation"
+    )
     return {
         "run_dir": str(run_dir),
         "data": str(split),
@@ -161,6 +158,7 @@ def evaluate_run(
         "episodes": evaluation.episode_count,
         "entries": evaluation.entries(),
         "final": results_json(results),
+        **({"warnings": warnings} if warnings else {}),
     }
 
 

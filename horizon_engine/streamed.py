@@ -371,6 +371,37 @@ def choose_data(
     return DataChoice("streamed", held, reason, buffer_rows, eval_rows)
 
 
+def episodes_within(
+    split: Path, description: ProblemDescription, config: TrainerConfig, device: torch.device
+) -> tuple[TimelineTensors, list[str]]:
+    """A split for the estimators, which need it in memory: the whole of it when it fits
+    ``EVAL_SHARE`` of ``[trainer] max_memory_gb`` (or ``data = "memory"``), else its first
+    whole episodes that do, with a warning that says so."""
+    from horizon_engine.dataset import load_timeline
+
+    data = StreamedTimeline.open(split, description, 1, device)
+    rows = max(1, int(EVAL_SHARE * memory_budget(config.max_memory_gb)) // row_bytes(data))
+    if config.data == "memory" or len(data) <= rows:
+        whole = load_timeline(
+            split,
+            description.action_type,
+            description.feature_ids,
+            description.action_feature_ids,
+            description.actions,
+        )
+        return whole.to(device), []
+    sample = next(data.episodes(rows))
+    return sample.to(device), [sampled_warning(split, len(sample), len(data))]
+
+
+def sampled_warning(split: Path, sample: int, rows: int) -> str:
+    """The warning of estimators run on the first ``sample`` of a split's ``rows``."""
+    return (
+        f"{split} does not fit [trainer] max_memory_gb: the estimators ran on its first "
+        f"{sample} rows (whole episodes) of {rows}"
+    )
+
+
 def row_bytes(data: StreamedTimeline) -> int:
     """The bytes one row's tensors take in memory, its preprocessed states included (taken as
     wide as the raw ones): 4-byte values, 8-byte indices."""

@@ -280,3 +280,123 @@ def test_streamed_training_memory_is_bounded_by_the_setting_not_the_data(large_r
     assert measured["data"].startswith("streamed" if data == "streamed" else "in memory")
     within = measured["grown_bytes"] < BOUND_GB * 2**30
     assert within if data == "streamed" else not within, measured
+
+
+class InjectedCrash(BaseException):
+    """A kill in the middle of the second epoch: nothing a stage catches."""
+
+
+def streamed_cartpole(output_dir: Path, **trainer: object) -> dict:
+    return {
+        "pipeline": {"output_dir": str(output_dir), "seed": 5},
+        "source": {"kind": "gym", "env": "CartPole-v1", "episodes": 60, "ds": "2019-01-01"},
+        "timeline": {"actions": ["0", "1"], "eval_fraction": 0.2, "n_step": 2},
+        "normalization": {"quantiles": False},
+        "trainer": {
+            "kind": "dqn",
+            "epochs": 3,
+            "layers": [16],
+            "threads": 1,
+            "minibatch_size": 64,
+            "data": "streamed",
+            "max_memory_gb": 0.0005,
+            **trainer,
+        },
+    }
+
+
+def test_a_streamed_training_resumes_to_the_uninterrupted_parameters(tmp_path, monkeypatch):
+    from horizon_engine.driver import TrainingDriver
+
+    whole = Engine(show_progress=False).run(streamed_cartpole(tmp_path / "whole"))
+    assert whole["stages"]["train"]["details"]["data"].startswith("streamed")
+    config = streamed_cartpole(tmp_path / "resumed")
+    original = TrainingDriver.train_batch
+    seen: list[int] = []
+
+    def crash_in_second_epoch(driver: TrainingDriver, batch) -> None:
+        seen.extend([1] if driver.epoch == 1 else [])
+        if len(seen) == 3:
+            raise InjectedCrash
+        original(driver, batch)
+
+    with monkeypatch.context() as patch, pytest.raises(InjectedCrash):
+        patch.setattr(TrainingDriver, "train_batch", crash_in_second_epoch)
+        Engine(show_progress=False).run(config)
+    resumed = Engine(show_progress=False).run(config, resume=True)
+
+    assert resumed["stages"]["train"]["details"]["resumed_after_epoch"] == 1
+    expected = torch.load(tmp_path / "whole" / "checkpoints" / "latest.pt", weights_only=True)
+    found = torch.load(tmp_path / "resumed" / "checkpoints" / "latest.pt", weights_only=True)
+    networks = expected["trainer"]["q_network"]
+    assert networks.keys() == found["trainer"]["q_network"].keys()
+    for name, tensor in networks.items():
+        assert torch.equal(tensor, found["trainer"]["q_network"][name]), name
+
+
+@pytest.mark.slow
+def test_offline_cartpole_learns_from_a_streamed_timeline(tmp_path):
+    """``test_dqn``'s offline CartPole (its seed 3, options and bar), the timeline streamed
+    through a shuffle buffer of about a third of the 30,000 rows."""
+    from tests.test_dqn import onnx_greedy_return
+
+    run = tmp_path / "run"
+    config = {
+        "pipeline": {"output_dir": str(run), "seed": 3},
+        "source": {"kind": "gym", "env": "CartPole-v1", "policy": "random", "episodes": 1370},
+        "timeline": {"actions": ["0", "1"], "reward": {"reward": 1.0}, "n_step": 3},
+        "normalization": {"quantiles": False},
+        "trainer": {
+            "kind": "dqn",
+            "n_step": 3,
+            "cql_alpha": 1.0,
+            "cql_weighting": "constant",
+            "minibatch_size": 256,
+            "epochs": 20,
+            "data": "streamed",
+            "max_memory_gb": 0.02,
+        },
+        "export": {"kind": "onnx"},
+    }
+    manifest = Engine(show_progress=False).run(config)
+
+    assert manifest["stages"]["train"]["details"]["data"].startswith("streamed")
+    score = onnx_greedy_return(run / "model.onnx")
+    print(f"offline CartPole, streamed: mean return {score:.1f} over 50 episodes")
+    assert score >= 150
+
+
+def test_estimators_on_an_eval_split_over_the_budget_run_on_whole_first_episodes_and_say_so(
+    tmp_path,
+):
+    config = streamed_cartpole(tmp_path / "run", epochs=1, max_memory_gb=0.00005)
+    config["evaluation"] = [{"kind": "snips"}]
+
+    manifest = Engine(show_progress=False).run(config)
+
+    train, evaluation = manifest["stages"]["train"], manifest["stages"]["evaluation"]
+    assert "streamed in whole episodes" in train["details"]["data"]
+    for stage in (train, evaluation):
+        assert any("the estimators ran on its first" in warning for warning in stage["warnings"])
+    cpe = json.loads((tmp_path / "run" / "cpe.json").read_text())
+    assert 0 < cpe["eval_rows"] < train["details"]["eval_rows"]
+
+
+def test_auto_streams_only_the_data_that_does_not_fit(split):
+    from horizon_engine.streamed import choose_data, row_bytes
+    from horizon_engine.training import TrainerConfig
+
+    folder, description = split
+    data = streamed(folder, description)
+    size_gb = len(data) * row_bytes(data) / 2**30
+
+    half = data.shard(0, 2)  # an eval split of about half as many rows
+
+    roomy = choose_data(TrainerConfig(max_memory_gb=2 * size_gb), data, half)
+    tight = choose_data(TrainerConfig(max_memory_gb=1.2 * size_gb), data, half)
+    told = choose_data(TrainerConfig(data="memory", max_memory_gb=size_gb / 10), data, half)
+
+    assert (roomy.train, roomy.eval) == ("memory", "memory")
+    assert (tight.train, tight.eval) == ("streamed", "memory")
+    assert tight.reason.startswith("streamed: they do not fit")
+    assert (told.train, told.eval) == ("memory", "memory")
