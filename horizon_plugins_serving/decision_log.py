@@ -139,29 +139,58 @@ def decision_rows(
     now = now or datetime.now(UTC)
     timestamp = now.isoformat()
     ds = timestamp[:10]  # the date, as strftime("%Y-%m-%d") gives it in a tenth of the time
-    rows = []
-    for row, (state, action, propensity, decision_id) in enumerate(
-        zip(states, actions, propensities, decision_ids(len(states)), strict=True)
-    ):
-        possible = possible_actions[row] if possible_actions is not None else None
-        mdp_id = mdp_ids[row] if mdp_ids is not None else None
-        record = {
-            "ds": ds,
-            "mdp_id": mdp_id if mdp_id is not None else decision_id,
-            "sequence_number": sequence_numbers[row] if sequence_numbers is not None else 0,
-            "state_features": dict(state),
-            "possible_actions": list(possible if possible is not None else all_actions),
-            "action": action,
-            "action_probability": float(propensity),
-            "decision_id": decision_id,
-            "model_id": model_id,
-            "timestamp": timestamp,
-        }
-        if policy is not None:
-            record["policy"] = policy
-        if possible is None and not all_actions:  # a continuous action: no possible actions
-            del record["possible_actions"]
-        rows.append(record)
+    count = len(states)
+    ids = decision_ids(count)
+    mdp_ids = [None] * count if mdp_ids is None else mdp_ids
+    mdp_ids = [
+        mdp_id if mdp_id is not None else own for mdp_id, own in zip(mdp_ids, ids, strict=True)
+    ]
+    sequence_numbers = [0] * count if sequence_numbers is None else sequence_numbers
+    possible_actions = [None] * count if possible_actions is None else possible_actions
+    chances = np.fromiter(propensities, np.float64).tolist()
+    columns = (mdp_ids, sequence_numbers, states, possible_actions, actions, chances, ids)
+    if not all_actions and all(possible is None for possible in possible_actions):
+        rows = [  # a continuous action: no possible actions
+            {
+                "ds": ds,
+                "mdp_id": mdp_id,
+                "sequence_number": sequence_number,
+                "state_features": dict(state),
+                "action": action,
+                "action_probability": chance,
+                "decision_id": decision_id,
+                "model_id": model_id,
+                "timestamp": timestamp,
+            }
+            for mdp_id, sequence_number, state, _, action, chance, decision_id in zip(
+                *columns, strict=True
+            )
+        ]
+    else:
+        rows = [
+            {
+                "ds": ds,
+                "mdp_id": mdp_id,
+                "sequence_number": sequence_number,
+                "state_features": dict(state),
+                "possible_actions": list(all_actions if possible is None else possible),
+                "action": action,
+                "action_probability": chance,
+                "decision_id": decision_id,
+                "model_id": model_id,
+                "timestamp": timestamp,
+            }
+            for mdp_id, sequence_number, state, possible, action, chance, decision_id in zip(
+                *columns, strict=True
+            )
+        ]
+        if not all_actions:  # a row without them, among rows with them: none logged
+            for row, possible in zip(rows, possible_actions, strict=True):
+                if possible is None:
+                    del row["possible_actions"]
+    if policy is not None:
+        for row in rows:
+            row["policy"] = policy
     return rows
 
 

@@ -295,6 +295,8 @@ class Predictor:
                 if problem is not None:
                     return number, problem
             return None
+        if not self.strict_features and all(len(row) == 1 for row in rows):
+            return None  # state features alone, and those good
         actions, action_type = self.actions, self.action_type
         for number, row in enumerate(rows):
             problem = None if len(row) == 1 else _fields_problem(row, actions, action_type)

@@ -568,14 +568,15 @@ class DecisionService:
             }
             for record in records
         ]
-        if not predictor.continuous:
+        if predictor.parametric:
             for answer, offered, scores in zip(
                 answers, possible, result.scores.tolist(), strict=True
             ):
-                if predictor.parametric:
-                    answer["scores"] = {str(i): scores[i] for i in range(len(offered))}
-                else:
-                    answer["scores"] = dict(zip(predictor.actions, scores, strict=True))
+                answer["scores"] = {str(i): scores[i] for i in range(len(offered))}
+        elif not predictor.continuous:
+            names = predictor.actions
+            for answer, scores in zip(answers, result.scores.tolist(), strict=True):
+                answer["scores"] = dict(zip(names, scores, strict=True))
         return records, answers
 
     def _update_send_rate(self, sent: list[bool]) -> None:
