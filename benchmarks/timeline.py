@@ -78,8 +78,16 @@ QUICK = {"sizes": [100_000, 1_000_000], "spark_sizes": [100_000], "repeats": 3}
 """``--quick``: every builder, Spark's at the smallest size only, 3 builds of each."""
 
 
-def generate(path: Path, rows: int, episode_length: int, order: str, seed: int = 0) -> None:
-    """Write ``rows`` pre-timeline rows to ``path`` as the source stage writes them."""
+def generate(
+    path: Path,
+    rows: int,
+    episode_length: int,
+    order: str,
+    seed: int = 0,
+    row_group_rows: int = ROW_GROUP_ROWS,
+) -> None:
+    """Write ``rows`` pre-timeline rows to ``path`` as the source stage writes them (in row
+    groups of ``row_group_rows``)."""
     rng = np.random.default_rng(seed)
     episode = np.arange(rows) // episode_length
     step = np.arange(rows) % episode_length
@@ -118,7 +126,7 @@ def generate(path: Path, rows: int, episode_length: int, order: str, seed: int =
     )
     if order == "shuffled":
         table = table.take(rng.permutation(rows))
-    pq.write_table(table, path, row_group_size=ROW_GROUP_ROWS)
+    pq.write_table(table, path, row_group_size=row_group_rows)
 
 
 class _Run:

@@ -35,6 +35,7 @@ from horizon_engine import (
     FEATURES,
     ActionType,
     BadRow,
+    HorizonError,
     Reservoir,
     TimelineConfig,
     TimelineEngine,
@@ -109,6 +110,7 @@ class LocalTimeline(TimelineEngine):
         action_type: ActionType,
         quarantine: bool,
     ) -> TimelineResult:
+        import pyarrow.parquet as pq
 
         # The id columns are read as the dictionary codes the source stage's Parquet holds
         # them as: several times faster than reading their strings, and not hashed again. One
@@ -117,15 +119,14 @@ class LocalTimeline(TimelineEngine):
         # with their dictionaries unified), where read_table makes one per 128k rows. The file
         # is mapped, not pre-buffered: that would first copy it into fresh memory (at 10^7
         # rows, a quarter of the read's time on this VM).
-        file = _parquet_file(rows, action_type)
-        buckets = bucket_count(file.metadata, self.config.max_memory_gb)
+        buckets = bucket_count(pq.read_metadata(rows), self.config.max_memory_gb)
         if buckets == 1:
-            table = file.read().combine_chunks()
+            table = _parquet_file(rows, action_type, memory_map=True).read().combine_chunks()
             return self._build_table(run, rows, table, output, action_type, quarantine, None)
         scratch = output / "_buckets"
         scratch.mkdir()
         try:
-            return self._build_buckets(run, rows, file, buckets, scratch, action_type, quarantine)
+            return self._build_buckets(run, rows, buckets, scratch, action_type, quarantine)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
@@ -133,7 +134,6 @@ class LocalTimeline(TimelineEngine):
         self,
         run: RunContext,
         rows: Path,
-        file: pq.ParquetFile,
         buckets: int,
         scratch: Path,
         action_type: ActionType,
@@ -152,6 +152,8 @@ class LocalTimeline(TimelineEngine):
         every episode: its percentile is taken over the episode lengths of all buckets first.
         """
         output = scratch.parent
+        # Not mapped: a mapped file's pages count in the process's memory while it is open.
+        file = _parquet_file(rows, action_type, memory_map=False)
         bounds = _bucket_bounds(file, buckets, run.seed)
         paths, rejected = self._partition(rows, file, bounds, scratch, action_type, quarantine)
         length_limit = None
@@ -162,7 +164,7 @@ class LocalTimeline(TimelineEngine):
         for path in paths:
             folder = path.with_suffix("")
             folder.mkdir()
-            table = _parquet_file(path, action_type).read().combine_chunks()
+            table = _parquet_file(path, action_type, memory_map=False).read().combine_chunks()
             result = self._build_table(
                 run, rows, table, folder, action_type, quarantine, length_limit
             )
@@ -210,12 +212,25 @@ class LocalTimeline(TimelineEngine):
                     rejected.add(rows, table, rejections, first_row)
                     table = table.filter(pa.array(~rejections.mask))
                 first_row += batch.num_rows
+                # One gather puts each bucket's rows together; each bucket's are then a slice.
                 bucket = _bucket_of(table["mdp_id"], bounds)
-                for number in np.unique(bucket).tolist():
+                by_bucket = np.argsort(bucket, kind="stable")
+                table = table.take(pa.array(by_bucket))
+                numbers, starts, counts = np.unique(
+                    bucket[by_bucket], return_index=True, return_counts=True
+                )
+                for number, start, count in zip(numbers.tolist(), starts, counts, strict=True):
                     if number not in writers:
-                        writers[number] = pq.ParquetWriter(paths[number], table.schema)
+                        # Scratch, read once: no compression, and statistics nothing reads.
+                        writers[number] = pq.ParquetWriter(
+                            paths[number],
+                            table.schema,
+                            compression="none",
+                            use_dictionary=_id_columns(action_type),
+                            write_statistics=False,
+                        )
                         stack.callback(writers[number].close)
-                    writers[number].write_table(table.filter(pa.array(bucket == number)))
+                    writers[number].write_table(table.slice(start, count))
         return [paths[number] for number in sorted(writers)], rejected
 
     def _build_table(
@@ -422,10 +437,15 @@ DEFAULT_MEMORY_SHARE = 0.25
 """Share of the machine's memory a build may take when ``max_memory_gb`` is not set: other
 processes (a trainer, Spark, other runs) keep the rest."""
 
-BUILD_MEMORY_PER_SOURCE_BYTE = 4.0
-"""Peak memory of an in-memory build over its source's uncompressed size (Parquet metadata):
-measured at 2.x for shuffled CartPole rows (``benchmarks/timeline.py --memory``), with room for
-wider rows and n-step arrays."""
+BUILD_MEMORY_PER_SOURCE_BYTE = 8
+"""Peak memory a build takes per byte of its rows' uncompressed size in the source's Parquet
+metadata, above ``BUILD_MEMORY_FIXED_BYTES``: 6.5 measured for shuffled CartPole rows (4
+features, 3-step windows) between 1 and 14 buckets of 10^6 rows, with room for wider rows."""
+
+BUILD_MEMORY_FIXED_BYTES = 256 * 2**20
+"""Peak memory a bucketed build takes whatever its buckets' size: a source row group and its
+copies while cutting, the write threads' row groups, and what the allocators keep between
+buckets (measured: 190 MB)."""
 
 PARTITION_BATCH_ROWS = 65_536
 """Source rows read, checked and cut into buckets at a time."""
@@ -448,15 +468,30 @@ def bucket_count(metadata: pq.FileMetaData, max_memory_gb: float | None) -> int:
         bound = DEFAULT_MEMORY_SHARE * machine
     else:
         bound = max_memory_gb * 2**30
-    return max(1, math.ceil(source_bytes * BUILD_MEMORY_PER_SOURCE_BYTE / bound))
+    needed = source_bytes * BUILD_MEMORY_PER_SOURCE_BYTE
+    if needed + BUILD_MEMORY_FIXED_BYTES <= bound:
+        return 1
+    if bound <= BUILD_MEMORY_FIXED_BYTES:
+        raise HorizonError(
+            f"[timeline] max_memory_gb = {bound / 2**30:.3g}: the source's build does not fit, "
+            f"and a build in buckets takes {BUILD_MEMORY_FIXED_BYTES / 2**30:g} GB besides "
+            "its buckets; allow more"
+        )
+    return math.ceil(needed / (bound - BUILD_MEMORY_FIXED_BYTES))
 
 
-def _parquet_file(path: Path, action_type: ActionType) -> pq.ParquetFile:
+def _parquet_file(path: Path, action_type: ActionType, memory_map: bool) -> pq.ParquetFile:
     """Pre-timeline rows with the id columns read as dictionary codes (see ``build``)."""
     import pyarrow.parquet as pq
 
-    ids = ["ds", "mdp_id", *(["action"] if action_type is ActionType.DISCRETE else [])]
-    return pq.ParquetFile(path, memory_map=True, pre_buffer=False, read_dictionary=ids)
+    return pq.ParquetFile(
+        path, memory_map=memory_map, pre_buffer=False, read_dictionary=_id_columns(action_type)
+    )
+
+
+def _id_columns(action_type: ActionType) -> list[str]:
+    """The string columns of few distinct values, held as dictionary codes."""
+    return ["ds", "mdp_id", *(["action"] if action_type is ActionType.DISCRETE else [])]
 
 
 def _bucket_bounds(file: pq.ParquetFile, buckets: int, seed: int) -> np.ndarray:
