@@ -110,16 +110,33 @@ def main(ctx: click.Context) -> None:
     "training continues from its last complete epoch, and the result is the uninterrupted "
     "run's (the config must be the one it ran with).",
 )
+@click.option(
+    "--nproc",
+    type=int,
+    metavar="N",
+    help="Train on N processes on this machine (data-parallel; the other stages run once), "
+    "started by torch's launcher. On several machines, start `horizon run` with torchrun "
+    "instead (README: Scaling out); the output folder must be shared by every process.",
+)
 def run(
     pipeline: Path,
     overrides: tuple[str, ...],
     stages: str | None,
     overwrite: bool,
     resume: bool,
+    nproc: int | None,
 ) -> None:
     """Run the stages configured in PIPELINE (a pipeline.toml)."""
+    from horizon_engine import distributed
     from horizon_engine.pipeline import Engine, NothingToResume
 
+    if nproc is not None:
+        flags = [f"--set={value}" for value in overrides]
+        flags += [f"--stages={stages}"] if stages else []
+        flags += ["--overwrite"] * overwrite + ["--resume"] * resume
+        command = [sys.executable, "-m", "horizon_engine.cli", "run", str(pipeline), *flags]
+        distributed.launch_local(nproc, command)
+        return
     selected = [name.strip() for name in stages.split(",") if name.strip()] if stages else None
     try:
         with sigterm_as_interrupt():
@@ -128,11 +145,14 @@ def run(
         click.echo(str(exc))
         return
     except KeyboardInterrupt:
-        command = shlex.join(
-            ["horizon", "run", str(pipeline), *(f"--set={value}" for value in overrides)]
-        )
-        click.echo(f"interrupted; continue this run with: {command} --resume", err=True)
+        if distributed.is_writer():
+            command = shlex.join(
+                ["horizon", "run", str(pipeline), *(f"--set={value}" for value in overrides)]
+            )
+            click.echo(f"interrupted; continue this run with: {command} --resume", err=True)
         sys.exit(INTERRUPTED_EXIT_STATUS)
+    if not distributed.is_writer():
+        return
     output_dir = manifest["config"]["pipeline"]["output_dir"]
     for warning in manifest["warnings"]:
         click.echo(f"warning: {warning}")
@@ -309,3 +329,7 @@ def _echo_export(run_dir: Path, outputs: list[str], details: dict[str, Any]) -> 
             f"checked on {details['verified_rows']} rows: largest difference from PyTorch "
             f"{details['max_abs_difference']:.2g}"
         )
+
+
+if __name__ == "__main__":  # the command each rank of ``horizon run --nproc`` runs
+    main()

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
     import torch
 
+    from horizon_engine.shards import TimelineShard
+
 PREPROCESS_CHUNK_ROWS = 65_536
 """Rows preprocessed at once by ``TimelineTensors.with_preprocessed``, bounding the memory of
 the preprocessor's intermediates on a large split."""
@@ -220,6 +222,13 @@ class TimelineTensors:
         stop = len(self) - len(self) % batch_size if drop_last else len(self)
         for start in range(0, stop, batch_size):
             yield Minibatch(tensors, order[start : start + batch_size])
+
+    def shard(self, rank: int, world: int) -> TimelineTensors | TimelineShard:
+        """What rank ``rank`` of ``world`` data-parallel processes trains on: its part of each
+        global minibatch (``horizon_engine.shards``); the split itself for one process."""
+        from horizon_engine.shards import TimelineShard
+
+        return self if world == 1 else TimelineShard(self, rank, world)
 
 
 class Minibatch(Mapping[str, "torch.Tensor"]):
