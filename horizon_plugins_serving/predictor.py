@@ -1,9 +1,11 @@
 """The ``Predictor``: an exported ``model.onnx`` in onnxruntime, on raw feature maps, with
 exploration by the core's numpy ``Exploration``.
 
-The lean path: the state features' id -> column index is computed once from the model's
-metadata, a batch's dense ``features``/``presence`` arrays are filled with one numpy
-assignment, and the session is asked for ``scores`` only (``action`` for a continuous actor),
+The lean path: the state features' columns are computed once from the model's metadata, a
+batch's dense ``features``/``presence`` arrays are made without Python bytecode per feature
+when every row has every feature (``FeatureColumns``), a batch's rows are checked in a few
+C-level passes when their values are plainly good (``Predictor.rows_problem``), and the
+session is asked for ``scores`` only (``action`` for a continuous actor),
 so the graph's ``probabilities`` and ``action`` outputs are never computed. Exploration
 (greedy, epsilon-greedy, softmax with a temperature: ``horizon_engine.Exploration``, the one
 implementation the gym and CPE's torch side agree with; or the paper's send/drop rule with a

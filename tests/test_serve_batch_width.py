@@ -167,3 +167,55 @@ def test_decision_ids_set_the_uuid4_bits_as_uuid_does(monkeypatch):
     monkeypatch.setattr(decision_log.RANDOM, "take", lambda size: randomness[:size])
     expected = [uuid.UUID(bytes=randomness[i : i + 16], version=4).hex for i in range(0, 800, 16)]
     assert decision_ids(50) == expected
+
+
+def test_decision_rows_keep_each_rows_possible_actions_and_key_order():
+    """Built a column at a time: a row without possible actions among rows with them logs
+    ``all_actions``, or none when there are none (a continuous action), and keys keep their
+    order, ``policy`` last."""
+    from datetime import UTC, datetime
+
+    from horizon_plugins_serving.decision_log import decision_rows
+
+    states, actions = [{"a": 1.0}, {"a": 2.0}], ["x", "y"]
+    now = datetime(2020, 1, 2, tzinfo=UTC)
+    mixed = decision_rows(states, actions, np.array([0.5, 1], np.float32), "m", [None, ["x"]])
+    assert "possible_actions" not in mixed[0] and mixed[1]["possible_actions"] == ["x"]
+    listed = decision_rows(states, actions, [0.5, 1], "m", [None, ["x"]], ["x", "y"], now=now)
+    assert [row["possible_actions"] for row in listed] == [["x", "y"], ["x"]]
+    rows = decision_rows(states, actions, [0.25, 1], "m", None, (), ["u", None], [3, 4], now, "p")
+    assert list(rows[0]) == [
+        "ds", "mdp_id", "sequence_number", "state_features", "action", "action_probability",
+        "decision_id", "model_id", "timestamp", "policy",
+    ]  # fmt: skip
+    assert [row["mdp_id"] for row in rows] == ["u", rows[1]["decision_id"]]
+    assert [type(row["action_probability"]) for row in rows] == [float, float]
+    with pytest.raises(ValueError):
+        decision_rows(states, actions[:1], [0.5, 1], "m")
+
+
+def test_a_wide_request_is_answered_and_logged_as_its_rows_score_one_by_one(model, tmp_path):
+    """64 rows, some missing features, some with mdp_ids, through POST /decisions: each answer's
+    scores are those of the row scored alone, and the log holds every answered row, in order,
+    once the server has stopped."""
+    from starlette.testclient import TestClient
+
+    from horizon_plugins_serving.decision_log import DecisionLog, read_decisions
+    from horizon_plugins_serving.server import build_app
+
+    rng = np.random.default_rng(5)
+    rows = [
+        {"state_features": {k: float(v) for k, v in zip(IDS, values, strict=True) if v > -1.5}}
+        | ({"mdp_id": f"u{number}"} if number % 3 == 0 else {})
+        for number, values in enumerate(rng.normal(size=(64, 4)))
+    ]
+    predictor = Predictor(model)
+    with TestClient(build_app(predictor, DecisionLog(tmp_path / "d.jsonl"))) as client:
+        answer = client.post("/decisions", json={"rows": rows})
+    assert answer.status_code == 200, answer.text
+    decisions = answer.json()["decisions"]
+    alone = [predictor.predict([row["state_features"]]).scores[0] for row in rows]
+    assert [list(d["scores"].values()) for d in decisions] == [s.tolist() for s in alone]
+    logged = read_decisions(tmp_path / "d.jsonl").rows
+    assert [row["decision_id"] for row in logged] == [d["decision_id"] for d in decisions]
+    assert [row["state_features"] for row in logged] == [row["state_features"] for row in rows]
