@@ -135,7 +135,10 @@ class QLearningTrainer(TrainerBase, Discounts):
         gaps = cql_gaps(scores, logged, possible)
         # A batch built without propensities (by hand, by a host of its own) has a logger
         # believed deterministic: plain CQL's assumption.
-        propensity = batch.get("action_probability", torch.ones_like(gaps))
+        if "action_probability" in batch:
+            propensity = batch["action_probability"]
+        else:
+            propensity = torch.ones_like(gaps)
         coverage = float(logged_coverage(propensity, possible))
         weight = config.cql_alpha
         if config.cql_weighting == "coverage":
@@ -184,10 +187,11 @@ class QLearningTrainer(TrainerBase, Discounts):
         windows = "next_n_rewards" in batch
         follows = config.n_step == 0 and windows and config.maxq_learning
         if config.n_step == 1 or (config.n_step == 0 and not follows):
+            time_diff = batch["time_diff"] if config.use_time_diff else None
             discount = one_step_discount(
-                batch["not_terminal"], batch["time_diff"], config.gamma, config.use_time_diff
+                batch["not_terminal"], time_diff, config.gamma, config.use_time_diff
             )
-            return Bootstrap(batch["reward"] + boost, discount, "", "next_state")
+            return Bootstrap(with_boost(batch["reward"], boost), discount, "", "next_state")
         if not windows:
             raise HorizonError(n_step_mismatch(config.n_step, "no n-step arrays (n_step = 1)"))
         rewards = batch["next_n_rewards"]
@@ -197,13 +201,13 @@ class QLearningTrainer(TrainerBase, Discounts):
             )
         returns, discount = n_step_return(
             rewards,
-            batch["next_n_time_diffs"],
+            batch["next_n_time_diffs"] if config.use_time_diff else None,
             batch["next_n_not_terminal"],
             batch["next_n_length"],
             config.gamma,
             config.use_time_diff,
         )
-        return Bootstrap(returns + boost, discount, "next_n_", "next_n_state")
+        return Bootstrap(with_boost(returns, boost), discount, "next_n_", "next_n_state")
 
     def logged_returns(self, data: TimelineTensors, reward: torch.Tensor) -> torch.Tensor:
         """Each eval row's discounted return to the end of its episode (float64), discounted
@@ -260,6 +264,14 @@ def checkpoint_mismatch(exc: Exception) -> HorizonError:
         "the checkpoint does not fit this [trainer] (layers, dueling, actions and "
         f"features must be the same as when it was written): {exc}"
     )
+
+
+def with_boost(returns: torch.Tensor, boost: torch.Tensor | float) -> torch.Tensor:
+    """``returns + boost``; ``returns`` itself when ``boost`` is the float 0.0 (no
+    ``reward_boost``): the addition would only copy the batch's returns every update."""
+    if isinstance(boost, float) and boost == 0.0:
+        return returns
+    return returns + boost
 
 
 def n_step_mismatch(n_step: int, found: str) -> str:

@@ -36,17 +36,19 @@ def sarsa_next_value(target_scores: torch.Tensor, next_action: torch.Tensor) -> 
 
 
 def one_step_discount(
-    not_terminal: torch.Tensor, time_diff: torch.Tensor, gamma: float, use_time_diff: bool
+    not_terminal: torch.Tensor, time_diff: torch.Tensor | None, gamma: float, use_time_diff: bool
 ) -> torch.Tensor:
     """What the next state's value is multiplied by: ``gamma`` (or ``gamma ** time_diff``),
-    0 for a terminal row."""
-    discount = torch.pow(gamma, time_diff) if use_time_diff else torch.full_like(time_diff, gamma)
-    return discount * not_terminal
+    0 for a terminal row. ``time_diff`` may be None without ``use_time_diff``: reading a
+    minibatch's tensor gathers its rows, an operation per update for nothing."""
+    if not use_time_diff:
+        return not_terminal * gamma
+    return torch.pow(gamma, time_diff) * not_terminal
 
 
 def n_step_return(
     rewards: torch.Tensor,
-    time_diffs: torch.Tensor,
+    time_diffs: torch.Tensor | None,
     not_terminal: torch.Tensor,
     lengths: torch.Tensor,
     gamma: float,
@@ -58,7 +60,8 @@ def n_step_return(
     padded past ``lengths``): entry j belongs to row t + j of the episode. Returns
     ``sum_j gamma**D_j r_j`` with ``D_j = j`` (or the time_diffs before step j), and
     ``gamma**D_L`` times whether the window's last row is non-terminal: the factor of the
-    value of the state where the window ends.
+    value of the state where the window ends. ``time_diffs`` may be None without
+    ``use_time_diff`` (a minibatch gathers a tensor's rows when it is read).
     """
     steps = torch.arange(rewards.shape[1], device=rewards.device)
     inside = (steps.unsqueeze(0) < lengths.unsqueeze(1)).to(rewards.dtype)
