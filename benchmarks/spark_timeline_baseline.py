@@ -14,18 +14,26 @@ nullable schema. That is the floor the engine's guarantees are measured against 
 the engine at >= 0.8x this script's rows/s, on the same session and rows).
 
     .venv/bin/python benchmarks/spark_timeline_baseline.py --rows 100000,1000000 --repeats 3
+    .venv/bin/python benchmarks/spark_timeline_baseline.py --rows 1000000,10000000 --repeats 1
 
 runs this script and the engine (``[timeline] engine = "spark"``, default options) in one
 local[2] session on the same generated rows (CartPole-like, as ``benchmarks/timeline.py``
 makes them: 4 state features, 2 actions, episodes of 50 steps, rows shuffled), interleaved
-(A B, B A, ...) after one uncounted warm-up round, and prints the medians of each and their
-ratio. The session start is timed apart and not counted.
+(A B, B A, ...) after one uncounted warm-up round on ``WARM_UP_ROWS`` rows, and prints the
+medians of each, their ratio and, per size, a RESULT line as ``benchmarks/timeline.py`` prints
+them. The session start is timed apart and not counted.
+
+The rows are written to disk a chunk at a time, and each build's output is deleted once
+counted, so that 10^7 rows fit a small machine: what the benchmark holds in memory is one chunk,
+what it holds on disk is the rows and one output.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -34,6 +42,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
     from pyspark.sql import SparkSession
 
 
@@ -107,17 +117,37 @@ def build_plain_timeline(
 # --- the side-by-side measurement -----------------------------------------------------------
 
 ACTIONS = ["0", "1"]
+WARM_UP_ROWS = 100_000
+"""Rows of the uncounted round that warms the JVM's code for both sides."""
+CHUNK_ROWS = 1_000_000
+"""Rows generated and written at a time: whole episodes, shuffled within the chunk."""
 
 
 def generate_rows(path: Path, rows: int, episode_length: int = 50, seed: int = 0) -> None:
-    """Write ``rows`` shuffled pre-timeline rows to ``path`` in the source stage's schema."""
+    """Write ``rows`` pre-timeline rows to ``path`` in the source stage's schema, a chunk of
+    ``CHUNK_ROWS`` at a time, each chunk's rows shuffled (an episode never spans two chunks)."""
     import numpy as np
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from horizon_engine import ActionType, RowFormat, RowLayout
 
     rng = np.random.default_rng(seed)
+    schema = RowLayout(RowFormat.PRE_TIMELINE, ActionType.DISCRETE).schema
+    chunk_rows = CHUNK_ROWS - CHUNK_ROWS % episode_length
+    with pq.ParquetWriter(path, schema) as writer:
+        for first in range(0, rows, chunk_rows):
+            chunk = _chunk(first, min(chunk_rows, rows - first), episode_length, rng)
+            writer.write_table(chunk.cast(schema))
+
+
+def _chunk(first: int, rows: int, episode_length: int, rng: np.random.Generator) -> pa.Table:
+    """Rows ``first`` .. ``first + rows`` of the generated log, shuffled."""
+    import numpy as np
+    import pyarrow as pa
+
+    from horizon_engine import ActionType, RowFormat, RowLayout
+
+    index = np.arange(first, first + rows)
     features = 4
     state = pa.MapArray.from_arrays(
         pa.array(np.arange(0, rows * features + 1, features, dtype=np.int32)),
@@ -126,8 +156,8 @@ def generate_rows(path: Path, rows: int, episode_length: int = 50, seed: int = 0
     )
     columns = {
         "ds": pa.array(np.full(rows, "2019-01-01", dtype=object)),
-        "mdp_id": pa.array((np.arange(rows) // episode_length).astype(str)),
-        "sequence_number": pa.array(np.arange(rows) % episode_length),
+        "mdp_id": pa.array((index // episode_length).astype(str)),
+        "sequence_number": pa.array(index % episode_length),
         "state_features": state,
         "action": pa.array(np.array(ACTIONS)[rng.integers(0, len(ACTIONS), rows)]),
         "action_probability": pa.array(np.full(rows, 0.5)),
@@ -144,8 +174,7 @@ def generate_rows(path: Path, rows: int, episode_length: int = 50, seed: int = 0
     }
     schema = RowLayout(RowFormat.PRE_TIMELINE, ActionType.DISCRETE).schema
     arrays = [columns.get(field.name, pa.nulls(rows, field.type)) for field in schema]
-    table = pa.Table.from_arrays(arrays, schema=schema)
-    pq.write_table(table.take(pa.array(rng.permutation(rows))), path)
+    return pa.Table.from_arrays(arrays, schema=schema).take(pa.array(rng.permutation(rows)))
 
 
 def spark_engine() -> Callable[[Path, Path], None]:
@@ -172,34 +201,48 @@ def main() -> None:
     parser.add_argument("--rows", default="100000,1000000", help="comma-separated sizes")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each side per size")
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--driver-memory", default="4g", help="the local session's JVM heap")
     args = parser.parse_args()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from horizon_plugins_spark import SparkOptions, spark_session
 
     started = time.perf_counter()
-    spark = spark_session(SparkOptions(master=args.master, conf={"spark.ui.enabled": False}))
-    print(f"session start {time.perf_counter() - started:.1f} s (not counted), {args.master}")
+    conf = {"spark.ui.enabled": False, "spark.driver.memory": args.driver_memory}
+    spark = spark_session(SparkOptions(master=args.master, conf=conf))
+    print(
+        f"session start {time.perf_counter() - started:.1f} s (not counted), {args.master}, "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
     sides = {
         "plain": lambda rows, out: build_plain_timeline(spark, rows, out, ACTIONS),
         "engine": spark_engine(),
     }
+
+    def timed(name: str, rows: Path, size: int) -> float:
+        """Seconds of one build by ``name``, whose output is counted, then deleted."""
+        output = rows.with_name(f"out-{name}")
+        started = time.perf_counter()
+        sides[name](rows, output)
+        elapsed = time.perf_counter() - started
+        written = spark.read.option("recursiveFileLookup", True).parquet(str(output)).count()
+        assert written == size, f"{name} wrote {written:,} rows of {size:,}"
+        shutil.rmtree(output)
+        return elapsed
+
     with tempfile.TemporaryDirectory() as folder:
+        warm_up = Path(folder) / "rows-warm-up.parquet"
+        generate_rows(warm_up, WARM_UP_ROWS)
+        for name in sides:
+            timed(name, warm_up, WARM_UP_ROWS)
+        before: dict[str, tuple[int, float]] = {}
         for size in (int(text) for text in args.rows.split(",")):
             rows = Path(folder) / f"rows-{size}.parquet"
             generate_rows(rows, size)
             seconds: dict[str, list[float]] = {name: [] for name in sides}
-            for repeat in range(args.repeats + 1):
-                order = list(sides) if repeat % 2 else list(reversed(sides))
-                for name in order:
-                    output = Path(folder) / f"out-{size}-{name}-{repeat}"
-                    started = time.perf_counter()
-                    sides[name](rows, output)
-                    elapsed = time.perf_counter() - started
-                    if repeat:  # the first round warms the JVM's code for both sides
-                        seconds[name].append(elapsed)
-                    written = spark.read.option("recursiveFileLookup", True).parquet(str(output))
-                    written = written.count()
-                    assert written == size, f"{name} wrote {written:,} rows of {size:,}"
+            for repeat in range(args.repeats):
+                for name in list(sides) if repeat % 2 else list(reversed(sides)):
+                    seconds[name].append(timed(name, rows, size))
+            rows.unlink()
             medians = {name: statistics.median(times) for name, times in seconds.items()}
             for name, times in seconds.items():
                 print(
@@ -208,7 +251,29 @@ def main() -> None:
                     f"{min(times):.2f}-{max(times):.2f})"
                 )
             print(f"{size:>10,} rows  engine / plain: {medians['plain'] / medians['engine']:.2f}x")
+            growth = {name: growth_per_10x(size, medians[name], before.get(name)) for name in sides}
+            fields = {
+                "name": "timeline_spark",
+                "rows": size,
+                "ours_rows_per_s": f"{size / medians['engine']:.0f}",
+                "baseline": "plain_pyspark",
+                "baseline_rows_per_s": f"{size / medians['plain']:.0f}",
+                "ratio": f"{medians['plain'] / medians['engine']:.2f}",
+                "growth_per_10x": f"{growth['engine']:.2f}",
+                "baseline_growth_per_10x": f"{growth['plain']:.2f}",
+            }
+            print("RESULT " + " ".join(f"{key}={value}" for key, value in fields.items()))
+            before = {name: (size, medians[name]) for name in sides}
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
     spark.stop()
+
+
+def growth_per_10x(rows: int, seconds: float, before: tuple[int, float] | None) -> float:
+    """Time over the time at the size before, scaled to 10 times the rows (10: linear; nan at
+    the first size)."""
+    if before is None:
+        return math.nan
+    return (seconds / before[1]) ** (1 / math.log10(rows / before[0]))
 
 
 if __name__ == "__main__":
