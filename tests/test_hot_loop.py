@@ -1,17 +1,24 @@
-"""The update's hot loop does no work its options do not use.
+"""The train stage's loop does no work its results do not need.
 
 A minibatch gathers a tensor's rows when the trainer first reads it (``Minibatch``), so a
 tensor read and then ignored costs an index operation every update; the step-count and
-no-boost paths of the targets skip the arithmetic that would only reproduce their input.
+no-boost paths of the targets skip the arithmetic that would only reproduce their input. An
+epoch's TensorBoard events are handed to the operating system, not fsynced.
 """
 
 from __future__ import annotations
 
+import os
+import struct
 from collections.abc import Iterator, Mapping
+from types import SimpleNamespace
 
 import torch
+from tensorboardX.record_writer import masked_crc32c
 from test_dqn import batch, trainer
+from test_training import scalars
 
+from horizon_engine.builtin import tensorboard
 from horizon_plugins_dqn.targets import n_step_return, one_step_discount
 
 WINDOWS = {
@@ -73,3 +80,28 @@ def test_the_step_count_discounts_equal_unit_time_differences_to_the_bit():
         assert all(torch.equal(a, b) for a, b in zip(counted, timed, strict=True))
         one_step = one_step_discount(not_terminal[:, 0], None, gamma, False)
         assert torch.equal(one_step, one_step_discount(not_terminal[:, 0], ones[:, 0], gamma, True))
+
+
+def test_an_epochs_events_are_in_the_file_when_the_hook_returns_without_an_fsync(
+    tmp_path, monkeypatch
+):
+    def refuse(descriptor: int) -> None:
+        raise AssertionError("an epoch's events were fsynced")
+
+    monkeypatch.setattr(os, "fsync", refuse)
+    run = SimpleNamespace(run_id="run-1", output_dir=tmp_path)
+    for epoch in (1, 2):
+        tensorboard.horizon_on_epoch_end(run, epoch, {"Training/td_loss": 0.5 / epoch})
+    written = scalars(tmp_path / "tensorboard")
+    assert written == {"Training/td_loss": [(1, 0.5), (2, 0.25)]}
+    tensorboard.horizon_on_run_end(run, {})
+    (events,) = (tmp_path / "tensorboard").glob("events.out.tfevents.*.run-1")
+    data, position = events.read_bytes(), 0
+    while position < len(data):
+        length = data[position : position + 8]
+        end = position + 12 + struct.unpack("<Q", length)[0]
+        record = data[position + 12 : end]
+        found = struct.unpack("<II", data[position + 8 : position + 12] + data[end : end + 4])
+        assert found == (masked_crc32c(length), masked_crc32c(record))
+        position = end + 4
+    assert position == len(data)

@@ -12,6 +12,8 @@ replaces them instead of plotting beside them.
 
 from __future__ import annotations
 
+import socket
+import struct
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,17 +25,24 @@ if TYPE_CHECKING:
 
 
 class _EventFile:
-    """One run's event file, written synchronously: an epoch's scalars are in the file when
-    ``horizon_on_epoch_end`` returns, before the epoch's checkpoint is written. tensorboardX's
-    ``SummaryWriter`` queues events for a background thread that its ``flush`` does not wait
-    for, so a run killed just after an epoch lost that epoch's scalars, and ``--resume``
-    continues after the epoch."""
+    """One run's event file, written synchronously: an epoch's scalars are in the file (handed
+    to the operating system) when ``horizon_on_epoch_end`` returns, before the epoch's
+    checkpoint is written. tensorboardX's ``SummaryWriter`` queues events for a background
+    thread that its ``flush`` does not wait for, so a run killed just after an epoch lost that
+    epoch's scalars, and ``--resume`` continues after the epoch.
+
+    The records are framed here rather than by tensorboardX's ``EventsWriter``, whose flush
+    also fsyncs the file: 8 ms an epoch on a plain disk (3% of the example's train stage) to
+    survive a power cut, which the checkpoints, written without fsync, do not survive either.
+    """
 
     def __init__(self, folder: Path, run_id: str) -> None:
-        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto.event_pb2 import Event
 
         folder.mkdir(parents=True, exist_ok=True)
-        self._events = EventsWriter(str(folder / "events"), f".{run_id}")
+        name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{run_id}"
+        self._file = (folder / name).open("ab")
+        self._append(Event(wall_time=time.time(), file_version="brain.Event:2"))
 
     def write(self, metrics: dict[str, float], step: int) -> None:
         from tensorboardX.proto.event_pb2 import Event
@@ -41,11 +50,25 @@ class _EventFile:
 
         for name, value in metrics.items():
             summary = scalar(name, value)
-            self._events.write_event(Event(wall_time=time.time(), step=step, summary=summary))
-        self._events.flush()
+            self._append(Event(wall_time=time.time(), step=step, summary=summary))
+        self._file.flush()
+
+    def _append(self, event: Any) -> None:
+        """``event`` as a TFRecord: its length, the length's masked CRC-32C, the event, the
+        event's masked CRC-32C (little-endian)."""
+        from tensorboardX.record_writer import masked_crc32c
+
+        data = event.SerializeToString()
+        length = struct.pack("<Q", len(data))
+        self._file.write(
+            length
+            + struct.pack("<I", masked_crc32c(length))
+            + data
+            + struct.pack("<I", masked_crc32c(data))
+        )
 
     def close(self) -> None:
-        self._events.close()
+        self._file.close()
 
 
 _writers: dict[str, _EventFile] = {}
