@@ -52,11 +52,7 @@ class JoinedWriter:
             return
         lines = [chunk.lines[index] for index in keep.nonzero()[0]]
         if self.parquet:
-            rows = [
-                json.loads(line) | {"metrics": dict(m)}
-                for line, m in zip(lines, metrics.to_pylist(), strict=True)
-            ]
-            self._write_table(self._shape(rows))
+            self._write_table(self._shape_lines(lines, metrics))
         else:
             # The logged line, its closing brace replaced by the metrics: the row's own text
             # is written as it was, and no row is parsed again.
@@ -68,17 +64,31 @@ class JoinedWriter:
     def _write_lines(self, lines: Iterator[bytes]) -> None:
         self._handle.write(b"".join(line + b"\n" for line in lines))
 
-    def _shape(self, rows: list[dict[str, Any]]) -> pa.Table | None:
-        """JSONL decision rows as ``joined_schema`` says (that of the first row written)."""
-        import pyarrow as pa
-
+    def _shape_lines(self, lines: list[bytes], metrics: pa.MapArray) -> pa.Table | None:
+        """JSONL decision lines and their metrics as ``joined_schema`` says: read whole by
+        Arrow (``join_shape``) where that gives what ``RowShaper`` gives, else row by row."""
         from horizon_engine import RowShaper
+        from horizon_plugins_serving.join_shape import shape_lines
 
-        if not rows:
+        if not lines:
             return None
         if self._shaper is None:
-            layout, self._schema = joined_schema(rows[0])
+            layout, self._schema = joined_schema(json.loads(lines[0]) | {"metrics": {}})
             self._shaper = RowShaper(layout)
+        table = shape_lines(lines, metrics, self._shaper.layout, self._schema)
+        if table is not None:
+            return table
+        return self._shape(
+            [
+                json.loads(line) | {"metrics": dict(m)}
+                for line, m in zip(lines, metrics.to_pylist(), strict=True)
+            ]
+        )
+
+    def _shape(self, rows: list[dict[str, Any]]) -> pa.Table:
+        """JSONL decision rows (with their metrics) shaped one by one by ``RowShaper``."""
+        import pyarrow as pa
+
         shaped = self._shaper.shape((str(index), row) for index, row in enumerate(rows))
         if shaped.bad_rows:
             raise HorizonError(

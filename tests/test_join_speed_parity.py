@@ -1,0 +1,258 @@
+"""``horizon join`` made faster writes the rows it wrote before.
+
+The decision_ids are looked up in two hash tables instead of four, and a JSONL log written as
+Parquet is shaped a chunk at a time by Arrow (``join_shape``) instead of a row at a time by
+``RowShaper``. A generated log with repeated decision_ids, rewards early, late, unknown and
+several per decision, and bad rows on both sides is joined and checked against a join written
+plainly in Python; and the Parquet written from JSONL is checked against the row-by-row
+shaping, which still writes every chunk Arrow's reading could get different.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from horizon_engine.cli import main
+from horizon_plugins_serving import join_shape
+from horizon_plugins_serving.join_report import report_path
+
+NOON = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+WINDOW_HOURS = 48
+
+
+def run_join(log: Path, rewards: Path, output: Path) -> tuple[int, str]:
+    arguments = [log, rewards, "-o", output, "--window", f"{WINDOW_HOURS}h"]
+    arguments += ["--default", "click=0", "--default", "buy=0", "--skip-bad-rows"]
+    result = CliRunner().invoke(main, ["join", *map(str, arguments)])
+    return result.exit_code, result.output
+
+
+def decision(number: int, rng: random.Random, shuffled: bool = False) -> dict[str, Any]:
+    features = {str(index): round(rng.uniform(-2, 2), 4) for index in range(3)}
+    if shuffled and number % 7 == 3:
+        features = dict(reversed(list(features.items())))
+    return {
+        "ds": "2026-12-01",
+        "mdp_id": f"m{number}",
+        "sequence_number": number,
+        "state_features": features,
+        "possible_actions": ["0", "1"],
+        "action": str(number % 2),
+        "action_probability": 0.5,
+        "decision_id": f"d{number % 180}",  # d0..d19 come twice
+        "model_id": "model",
+        "timestamp": (NOON + timedelta(minutes=number)).isoformat(),
+    }
+
+
+def generated_files(folder: Path, shuffled: bool = False) -> tuple[Path, Path]:
+    """A decision log of 200 rows (20 repeated decision_ids, three bad rows, a torn last
+    line) and rewards for it: several per decision, before the decision, past the window,
+    for unknown decision_ids, and bad ones."""
+    rng = random.Random(7)
+    lines = [json.dumps(decision(number, rng, shuffled)) for number in range(200)]
+    lines[50] = lines[50].replace('"decision_id": "d50"', '"decision_id": ""')
+    lines[60] = lines[60].replace("+00:00", "")
+    lines[70] = lines[70][:-1] + ', "metrics": {"click": 1}}'
+    log = folder / "decisions.jsonl"
+    log.write_text("\n".join(lines) + '\n{"decision_id": "torn', encoding="utf-8")
+    rewards = []
+    for number in range(0, 220, 2):
+        for _ in range(rng.randint(1, 3)):
+            hours = rng.choice([-1.0, 0.5, 3.0, 47.0, 49.0])
+            stamp = NOON + timedelta(minutes=number % 180, hours=hours)
+            metric = rng.choice(["click", "buy"])
+            rewards.append(
+                {
+                    "decision_id": f"d{number}",
+                    "timestamp": stamp.isoformat().replace("+00:00", "Z"),
+                    "metrics": {metric: rng.choice([1, 2.5])},
+                }
+            )
+    reward_lines = [json.dumps(row) for row in rewards]
+    reward_lines[5] = reward_lines[5].replace("Z", "")
+    reward_lines[9] = json.dumps({"decision_id": "d4", "timestamp": "x", "metrics": {}})
+    reward_lines[12] = json.dumps(
+        {"decision_id": "d6", "timestamp": NOON.isoformat(), "metrics": {"click": 1e39}}
+    )
+    (folder / "rewards.jsonl").write_text("\n".join(reward_lines) + "\n", encoding="utf-8")
+    return log, folder / "rewards.jsonl"
+
+
+def stamp(text: str) -> datetime | None:
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else None
+
+
+def plain_join(log: Path, rewards: Path) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """The join written plainly: each good decision's first row with its metrics summed
+    within the window (the defaults where none came), and the report's counts."""
+    firsts: dict[str, dict[str, Any]] = {}
+    bad_decisions = 0
+    for line in log.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # the torn last line
+        if not row.get("decision_id") or "metrics" in row or stamp(row["timestamp"]) is None:
+            bad_decisions += 1
+            continue
+        firsts.setdefault(row["decision_id"], row)
+    sums: dict[str, dict[str, float]] = {}
+    counts = {"late_rewards": 0, "early_rewards": 0, "unknown_rewards": 0, "bad_reward_rows": 0}
+    for line in rewards.read_text(encoding="utf-8").splitlines():
+        reward = json.loads(line)
+        at = stamp(reward["timestamp"])
+        values = reward["metrics"].values()
+        if at is None or not all(abs(value) < 3.4e38 for value in values):
+            counts["bad_reward_rows"] += 1
+            continue
+        if reward["decision_id"] not in firsts:
+            counts["unknown_rewards"] += 1
+            continue
+        delay = at - stamp(firsts[reward["decision_id"]]["timestamp"])
+        if delay < timedelta(0):
+            counts["early_rewards"] += 1
+        elif delay > timedelta(hours=WINDOW_HOURS):
+            counts["late_rewards"] += 1
+        else:
+            metrics = sums.setdefault(reward["decision_id"], {})
+            for name, value in reward["metrics"].items():
+                metrics[name] = metrics.get(name, 0.0) + value
+    counts["bad_decision_rows"] = bad_decisions
+    counts["rewarded"] = len(sums)
+    rows = [
+        row | {"metrics": sums.get(decision_id, {"click": 0.0, "buy": 0.0})}
+        for decision_id, row in firsts.items()
+    ]
+    return rows, counts
+
+
+@pytest.mark.parametrize("output_name", ["joined.jsonl", "joined.parquet"])
+def test_the_join_writes_what_a_plain_python_join_writes(tmp_path, output_name):
+    log, rewards = generated_files(tmp_path)
+    output = tmp_path / output_name
+    code, printed = run_join(log, rewards, output)
+    assert code == 0, printed
+    expected_rows, expected_counts = plain_join(log, rewards)
+    report = json.loads(report_path(output).read_text())
+    assert {name: report[name] for name in expected_counts} == expected_counts
+    assert report["duplicate_decisions"] == 20
+    assert report["duplicate_ids"] == ["d0", "d1", "d2", "d3", "d4"]
+    assert report["torn_lines"] == 1
+    if output.suffix == ".parquet":
+        table = pq.read_table(output)
+        assert table.column("decision_id").to_pylist() == [r["decision_id"] for r in expected_rows]
+        written = [dict(metrics) for metrics in table.column("metrics").to_pylist()]
+        assert written == [row["metrics"] for row in expected_rows]
+        features = [dict(f) for f in table.column("state_features").to_pylist()]
+        assert features == [row["state_features"] for row in expected_rows]
+    else:
+        written = [json.loads(line) for line in output.read_text(encoding="utf-8").splitlines()]
+        assert written == expected_rows
+
+
+def join_shaped_row_by_row(log: Path, rewards: Path, output: Path, monkeypatch) -> None:
+    with monkeypatch.context() as patched:
+        patched.setattr(join_shape, "shape_lines", lambda *arguments: None)
+        code, printed = run_join(log, rewards, output)
+    assert code == 0, printed
+
+
+@pytest.mark.parametrize("shuffled", [False, True], ids=["keys_in_order", "keys_shuffled"])
+def test_parquet_shaped_by_arrow_is_what_row_by_row_shaping_wrote(tmp_path, monkeypatch, shuffled):
+    """With the keys of every feature map in one order Arrow shapes each chunk; with some
+    rows' keys in another order the chunk is shaped row by row (a map keeps its row's
+    order); both write exactly the table that shaping every row wrote."""
+    log, rewards = generated_files(tmp_path, shuffled)
+    shaped_by_arrow = []
+    shape = join_shape.shape_lines
+
+    def counted(*arguments: Any) -> Any:
+        table = shape(*arguments)
+        shaped_by_arrow.append(table is not None)
+        return table
+
+    monkeypatch.setattr(join_shape, "shape_lines", counted)
+    code, printed = run_join(log, rewards, tmp_path / "arrow.parquet")
+    assert code == 0, printed
+    assert shaped_by_arrow == [not shuffled]
+    join_shaped_row_by_row(log, rewards, tmp_path / "rows.parquet", monkeypatch)
+    ours, before = (pq.read_table(tmp_path / name) for name in ("arrow.parquet", "rows.parquet"))
+    assert ours.schema.equals(before.schema, check_metadata=True)
+    assert ours.equals(before)
+
+
+LOGGED = {
+    "ds": "2026-12-01",
+    "mdp_id": "m",
+    "sequence_number": 1,
+    "state_features": {"a": 1.5, "b": 2},
+    "possible_actions": ["0", "1"],
+    "action": "0",
+    "action_probability": 0.5,
+    "model_id": "model",
+    "timestamp": NOON.isoformat(),
+}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"state_features": {"b": 2, "a": 1.5}},
+        {"state_features": {"a": 1.5}},
+        {"state_features": {"a": 1.5, "b": 2, "c": None}},
+        {"state_features": {"a": 2**60 + 1, "b": 2}},
+        {"state_features": {"a": "1", "b": 2}},
+        {"state_features": {"a": True, "b": 2}},
+        {"state_features": {"a b": 1.5, "(": 2}},
+        {"action": 1},
+        {"mdp_id": "caf\u00e9 \u2603"},
+        {"mdp_id": "\ud800"},
+        {"sequence_number": 2.0},
+        {"sequence_number": 2**64},
+        {"action_probability": 1},
+        {"action_probability": 2**60 + 1},
+        {"possible_actions": []},
+        {"possible_actions": [0, 1]},
+        {"model_id": 7},
+        {"model_id": None},
+        {"policy": "greedy"},
+        {"propensity": 0.5},
+        {"truncated": True},
+        {"reward": 3},
+    ],
+)
+def test_a_second_row_arrow_could_read_otherwise_is_written_as_row_by_row(
+    tmp_path, monkeypatch, change
+):
+    """A log whose second row differs from its first by one field joins to the same rows, or
+    fails with the same message, whether Arrow shapes its chunk or each row is shaped."""
+    rows = [LOGGED | {"decision_id": "d1"}, LOGGED | {"decision_id": "d2"} | change]
+    log = tmp_path / "decisions.jsonl"
+    log.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    rewards = tmp_path / "rewards.jsonl"
+    reward = {"decision_id": "d2", "timestamp": NOON.isoformat(), "metrics": {"click": 1}}
+    rewards.write_text(json.dumps(reward) + "\n", encoding="utf-8")
+    by_arrow = run_join(log, rewards, tmp_path / "arrow.parquet")
+    with monkeypatch.context() as patched:
+        patched.setattr(join_shape, "shape_lines", lambda *arguments: None)
+        by_rows = run_join(log, rewards, tmp_path / "rows.parquet")
+    assert by_arrow[0] == by_rows[0]
+    if by_rows[0]:
+        assert by_arrow[1].replace("arrow.parquet", "rows.parquet") == by_rows[1]
+        return
+    ours, before = (pq.read_table(tmp_path / name) for name in ("arrow.parquet", "rows.parquet"))
+    assert ours.schema.equals(before.schema, check_metadata=True)
+    assert ours.equals(before)
