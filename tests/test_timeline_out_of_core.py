@@ -218,3 +218,8 @@ def test_peak_memory_follows_the_bound_not_the_source(tmp_path):
     figures = f"bound {bound_mb:.0f} MB, in buckets {bucketed:.0f} MB, in memory {in_memory:.0f} MB"
     assert bucketed < bound_mb + ALLOWANCE_MB, figures
     assert in_memory > bound_mb + ALLOWANCE_MB, figures
+
+
+def test_a_bound_below_what_any_bucketed_build_takes_is_refused():
+    with pytest.raises(ValueError, match="max_memory_gb"):
+        LocalTimelineConfig(max_memory_gb=BUILD_MEMORY_FIXED_BYTES / 2**30)

@@ -55,6 +55,26 @@ if TYPE_CHECKING:
     from horizon_engine import RunContext
 
 
+DROP_REASONS = ("outlier_episode", "time_window", "truncated", "terminal_row")
+"""The filters' reasons for dropping a row, in the order the filters apply."""
+
+QUARANTINE_FILE = "part-00000.jsonl"
+
+DEFAULT_MEMORY_SHARE = 0.25
+"""Share of the machine's memory a build may take when ``max_memory_gb`` is not set: other
+processes (a trainer, Spark, other runs) keep the rest."""
+
+BUILD_MEMORY_PER_SOURCE_BYTE = 8
+"""Peak memory a build takes per byte of its rows' uncompressed size in the source's Parquet
+metadata, above ``BUILD_MEMORY_FIXED_BYTES``: 6.5 measured for shuffled CartPole rows (4
+features, 3-step windows) between 1 and 14 buckets of 10^6 rows, with room for wider rows."""
+
+BUILD_MEMORY_FIXED_BYTES = 256 * 2**20
+"""Peak memory a bucketed build takes whatever its buckets' size: a source row group and its
+copies while cutting, the write threads' row groups, and what the allocators keep between
+buckets (measured: 190 MB)."""
+
+
 @dataclass
 class _Rejections:
     """Rows the transform cannot use: a mask over the input, and each such row's kind and
@@ -82,9 +102,10 @@ class _Rejections:
 class LocalTimelineConfig(TimelineConfig):
     """The ``[timeline]`` section for the local engine: the shared fields and its memory."""
 
-    max_memory_gb: float | None = Field(default=None, gt=0)
+    max_memory_gb: float | None = Field(default=None, gt=BUILD_MEMORY_FIXED_BYTES / 2**30)
     """Memory the build may take. A source whose build would need more is cut into buckets of
-    whole episodes (by ranges of ``mdp_id``), built one after another into the same output.
+    whole episodes (by ranges of ``mdp_id``), built one after another into the same output;
+    more than 0.25 GB, what a build takes whatever its size (``BUILD_MEMORY_FIXED_BYTES``).
     None: a quarter of this machine's memory (``DEFAULT_MEMORY_SHARE``)."""
 
 
@@ -428,25 +449,6 @@ class LocalTimeline(TimelineEngine):
         return survives, dropped
 
 
-DROP_REASONS = ("outlier_episode", "time_window", "truncated", "terminal_row")
-"""The filters' reasons for dropping a row, in the order the filters apply."""
-
-QUARANTINE_FILE = "part-00000.jsonl"
-
-DEFAULT_MEMORY_SHARE = 0.25
-"""Share of the machine's memory a build may take when ``max_memory_gb`` is not set: other
-processes (a trainer, Spark, other runs) keep the rest."""
-
-BUILD_MEMORY_PER_SOURCE_BYTE = 8
-"""Peak memory a build takes per byte of its rows' uncompressed size in the source's Parquet
-metadata, above ``BUILD_MEMORY_FIXED_BYTES``: 6.5 measured for shuffled CartPole rows (4
-features, 3-step windows) between 1 and 14 buckets of 10^6 rows, with room for wider rows."""
-
-BUILD_MEMORY_FIXED_BYTES = 256 * 2**20
-"""Peak memory a bucketed build takes whatever its buckets' size: a source row group and its
-copies while cutting, the write threads' row groups, and what the allocators keep between
-buckets (measured: 190 MB)."""
-
 PARTITION_BATCH_ROWS = 65_536
 """Source rows read, checked and cut into buckets at a time."""
 
@@ -473,9 +475,9 @@ def bucket_count(metadata: pq.FileMetaData, max_memory_gb: float | None) -> int:
         return 1
     if bound <= BUILD_MEMORY_FIXED_BYTES:
         raise HorizonError(
-            f"[timeline] max_memory_gb = {bound / 2**30:.3g}: the source's build does not fit, "
-            f"and a build in buckets takes {BUILD_MEMORY_FIXED_BYTES / 2**30:g} GB besides "
-            "its buckets; allow more"
+            f"[timeline] max_memory_gb is not set, and a quarter of this machine's memory, "
+            f"{bound / 2**30:.3g} GB, is less than a build in buckets takes besides its buckets "
+            f"({BUILD_MEMORY_FIXED_BYTES / 2**30:g} GB); set it"
         )
     return math.ceil(needed / (bound - BUILD_MEMORY_FIXED_BYTES))
 
