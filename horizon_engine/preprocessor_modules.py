@@ -6,6 +6,7 @@ Kept apart so that ``horizon_engine.preprocessor`` (which plugins import for
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -110,8 +111,10 @@ class Preprocessor(torch.nn.Module):
         return kind(feature_ids, groups, output_features, output_names)
 
     def forward(self, x: torch.Tensor, presence: torch.Tensor) -> torch.Tensor:
-        """``x`` and ``presence`` are ``[batch, len(feature_ids)]``; returns
-        ``[batch, len(output_names)]``, 0 in every column of a missing feature."""
+        """``x`` and ``presence`` are ``[batch, len(feature_ids)]``, ``presence`` 1.0 where a
+        feature is present and 0.0 where it is missing; returns ``[batch, len(output_names)]``,
+        +0.0 in every column of a missing feature. A present feature's column that its transform
+        made NaN is 0 as well (a NaN raw value: no reader lets one through)."""
         x = x.index_select(1, self.input_order)
         out = torch.cat(
             [
@@ -122,10 +125,13 @@ class Preprocessor(torch.nn.Module):
         )
         # A missing value (NaN, Horizon's sentinel, anything) goes through its type's transform
         # like any other and is then replaced: each output column depends on its own feature
-        # only, so whatever NaN or infinity the transform made of it is discarded here. `where`,
-        # not a product: infinity times 0 is NaN. (The float mask is gathered, then compared:
-        # gathering a boolean one is several times slower.)
-        return torch.where(presence.index_select(1, self.output_features) != 0, out, 0.0)
+        # only, so whatever the transform made of it is discarded here. A product by the float
+        # mask, not `where` (over ten times slower on the CPU: so is anything that reads a
+        # boolean tensor): 0 + out * 0 is +0 for any finite out, and the NaN that an infinity
+        # or a NaN times 0 makes is then replaced by 0. Infinities of present features stay.
+        present = presence.index_select(1, self.output_features)
+        masked = torch.addcmul(out.new_zeros(()), out, present)
+        return masked.nan_to_num_(nan=0.0, posinf=math.inf, neginf=-math.inf)
 
 
 class InvertiblePreprocessor(Preprocessor):

@@ -312,6 +312,92 @@ def test_missing_features_give_zero_columns_and_nothing_else_changes(host):
         np.testing.assert_array_equal(out[~missing, name_index], full[~missing, name_index])
 
 
+# Batched per type: the same numbers as each feature alone.
+
+THIRD_PARTY_PLUGIN = Path(__file__).parent / "third_party_plugin"
+
+
+def random_parameters(rng: np.random.Generator, host: PluginHost) -> dict[str, object]:
+    """Five features of every type with random parameters, the third-party ``log1p`` included:
+    Box-Cox with lambdas that take the log and ones that do not, quantiles of 1 to 12
+    boundaries (padded to one width when batched), enums of 1 to 6 values, constant actions."""
+    make = NormalizationParameters
+    log1p = host.component("feature_types", "log1p").cls.Parameters
+    kinds = {
+        "binary": lambda: make(feature_type="binary"),
+        "probability": lambda: make(feature_type="probability"),
+        "continuous": lambda: make(
+            feature_type="continuous", mean=rng.normal(), stddev=rng.uniform(0.1, 3.0)
+        ),
+        "boxcox": lambda: make(
+            feature_type="boxcox",
+            boxcox_lambda=rng.choice([0.0, 1e-7, rng.uniform(-2.0, 2.0)]),
+            boxcox_shift=rng.uniform(0.0, 3.0),
+            mean=rng.normal(),
+            stddev=rng.uniform(0.1, 3.0),
+        ),
+        "quantile": lambda: make(
+            feature_type="quantile",
+            quantiles=np.sort(rng.normal(scale=2.0, size=rng.integers(1, 13))).tolist(),
+        ),
+        "enum": lambda: make(
+            feature_type="enum",
+            possible_values=rng.choice(8, size=rng.integers(1, 7), replace=False).tolist(),
+        ),
+        "continuous_action": lambda: make(
+            feature_type="continuous_action",
+            min_value=(low := rng.normal()),
+            max_value=low + rng.choice([0.0, rng.uniform(0.1, 5.0)]),
+        ),
+        "do_not_preprocess": lambda: make(feature_type="do_not_preprocess"),
+        "log1p": lambda: log1p(feature_type="log1p", largest=rng.uniform(0.5, 100.0)),
+    }
+    ids = rng.permutation(5 * len(kinds))
+    return {str(ids[index]): kinds[kind]() for index, kind in enumerate(np.repeat(list(kinds), 5))}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_each_feature_gets_the_numbers_it_gets_alone(plugin_site, seed):
+    """Every type's features batched into one module give, bit for bit, what each feature's
+    preprocessor of its own gives: random parameters, a random clamp limit that some outputs
+    reach, values missing as NaN, infinities or Horizon's sentinel (their columns +0.0)."""
+    plugin_site.install_project(THIRD_PARTY_PLUGIN)
+    host = PluginHost(env={"HORIZON_LOAD_PLUGINS": "constant"})
+    rng = np.random.default_rng(seed)
+    parameters = random_parameters(rng, host)
+    limit = rng.uniform(1.0, 3.0)
+    rows = 64
+    x = rng.normal(scale=4.0, size=(rows, len(parameters)))
+    x[:, ::3] = rng.integers(0, 8, size=x[:, ::3].shape)
+    presence = rng.random(x.shape) > 0.3
+    placeholders = rng.choice([np.nan, np.inf, -np.inf, -1337.1337], size=x.shape)
+    x = np.where(presence, x, placeholders).astype(np.float32)
+    presence = presence.astype(np.float32)
+    feature_ids = list(parameters)
+    batched = build_preprocessor(feature_ids, parameters, limit, host)
+
+    with torch.no_grad():
+        out = batched(torch.from_numpy(x), torch.from_numpy(presence)).numpy()
+        for index, feature in enumerate(feature_ids):
+            alone = build_preprocessor([feature], {feature: parameters[feature]}, limit, host)
+            columns = [batched.output_names.index(name) for name in alone.output_names]
+            expected = alone(
+                torch.from_numpy(x[:, [index]]), torch.from_numpy(presence[:, [index]])
+            ).numpy()
+            if parameters[feature].feature_type == "quantile":
+                # The sum over segments runs over the type's widest feature's count (narrower
+                # ones are padded with zero-slope segments), which groups its additions
+                # otherwise: a few units in the last place, never more.
+                np.testing.assert_array_max_ulp(out[:, columns], expected, maxulp=4)
+            else:
+                # Bit for bit: a -0.0 in place of +0.0 is a difference too.
+                np.testing.assert_array_equal(
+                    out[:, columns].view(np.int32), expected.view(np.int32), err_msg=feature
+                )
+            assert (out[presence[:, index] == 0][:, columns].view(np.int32) == 0).all(), feature
+    assert (np.abs(out) == np.float32(limit)).any()
+
+
 # Horizon's own files.
 
 
