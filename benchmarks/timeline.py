@@ -4,11 +4,14 @@
     .venv/bin/python benchmarks/timeline.py           # 10^5, 10^6, 10^7 rows, every builder
     .venv/bin/python benchmarks/timeline.py --sizes 1e5 1e6 --engines local plain_arrow
 
-Four builders, in two pairs, each pair on the same rows in the same run:
+Five builders, in three pairs, each pair on the same rows in the same run:
 
 - ``local``, the local engine (``[timeline] engine = "local"``), through the transform's
   ``build``, beside ``plain_arrow``: a plain pyarrow/numpy script (sort by episode and step,
   next rows by shifted takes, n-step arrays by a flat index, one file per split);
+- ``local_buckets``, the local engine out of core (``max_memory_gb`` set so that it cuts the
+  rows into ``BUCKETS`` buckets of episodes), beside ``plain_arrow`` too: what building out of
+  core costs in time, and what it saves in peak memory (``peak_mb`` on its RESULT line);
 - ``spark``, the Spark engine (``engine = "spark"``), through the transform's ``build``,
   beside ``plain_spark``: a plain PySpark script (one window per episode: ``lead``,
   ``row_number``, ``collect_list`` over a 3-row frame; a global sort before the write).
@@ -70,9 +73,12 @@ SEED = 0
 EVAL_FRACTION = 0.1
 CHECK_ROWS = 10_000
 """Rows the baselines are checked on, against the engines; Spark's warm-up builds, too."""
-PAIRS = {"local": "plain_arrow", "spark": "plain_spark"}
+PAIRS = {"local": "plain_arrow", "local_buckets": "plain_arrow", "spark": "plain_spark"}
 """Each engine and the baseline it is measured against."""
-BUILDERS = [*PAIRS, *PAIRS.values()]
+BUILDERS = list(dict.fromkeys([*PAIRS, *PAIRS.values()]))
+BUCKETS = 8
+"""``local_buckets``: the local engine out of core, its ``max_memory_gb`` set so as to cut the
+rows into this many buckets."""
 SPARK_BUILDERS = ("spark", "plain_spark")
 QUICK = {"sizes": [100_000, 1_000_000], "spark_sizes": [100_000], "repeats": 3}
 """``--quick``: every builder, Spark's at the smallest size only, 3 builds of each."""
@@ -288,14 +294,17 @@ def build_plain_spark(rows: Path, output: Path) -> None:
         (written / folder).rename(output / split)
 
 
-def builder(name: str) -> Callable[[Path, Path], None]:
-    """What builds the timeline for ``name``: found before the clock starts."""
+def builder(name: str, rows: Path) -> Callable[[Path, Path], None]:
+    """What builds the timeline of ``rows`` for ``name``: found before the clock starts."""
     if name == "plain_arrow":
         return build_plain_arrow
     if name == "plain_spark":
         return build_plain_spark
-    component = PluginHost().component("timeline_engines", name)
-    transform = component.cls(component.cls.Config(actions=ACTIONS, eval_fraction=EVAL_FRACTION))
+    component = PluginHost().component("timeline_engines", name.removesuffix("_buckets"))
+    config = component.cls.Config(actions=ACTIONS, eval_fraction=EVAL_FRACTION)
+    if name == "local_buckets":
+        config = config.model_copy(update={"max_memory_gb": memory_for_buckets(rows)})
+    transform = component.cls(config)
     return lambda rows, output: transform.build(
         _Run(), rows, output, ActionType.DISCRETE, quarantine=False
     )
@@ -304,7 +313,7 @@ def builder(name: str) -> Callable[[Path, Path], None]:
 def timed_build(name: str, rows: Path) -> tuple[float, float]:
     """Seconds ``name`` takes to build the timeline of ``rows`` (in a folder then removed),
     and the CPU seconds this process spent on it (all its threads)."""
-    build = builder(name)
+    build = builder(name, rows)
     with tempfile.TemporaryDirectory() as folder:
         output = Path(folder) / "timeline"
         output.mkdir()
@@ -337,7 +346,7 @@ def check_baseline(engine: str, rows: Path) -> str:
         outputs = [Path(folder) / engine, Path(folder) / PAIRS[engine]]
         for name, output in zip((engine, PAIRS[engine]), outputs, strict=True):
             output.mkdir()
-            builder(name)(rows, output)
+            builder(name, rows)(rows, output)
         return same_table(*outputs)
 
 
@@ -385,6 +394,25 @@ class Figures:
     @property
     def median(self) -> float:
         return statistics.median(self.seconds)
+
+
+def memory_for_buckets(rows: Path) -> float:
+    """The local engine's ``max_memory_gb`` that cuts ``rows`` into ``BUCKETS`` buckets."""
+    from horizon_engine.builtin.timeline import (
+        BUILD_MEMORY_FIXED_BYTES,
+        BUILD_MEMORY_PER_SOURCE_BYTE,
+    )
+
+    metadata = pq.read_metadata(rows)
+    source_bytes = sum(
+        metadata.row_group(group).total_byte_size for group in range(metadata.num_row_groups)
+    )
+    share = source_bytes * BUILD_MEMORY_PER_SOURCE_BYTE / (BUCKETS - 0.5)
+    return (BUILD_MEMORY_FIXED_BYTES + share) / 2**30
+
+
+def peak_text(built: Figures) -> str:
+    return f"{max(built.peak_mb):.0f}" if built.peak_mb else "nan"
 
 
 def peak_memory_mb() -> float:
@@ -534,6 +562,8 @@ def report_figures(figures: dict[tuple[str, int], Figures], repeats: int) -> Non
                 "ratio": f"{theirs / ours:.2f}" if theirs else "nan",
                 "growth_per_10x": f"{growth[(engine, rows)]:.2f}",
                 "baseline_growth_per_10x": (f"{growth[(baseline, rows)]:.2f}" if theirs else "nan"),
+                "peak_mb": peak_text(figures[(engine, rows)]),
+                "baseline_peak_mb": peak_text(figures.get((baseline, rows), Figures())),
             }
             print("RESULT " + " ".join(f"{key}={value}" for key, value in fields.items()))
 
