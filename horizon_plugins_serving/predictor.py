@@ -99,6 +99,7 @@ def _fields_problem(row: dict[str, Any], actions: Sequence[str], action_type: st
 
 
 NUMBER_TYPES = frozenset({int, float})
+DICT_TYPE = frozenset({dict})
 
 
 def plainly_good_states(rows: Sequence[Any]) -> bool:
@@ -108,10 +109,10 @@ def plainly_good_states(rows: Sequence[Any]) -> bool:
     per feature). False says only that some row needs the exact, one-value-at-a-time check:
     a non-ASCII id, say, may well be valid."""
     try:
-        if any(type(row) is not dict for row in rows):
+        if not set(map(type, rows)) <= DICT_TYPE:
             return False
         states = [row["state_features"] for row in rows]
-        if any(type(state) is not dict for state in states):
+        if not set(map(type, states)) <= DICT_TYPE:
             return False
         if not "".join(chain.from_iterable(states)).isascii():
             return False
@@ -297,7 +298,7 @@ class Predictor:
                 if problem is not None:
                     return number, problem
             return None
-        if not self.strict_features and all(len(row) == 1 for row in rows):
+        if not self.strict_features and max(map(len, rows), default=1) == 1:
             return None  # state features alone, and those good
         actions, action_type = self.actions, self.action_type
         for number, row in enumerate(rows):
@@ -458,7 +459,7 @@ class Predictor:
             ids = self.action_feature_ids
             actions = [dict(zip(ids, map(float, a), strict=True)) for a in result.actions]
             return result, actions, None
-        restricted = any(offered is not None for offered in possible)
+        restricted = possible.count(None) < len(possible)
         result = self.predict(states, possible if restricted else None)
         return result, result.actions, possible
 
