@@ -10,12 +10,12 @@ permuted (the same generator) and minibatches leave it until half remains, to be
 next row groups. An epoch holds every row of the split once, and a run is reproducible and
 resumable from the generator's state alone, which every checkpoint already holds.
 
-The state preprocessor's output (the batch schema's ``*_preprocessed``) is computed per batch on
-the device, where the in-memory split computes it once; batches move to the device one at a time
-(through pinned memory, without blocking, on a GPU). ``shard`` gives row group ``i`` to process
-``i % world`` with the same number of minibatches on every process, decided from the Parquet
-metadata alone. The eval split is read in whole episodes (``episodes``) to be evaluated chunk by
-chunk (``evaluate_split``).
+The state preprocessor's output (the batch schema's ``*_preprocessed``) is computed for each
+slice read (on a GPU, for each batch there), where the in-memory split computes it once;
+batches move to the device one at a time (through pinned memory, without blocking, on a GPU).
+``shard`` gives row group ``i`` to process ``i % world`` with the same number of minibatches on
+every process, decided from the Parquet metadata alone. The eval split is read in whole episodes
+(``episodes``) to be evaluated chunk by chunk (``evaluate_split``).
 
 torch and pyarrow are imported where they are used.
 """
@@ -36,13 +36,25 @@ if TYPE_CHECKING:
     import pyarrow as pa
     import torch
 
-    from horizon_engine.dataset import TimelineTensors
-    from horizon_engine.driver import ProblemDescription
+    from horizon_engine.dataset import Minibatch, TimelineTensors
+    from horizon_engine.driver import Batch, ProblemDescription
     from horizon_engine.training import TrainerBase, TrainerConfig
 
 READ_ROWS = 16_384
 """Most rows read from Parquet and converted at once: a row group (the local engine writes
 65,536 rows) is read in slices, so a writer's larger row groups do not raise the peak."""
+
+READER_OPTIONS = {"buffer_size": 1 << 20, "pre_buffer": False}
+"""How a streamed split's files are read: column chunks through 1 MiB buffered streams rather
+than whole, and (``use_threads=False`` where read) on this thread only, since each of Arrow's
+reading threads keeps memory of its own."""
+
+READ_SHARE = 4
+"""A slice read is at most the shuffle buffer's rows over this: converting rows from Parquet
+takes about 3.4 times their tensors' memory at its peak (Arrow's columns, the sparse maps'
+entries, numpy's intermediates; measured: loading a 156,000-row CartPole split in memory grew
+the process's peak by 140 MiB for 41 MiB of tensors), and slices of the whole buffer's size
+took the peak's growth to 1.4 times the budget (tests/test_streamed.py's memory test)."""
 
 MEMORY_SHARE = 4
 """``[trainer] max_memory_gb = "auto"`` is the machine's memory over this: in memory, loading a
@@ -161,7 +173,7 @@ class StreamedTimeline:
         base, extra = divmod(rows, count)
         return [base + 1] * extra + [base] * (count - extra)
 
-    def minibatches(self, batch_size: int, generator: torch.Generator) -> Iterator[dict]:
+    def minibatches(self, batch_size: int, generator: torch.Generator) -> Iterator[Batch]:
         """One epoch: the row groups in an order drawn from ``generator``, through the shuffle
         buffer, as minibatches of ``batch_sizes`` rows on the device."""
         import torch
@@ -169,6 +181,8 @@ class StreamedTimeline:
         buffer = _ShuffleBuffer(generator, self.batch_sizes(batch_size)[::-1])
         for position in torch.randperm(len(self.groups), generator=generator).tolist():
             for part in self._read(self.groups[position]):
+                if self.preprocessor is not None and self.device.type == "cpu":
+                    part = part.with_preprocessed(self.preprocessor)
                 buffer.add(part.tensors())
                 if buffer.rows >= self.buffer_rows:
                     for batch in buffer.drain(keep=self.buffer_rows // 2):
@@ -222,7 +236,8 @@ class StreamedTimeline:
 
         offset = group.first_episode
         previous_last: object = None
-        for batch in _row_group_batches(group, min(READ_ROWS, self.buffer_rows)):
+        rows = min(READ_ROWS, max(1, self.buffer_rows // READ_SHARE))
+        for batch in _row_group_batches(group, rows):
             table = pa.Table.from_batches([batch])
             part = timeline_tensors(
                 table,
@@ -240,19 +255,24 @@ class StreamedTimeline:
             previous_last = ids[-1].as_py()
             yield part
 
-    def _on_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """``batch`` on the device (pinned, copied without blocking, on a GPU) with the state
-        preprocessor's output for its states."""
+    def _on_device(self, batch: Minibatch) -> Batch:
+        """``batch`` on the device with the state preprocessor's output for its states: on the
+        CPU as it is (the output was computed for each slice read, many rows at once); on
+        another device gathered, moved (through pinned memory without blocking on a GPU) and
+        preprocessed there."""
         import torch
 
         from horizon_engine.batch_schema import PREPROCESSED_STATES
 
+        if self.device.type == "cpu":
+            return batch
+        batch = dict(batch)
         if self.device.type == "cuda":
             batch = {
                 name: tensor.pin_memory().to(self.device, non_blocking=True)
                 for name, tensor in batch.items()
             }
-        elif self.device.type != "cpu":
+        else:
             batch = {name: tensor.to(self.device) for name, tensor in batch.items()}
         if self.preprocessor is not None:
             with torch.no_grad():
@@ -265,9 +285,10 @@ class StreamedTimeline:
 
 
 class _ShuffleBuffer:
-    """Rows waiting to be batched: permuted as a whole when drained, so each batch mixes the
-    rows of every row group read since the buffer was last half empty. ``sizes`` are the
-    epoch's minibatch sizes, taken in order."""
+    """Rows waiting to be batched: drawn in a random order when drained, so each batch mixes
+    the rows of every row group read since the buffer was last half empty. ``sizes`` are the
+    epoch's minibatch sizes, taken from the end. A batch is a ``Minibatch`` of the buffer's
+    rows, gathering only the tensors a trainer reads, as in memory."""
 
     def __init__(self, generator: torch.Generator, sizes: list[int]) -> None:
         self.generator = generator
@@ -279,22 +300,28 @@ class _ShuffleBuffer:
         self.parts.append(tensors)
         self.rows += len(tensors["reward"])
 
-    def drain(self, keep: int) -> Iterator[dict[str, torch.Tensor]]:
-        """Permute the rows, then yield the next minibatches while at least ``keep`` rows
-        would remain (every one for ``keep = 0``)."""
+    def drain(self, keep: int) -> Iterator[Minibatch]:
+        """Draw the rows' order, then yield the next minibatches while at least ``keep`` rows
+        would remain (every one for ``keep = 0``); the rest stay, in the order drawn."""
         import torch
+
+        from horizon_engine.dataset import Minibatch
 
         if not self.rows:
             return
         order = torch.randperm(self.rows, generator=self.generator)
         names = self.parts[0].keys()
-        rows = {name: torch.cat([part[name] for part in self.parts])[order] for name in names}
+        rows = self.parts[0]
+        if len(self.parts) > 1:
+            rows = {name: torch.cat([part[name] for part in self.parts]) for name in names}
+        self.parts = []
         start = 0
         while self.sizes and self.rows - start - self.sizes[-1] >= keep:
             size = self.sizes.pop()
-            yield {name: tensor[start : start + size] for name, tensor in rows.items()}
+            yield Minibatch(rows, order[start : start + size])
             start += size
-        self.parts = [{name: tensor[start:] for name, tensor in rows.items()}]
+        rest = order[start:]
+        self.parts = [{name: tensor.index_select(0, rest) for name, tensor in rows.items()}]
         self.rows -= start
 
 
@@ -444,11 +471,12 @@ def _survey(folder: Path, action_type: ActionType) -> tuple[tuple[RowGroup, ...]
     last_episode: object = None
     for path in paths:
         try:
-            file = pq.ParquetFile(path)
+            file = pq.ParquetFile(path, **READER_OPTIONS)
             names = file.schema_arrow.names
-            listed = [name for name in PADDED_COLUMNS if name in names]
+            padded = PADDED_COLUMNS if action_type is ActionType.PARAMETRIC else ["next_n_rewards"]
+            listed = [name for name in padded if name in names]
             for index in range(file.num_row_groups):
-                table = file.read_row_group(index, columns=["mdp_id", *listed])
+                table = file.read_row_group(index, ["mdp_id", *listed], use_threads=False)
                 if not table.num_rows:
                     continue
                 ids = table["mdp_id"]
@@ -469,8 +497,8 @@ def _row_group_batches(group: RowGroup, rows: int) -> Iterator[pa.RecordBatch]:
     import pyarrow.parquet as pq
 
     try:
-        file = pq.ParquetFile(group.path)
-        yield from file.iter_batches(batch_size=rows, row_groups=[group.index])
+        file = pq.ParquetFile(group.path, **READER_OPTIONS)
+        yield from file.iter_batches(rows, row_groups=[group.index], use_threads=False)
     except (OSError, ValueError) as exc:
         raise HorizonError(f"{group.path}: cannot read the timeline split: {exc}") from None
 

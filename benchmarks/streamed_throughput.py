@@ -1,0 +1,116 @@
+"""Training throughput on a streamed timeline against the same split in memory.
+
+    .venv/bin/python benchmarks/streamed_throughput.py                  # about a minute here
+    .venv/bin/python benchmarks/streamed_throughput.py --max-memory-gb 0.005 --blocks 3
+
+Builds the CartPole timeline of examples/cartpole_dqn.toml (1,370 episodes of random play:
+about 30,000 rows with 3-step windows), sets the example's ``dqn`` trainer up through the
+training driver, and times epochs of its updates (``TrainingDriver.train_batch``) on the train
+split two ways, in interleaved blocks so that a shared machine's load falls on both alike:
+
+- ``memory``: the split loaded into tensors once and prepared once (the preprocessor's output
+  computed for the whole split), the default for data that fits;
+- ``streamed``: ``StreamedTimeline`` with the shuffle buffer ``[trainer] max_memory_gb``
+  allows (``streamed.choose_data``), every epoch reading and converting the Parquet row groups
+  again and preprocessing each batch.
+
+It prints the medians and ranges of the updates per second, the median of the blocks' ratios
+(streamed / in memory: 1 is as fast) and a ``RESULT`` line (baseline: in memory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from horizon_engine.config import build_spec
+from horizon_engine.driver import TrainingDriver, load_split, timeline_problem
+from horizon_engine.pipeline import Engine
+from horizon_engine.run_context import StageRun
+from horizon_engine.run_folder import RunFolder
+from horizon_engine.streamed import StreamedTimeline, choose_data
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cartpole_dqn.toml"
+
+
+def epoch_of(driver: TrainingDriver, data: object) -> Callable[[], tuple[int, float]]:
+    """One epoch of the driver's updates on ``data``, as (updates, seconds)."""
+    generator = torch.Generator().manual_seed(0)
+
+    def run() -> tuple[int, float]:
+        started, before = time.perf_counter(), driver.updates
+        for batch in data.minibatches(driver.config.minibatch_size, generator):
+            driver.train_batch(batch)
+        return driver.updates - before, time.perf_counter() - started
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=1370)
+    parser.add_argument("--max-memory-gb", type=float, default=0.02)
+    parser.add_argument("--blocks", type=int, default=5)
+    options = parser.parse_args()
+    engine = Engine(show_progress=False)
+    with tempfile.TemporaryDirectory() as folder:
+        values = {
+            "pipeline.output_dir": folder,
+            "source.episodes": options.episodes,
+            "trainer.threads": 1,
+            "trainer.device": "cpu",
+            "trainer.data": "streamed",
+            "trainer.max_memory_gb": options.max_memory_gb,
+        }
+        settings = [f"{key}={json.dumps(value)}" for key, value in values.items()]
+        engine.run(EXAMPLE, settings, stages=["source", "timeline", "normalization"])
+        spec = build_spec(EXAMPLE, engine.plugins, settings)
+        run = StageRun.start(spec, engine.plugins, "benchmark")
+        description, normalization = timeline_problem(run)
+        driver = TrainingDriver(
+            run, spec.sections["trainer"], description, normalization, plugins=engine.plugins
+        )
+        splits = [
+            StreamedTimeline.open(
+                RunFolder(Path(folder)).split(name), description, 1, driver.device
+            )
+            for name in ("train", "eval")
+        ]
+        choice = choose_data(driver.config, *splits)
+        streamed = driver.prepare(replace(splits[0], buffer_rows=choice.buffer_rows))
+        memory = driver.prepare(load_split(run, description, "train", driver.device))
+        sides = {"memory": epoch_of(driver, memory), "streamed": epoch_of(driver, streamed)}
+        with driver.torch_threads():
+            for side in sides.values():
+                side()
+            rates: dict[str, list[float]] = {name: [] for name in sides}
+            for block in range(options.blocks):
+                for name in list(sides)[block % 2 :] + list(sides)[: block % 2]:
+                    updates, seconds = sides[name]()
+                    rates[name].append(updates / seconds)
+    ratios = [s / m for s, m in zip(rates["streamed"], rates["memory"], strict=True)]
+    print(f"{len(memory):,} rows, {choice.reason}")
+    for name, found in rates.items():
+        print(
+            f"  {statistics.median(found):9,.1f} updates/s [{min(found):,.1f} - "
+            f"{max(found):,.1f}]  {name}"
+        )
+    ratio = statistics.median(ratios)
+    print(f"  ratio streamed / memory {ratio:.2f} [{min(ratios):.2f} - {max(ratios):.2f}]")
+    print(
+        f"RESULT name=streamed_b{driver.config.minibatch_size} "
+        f"ours={statistics.median(rates['streamed']):.1f} "
+        f"baseline={statistics.median(rates['memory']):.1f} ratio={ratio:.3f} unit=updates/s"
+    )
+
+
+if __name__ == "__main__":
+    main()
