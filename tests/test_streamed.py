@@ -413,3 +413,24 @@ def test_auto_streams_only_the_data_that_does_not_fit(split):
     assert (tight.train, tight.eval) == ("streamed", "memory")
     assert tight.reason.startswith("streamed: they do not fit")
     assert (told.train, told.eval) == ("memory", "memory")
+
+
+class Masked(torch.nn.Module):
+    """A stand-in preprocessor: the values where present."""
+
+    def forward(self, values: torch.Tensor, presence: torch.Tensor) -> torch.Tensor:
+        return values * presence
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_batches_on_a_gpu_are_the_cpu_batches_moved_and_preprocessed_there(split):
+    folder, description = split
+    on_cpu = streamed(folder, description).with_preprocessed(Masked())
+    device = torch.device("cuda")
+    on_gpu = StreamedTimeline.open(folder, description, 100, device).with_preprocessed(Masked())
+
+    for cpu, gpu in zip(epoch(on_cpu, 64, 0), epoch(on_gpu, 64, 0), strict=True):
+        assert gpu["state_preprocessed"].device.type == "cuda"
+        assert set(cpu) == set(gpu)
+        for name in cpu:
+            assert torch.equal(cpu[name], gpu[name].cpu()), name
