@@ -22,9 +22,11 @@ default, as ``[trainer] threads = "auto"`` picks for these networks):
 - ``update_example_b256``: the same with the example's settings (the trainer's defaults:
   3-step returns and CQL), the bare loop computing the same 3-step target and CQL penalty.
 - ``stage``: the whole train stage of the example (``horizon run --stages train``: loading the
-  splits, setting up, 20 epochs of updates with the evaluation, the per-epoch estimator and a
-  checkpoint after each), its updates per second of its wall time, against the bare loop's
-  updates per second with the example's settings.
+  splits, setting up, 20 epochs of updates with the evaluation, the per-epoch estimators and
+  a checkpoint after each), its updates per second of its wall time, against the bare loop's
+  updates per second with the example's settings. Beside them, the same epochs of the
+  stage's updates alone (``train_batch`` on the prepared split): where the rest goes, the
+  update's gap to the bare loop or the stage's time outside its updates.
 - ``first_optimizer``: seconds to construct the first optimizer of a fresh process
   (``torch.optim.Adam`` imports ``torch._dynamo`` then), the trainer's against torch's; its
   ratio is of seconds, lower is better.
@@ -252,6 +254,7 @@ def report(name: str, what: str, rates: dict[str, list[float]], unit: str, goal:
         "ours": "ours",
         "bare": "bare loop, torch.optim.Adam(foreach=True)",
         "bare_same_optimizer": "bare loop, the trainer's ForeachAdam",
+        "updates": "ours, the stage's updates alone",
     }
     median = {side: statistics.median(found) for side, found in rates.items()}
     lines = [what]
@@ -305,12 +308,31 @@ def stage_row(engine: Engine, settings: list[str], blocks: int) -> None:
     sides = {"ours": timed(stage)}
     for side, optimizer in (("bare", "torch"), ("bare_same_optimizer", "trainer")):
         sides[side] = timed(bare_loop(driver, data, optimizer).epoch, epochs)
+    sides["updates"] = timed(trainer_epoch(driver, data), epochs)
     what = (
         f"whole train stage, the example's settings ({len(data):,} train rows, "
         f"{epochs} epochs, batch {config.minibatch_size}, evaluation and "
         f"{len(spec.evaluation)} estimator(s) every epoch), {spec.pipeline.output_dir}"
     )
-    report("stage", what, interleaved(sides, blocks), "updates/s", 0.9)
+    rates = interleaved(sides, blocks)
+    report("stage", what, rates, "updates/s", 0.9)
+    updates = [a / b for a, b in zip(rates["updates"], rates["bare_same_optimizer"], strict=True)]
+    outside = [1 - a / b for a, b in zip(rates["ours"], rates["updates"], strict=True)]
+    print(
+        f"  where the rest goes: the updates alone run at {statistics.median(updates):.2f} of "
+        f"the bare loop on the trainer's optimizer [{min(updates):.2f} - {max(updates):.2f}]; "
+        f"the stage spends {statistics.median(outside):.0%} [{min(outside):.0%} - "
+        f"{max(outside):.0%}] of its time outside them (loading, setup, evaluation, "
+        "estimators, checkpoints)",
+        flush=True,
+    )
+    print(
+        f"RESULT name=stage_updates ours={statistics.median(rates['updates']):.1f} "
+        f"baseline={statistics.median(rates['bare_same_optimizer']):.1f} "
+        f"ratio={statistics.median(updates):.3f} outside_updates={statistics.median(outside):.3f} "
+        "unit=updates/s",
+        flush=True,
+    )
 
 
 FIRST_OPTIMIZER = """
