@@ -19,7 +19,7 @@ from test_serve_hostile import tiny_model
 
 from horizon_plugins_serving import decision_log
 from horizon_plugins_serving.decision_log import decision_ids
-from horizon_plugins_serving.predictor import FeatureColumns, Predictor
+from horizon_plugins_serving.predictor import BATCH_CHECK_ROWS, FeatureColumns, Predictor
 from horizon_plugins_serving.request_body import LONG_DIGITS, _has_long_integer
 
 IDS = ["0", "1", "2", "3"]
@@ -136,9 +136,10 @@ def test_a_batch_is_refused_at_its_first_bad_row_with_the_per_row_reason(predict
 @pytest.mark.parametrize("key", ["0", "unknown"])
 def test_each_bad_value_in_a_batch_of_good_rows_is_refused_as_alone(predictors, key, value):
     good = {"state_features": dict.fromkeys(IDS, 0.5), "mdp_id": "a"}
-    rows = [good, good, {"state_features": {**good["state_features"], key: value}}]
-    problem = predictors[False].row_problem(rows[2])
-    assert problem is not None and predictors[False].rows_problem(rows) == (2, problem)
+    rows = [good] * BATCH_CHECK_ROWS + [{"state_features": {**good["state_features"], key: value}}]
+    problem = predictors[False].row_problem(rows[-1])
+    assert problem is not None
+    assert predictors[False].rows_problem(rows) == (BATCH_CHECK_ROWS, problem)
 
 
 def test_a_bad_value_after_good_rows_is_named_by_its_row(model):
