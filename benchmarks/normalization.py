@@ -15,6 +15,10 @@ preallocated tensor: allocating a fresh 4 MB result each call made it flip betwe
 6x apart, from run to run (the allocator's page faults on this VM), which measured the
 allocator rather than the arithmetic. Prints rows/s for both, the ratio, and the threads torch
 used (left at torch's default).
+
+``--cpu-time`` times both sides on one thread by the CPU time the process used, not the wall
+clock: on a machine that other work loads, the wall clock measures that work (the baseline was
+seen to vary 80-fold between runs of the same code), the CPU time of one thread far less.
 """
 
 from __future__ import annotations
@@ -81,15 +85,22 @@ def mixed_features(
     return parameters, np.stack(columns, axis=1)
 
 
-def rows_per_second(step: Callable[[], object], rows: int, seconds: float, rounds: int) -> float:
-    """The best of ``rounds`` rounds, each repeating ``step`` for at least ``seconds``."""
+def rows_per_second(
+    step: Callable[[], object],
+    rows: int,
+    seconds: float,
+    rounds: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:
+    """The best of ``rounds`` rounds, each repeating ``step`` for at least ``seconds`` of
+    ``clock``."""
     for _ in range(10):
         step()
     best = 0.0
     for _ in range(rounds):
         calls = 0
-        start = time.perf_counter()
-        while (elapsed := time.perf_counter() - start) < seconds:
+        start = clock()
+        while (elapsed := clock() - start) < seconds:
             step()
             calls += 1
         best = max(best, calls * rows / elapsed)
@@ -104,9 +115,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="3 rounds of 0.5 s, for make bench")
+    parser.add_argument(
+        "--cpu-time", action="store_true", help="one thread, timed by the process's CPU time"
+    )
     args = parser.parse_args()
     if args.quick:
         args.seconds, args.rounds = 0.5, 3
+    clock = time.process_time if args.cpu_time else time.perf_counter
+    if args.cpu_time:
+        torch.set_num_threads(1)
 
     rng = np.random.default_rng(args.seed)
     parameters, sample = mixed_features(args.features, rng)
@@ -127,6 +144,7 @@ def main() -> None:
         f"{args.features} features ({', '.join(f'{n} {kind}' for kind, n in counts.items())}) "
         f"-> {len(preprocessor.output_names)} columns; batch {args.batch}; "
         f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+        f"{', CPU time' if args.cpu_time else ''}"
     )
     with torch.inference_mode():
         out = torch.empty_like(x)
@@ -135,9 +153,10 @@ def main() -> None:
             args.batch,
             args.seconds,
             args.rounds,
+            clock,
         )
         ours = rows_per_second(
-            lambda: preprocessor(x, presence), args.batch, args.seconds, args.rounds
+            lambda: preprocessor(x, presence), args.batch, args.seconds, args.rounds, clock
         )
     print(f"bare (x - mean) / std : {baseline:>14,.0f} rows/s")
     print(f"preprocessor          : {ours:>14,.0f} rows/s")
