@@ -135,7 +135,13 @@ def run(
         flags += [f"--stages={stages}"] if stages else []
         flags += ["--overwrite"] * overwrite + ["--resume"] * resume
         command = [sys.executable, "-m", "horizon_engine.cli", "run", str(pipeline), *flags]
-        distributed.launch_local(nproc, command)
+        try:
+            distributed.launch_local(nproc, command)
+        except KeyboardInterrupt:
+            again = ["horizon", "run", str(pipeline), *flags[: len(overrides)], "--nproc"]
+            continuing = shlex.join([*again, str(nproc)])
+            click.echo(f"interrupted; continue this run with: {continuing} --resume", err=True)
+            sys.exit(INTERRUPTED_EXIT_STATUS)
         return
     selected = [name.strip() for name in stages.split(",") if name.strip()] if stages else None
     try:

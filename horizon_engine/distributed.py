@@ -240,10 +240,12 @@ def launch_local(processes: int, command: Sequence[str]) -> None:
     """Run ``command`` (a program and its arguments) as ``processes`` ranks on this machine
     through torch's elastic launcher (a standalone rendezvous on 127.0.0.1); returns when every
     rank has succeeded. A rank that fails stops the others; the error names it and its exit
-    status (its own message is what it printed)."""
+    status (its own message is what it printed). Ctrl-C or SIGTERM stops every rank (each
+    records its run as interrupted) and raises ``KeyboardInterrupt``."""
     import logging
     import uuid
 
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -276,5 +278,7 @@ def launch_local(processes: int, command: Sequence[str]) -> None:
             f"rank {rank_failed} of {processes} failed (exit status {failure.exitcode}); "
             "its message is above, and the other ranks were stopped"
         ) from None
+    except SignalException:
+        raise KeyboardInterrupt from None
     finally:
         launcher_log.setLevel(level)
