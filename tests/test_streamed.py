@@ -434,3 +434,13 @@ def test_batches_on_a_gpu_are_the_cpu_batches_moved_and_preprocessed_there(split
         assert set(cpu) == set(gpu)
         for name in cpu:
             assert torch.equal(cpu[name], gpu[name].cpu()), name
+
+
+@pytest.mark.parametrize("size", [0, -1, True, float("inf"), float("nan"), "lots"])
+def test_a_memory_budget_that_is_no_finite_size_is_refused_with_the_option_named(size):
+    from pydantic import ValidationError
+
+    from horizon_engine.training import TrainerConfig
+
+    with pytest.raises(ValidationError, match="max_memory_gb"):
+        TrainerConfig(max_memory_gb=size)
