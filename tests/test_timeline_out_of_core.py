@@ -27,6 +27,7 @@ from horizon_engine.builtin.timeline import (
 from horizon_engine.errors import BAD_ROWS_SHOWN
 from horizon_engine.schema import ActionType, RowFormat, RowLayout, RowShaper
 from horizon_engine.timeline import TimelineResult
+from tests.test_timeline import run_timeline
 from tests.test_timeline_fuzz import logged_rows, source_rows, timeline_configs
 
 SEED = 5
@@ -158,6 +159,37 @@ def test_buckets_of_rejected_rows_only_build_what_memory_builds(tmp_path):
     result = assert_same_as_in_memory(rows, tmp_path, ActionType.DISCRETE, True, actions=["a"])
     assert result.train_rows == result.eval_rows == 0
     assert sum(result.rejected.values()) == result.rows_in
+
+
+def test_the_stage_builds_in_buckets_what_it_builds_in_memory(tmp_path, monkeypatch):
+    bucketed_builds = []
+    build_buckets = LocalTimeline._build_buckets
+
+    def recorded(engine: LocalTimeline, *args: Any) -> TimelineResult:
+        bucketed_builds.append(args[2])
+        return build_buckets(engine, *args)
+
+    monkeypatch.setattr(LocalTimeline, "_build_buckets", recorded)
+    rows = logged(ActionType.DISCRETE, seed=2)
+    options = {"actions": ["a", "b"], "eval_fraction": 0.3}
+    for name in ("memory", "buckets"):
+        (tmp_path / name).mkdir()
+    memory = run_timeline(tmp_path / "memory", "local", rows, "quarantine", **options)
+    source = tmp_path / "memory" / "run" / "source" / "rows.parquet"
+    limit = memory_for(BUCKETS, source)
+    bucketed = run_timeline(
+        tmp_path / "buckets", "local", rows, "quarantine", max_memory_gb=limit, **options
+    )
+    assert bucketed_builds == [BUCKETS]
+    for key in ("rows_in", "rows_out", "dropped", "details"):
+        assert bucketed["stages"]["timeline"][key] == memory["stages"]["timeline"][key], key
+    folders = [tmp_path / name / "run" / "timeline" for name in ("memory", "buckets")]
+    expected, got = files(folders[0]), files(folders[1])
+    for split in ("train", "eval"):
+        assert got[split].equals(expected[split]), split
+    assert got["quarantine"].replace("buckets", "memory") == expected["quarantine"]
+    assert got["left"] == expected["left"]
+    assert (folders[1] / "timeline.json").read_text() == (folders[0] / "timeline.json").read_text()
 
 
 @pytest.mark.fuzz

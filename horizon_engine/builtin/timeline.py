@@ -12,6 +12,10 @@ Every step is a whole-column operation, and no Python runs per row:
   over the writing threads;
 - feature maps with the same keys in every row (dense features) travel as value matrices.
 
+A source whose build would take more than ``[timeline] max_memory_gb`` is built out of core:
+cut, a batch at a time, into buckets of whole episodes by ranges of ``mdp_id``, each bucket
+then built as above, alone, into the same output (``LocalTimeline._build_buckets``).
+
 The semantics are those of ``horizon_engine.timeline``; the Spark engine builds the same table.
 ``benchmarks/timeline.py`` measures it against a plain pyarrow/numpy script.
 """
