@@ -15,7 +15,8 @@ and the sums as Arrow arrays and streams the decision log twice, chunk by chunk 
 keys, once to write). A chunk of JSON lines is read by Arrow's JSON reader, and line by line
 only where it holds a torn or bad line, to name it; a written line is the logged text with its
 metrics added. Memory grows with the decisions: about 50 bytes each for the keys, and one hash
-table of their ids (a join of 1M decisions and 500k rewards peaks at about 560 MB).
+table of their ids and the rewards' (a join of 1M decisions and 500k rewards peaks at about
+560 MB).
 ``--engine spark`` runs the same join on a SparkSession (``join_spark``) and writes the same
 rows, for logs larger than that.
 
@@ -128,34 +129,36 @@ def plan_join(
     rewards within the window per decision and metric. ``keys``: decision_id and timestamp,
     in log order (a row's position is its index).
 
-    Two hash tables answer both questions, "which row came first" and "which row is this
-    reward's": the dictionary encoding of the decision_ids numbers them in the order they first
-    come (so a row is first where its number is above every number before it), and one lookup
-    of the rewards' ids in that dictionary gives each reward its decision's number, hence its
-    first row. The sums are a sort by (position, metric): no group-by table of every decision.
+    One hash table answers both questions, "which row came first" and "which row is this
+    reward's": the dictionary encoding of the decision_ids followed by the rewards' numbers
+    them in the order they first come, so a decision row is first where its number is above
+    every number before it, and a reward's number is its decision's (or, past the decisions',
+    an unknown id's). The sums are a sort by (position, metric): no group-by table.
     """
     import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     count = keys.num_rows
-    encoded = keys.column("decision_id").combine_chunks().dictionary_encode()
-    distinct, numbers = encoded.dictionary, encoded.indices.to_numpy(zero_copy_only=False)
+    reward_ids = rewards.rows.column("decision_id")
+    every_id = pa.chunked_array(
+        keys.column("decision_id").chunks + reward_ids.chunks, pa.string()
+    ).combine_chunks()
+    encoded = every_id.dictionary_encode()
+    every_number = encoded.indices.to_numpy(zero_copy_only=False)
+    numbers, reward_numbers = every_number[:count], every_number[count:]
     highest_before = np.maximum.accumulate(np.concatenate([[-1], numbers[:-1]]))[:count]
     first = numbers > highest_before
     first_rows = np.flatnonzero(first)  # each decision's first row, by its number
+    distinct = encoded.dictionary.slice(0, len(first_rows))
     report.decision_rows = count
     report.decisions = len(distinct)
     report.duplicate_decisions = count - len(distinct)
     repeated = np.unique(numbers[~first])  # by number: in the order of their first rows
     report.duplicate_ids = distinct.take(pa.array(repeated[:SHOWN], pa.int64())).to_pylist()
 
-    reward_ids = rewards.rows.column("decision_id")
-    number = pc.index_in(reward_ids, value_set=distinct)
-    known = pc.is_valid(number)
-    known_rows = known.to_numpy(zero_copy_only=False)
+    known_rows = reward_numbers < len(first_rows)
     positions = np.full(len(known_rows), -1, dtype=np.int64)
-    positions[known_rows] = first_rows[number.drop_null().to_numpy(zero_copy_only=False)]
+    positions[known_rows] = first_rows[reward_numbers[known_rows]]
     decided = _micros(keys.column("timestamp"))[np.maximum(positions, 0)] if count else 0
     delay = np.where(known_rows, _micros(rewards.rows.column("timestamp")) - decided, 0)
     window = round(window_seconds * 1_000_000)
@@ -166,8 +169,7 @@ def plan_join(
     report.unknown_rewards = int((~known_rows).sum())
     report.early_rewards, report.late_rewards = int(early.sum()), int(late.sum())
     report.rewards_attached = int(inside.sum())
-    unknown = reward_ids.filter(pc.invert(known))
-    report.unknown_ids = pc.unique(unknown).slice(0, SHOWN).to_pylist()
+    report.unknown_ids = encoded.dictionary.slice(len(first_rows), SHOWN).to_pylist()
 
     rewarded = np.zeros(count, dtype=bool)
     rewarded[positions[inside]] = True
@@ -318,8 +320,13 @@ def join_local(
     with atomic_output(output) as temporary:
         writer = JoinedWriter(temporary, is_parquet(output))
         try:
-            start = 0
-            for chunk in DecisionLogReader(decisions, quiet).chunks():
+            start, planned = 0, len(plan.first)
+            for read in DecisionLogReader(decisions, quiet).chunks():
+                # A live log grows between the passes (a torn last line completed, a new
+                # part): the rows past those the first pass planned are the next join's.
+                if start == planned:
+                    break
+                chunk = read.head(planned - start)
                 stop = start + len(chunk.decision_ids)
                 keep = plan.first[start:stop]
                 if defaults is None:

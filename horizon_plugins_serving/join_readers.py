@@ -111,6 +111,17 @@ class DecisionChunk:
     batch: pa.RecordBatch | None = None
     """Parquet: the rows as read."""
 
+    def head(self, count: int) -> DecisionChunk:
+        """The chunk's first ``count`` rows."""
+        if count >= len(self.decision_ids):
+            return self
+        return DecisionChunk(
+            self.decision_ids.slice(0, count),
+            self.timestamps.slice(0, count),
+            None if self.lines is None else self.lines[:count],
+            None if self.batch is None else self.batch.slice(0, count),
+        )
+
 
 def parquet_files(path: Path) -> list[Path]:
     """A Parquet file, or a directory's part files in the order they were written.

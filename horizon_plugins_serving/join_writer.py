@@ -1,7 +1,9 @@
 """``horizon join``'s writing of JOINED: each decision row as it was logged, plus ``metrics``.
 
 As JSONL a row is its logged line with the metrics added; as Parquet, the pre-timeline row
-schema that the first row gives (``joined_schema``, which the Spark engine uses too).
+schema that the first row gives (``joined_schema``, which the Spark engine uses too), a JSONL
+log's lines shaped a chunk at a time by Arrow (``join_shape``) or, where that could differ,
+one by one by ``RowShaper``.
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ def stamp(text: str) -> datetime | None:
     return parsed if parsed.tzinfo is not None else None
 
 
-def plain_join(log: Path, rewards: Path) -> tuple[list[dict[str, Any]], dict[str, int]]:
+def plain_join(log: Path, rewards: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The join written plainly: each good decision's first row with its metrics summed
     within the window (the defaults where none came), and the report's counts."""
     firsts: dict[str, dict[str, Any]] = {}
@@ -111,6 +111,7 @@ def plain_join(log: Path, rewards: Path) -> tuple[list[dict[str, Any]], dict[str
         firsts.setdefault(row["decision_id"], row)
     sums: dict[str, dict[str, float]] = {}
     counts = {"late_rewards": 0, "early_rewards": 0, "unknown_rewards": 0, "bad_reward_rows": 0}
+    unknown_ids: dict[str, None] = {}
     for line in rewards.read_text(encoding="utf-8").splitlines():
         reward = json.loads(line)
         at = stamp(reward["timestamp"])
@@ -120,6 +121,7 @@ def plain_join(log: Path, rewards: Path) -> tuple[list[dict[str, Any]], dict[str
             continue
         if reward["decision_id"] not in firsts:
             counts["unknown_rewards"] += 1
+            unknown_ids.setdefault(reward["decision_id"])
             continue
         delay = at - stamp(firsts[reward["decision_id"]]["timestamp"])
         if delay < timedelta(0):
@@ -131,6 +133,7 @@ def plain_join(log: Path, rewards: Path) -> tuple[list[dict[str, Any]], dict[str
             for name, value in reward["metrics"].items():
                 metrics[name] = metrics.get(name, 0.0) + value
     counts["bad_decision_rows"] = bad_decisions
+    counts["unknown_ids"] = list(unknown_ids)[:5]
     counts["rewarded"] = len(sums)
     rows = [
         row | {"metrics": sums.get(decision_id, {"click": 0.0, "buy": 0.0})}
@@ -256,3 +259,83 @@ def test_a_second_row_arrow_could_read_otherwise_is_written_as_row_by_row(
     ours, before = (pq.read_table(tmp_path / name) for name in ("arrow.parquet", "rows.parquet"))
     assert ours.schema.equals(before.schema, check_metadata=True)
     assert ours.equals(before)
+
+
+def appended_after_planning(monkeypatch, append: Any) -> None:
+    """``append`` runs once the first pass is planned, as a live log grows under the join."""
+    from horizon_plugins_serving import join
+
+    plan = join.plan_join
+
+    def planned_then_appended(*arguments: Any, **options: Any) -> Any:
+        result = plan(*arguments, **options)
+        append()
+        return result
+
+    monkeypatch.setattr(join, "plan_join", planned_then_appended)
+
+
+def test_a_jsonl_log_growing_under_the_join_is_joined_as_the_first_pass_read_it(
+    tmp_path, monkeypatch
+):
+    """The log's last line half-written when the first pass read it (counted torn), and
+    whole, with a row after it, when the second pass writes: the second pass writes the rows
+    the first pass planned, not a traceback."""
+    rows = [LOGGED | {"decision_id": f"d{number}"} for number in range(3)]
+    torn = json.dumps(LOGGED | {"decision_id": "d3"})
+    log = tmp_path / "decisions.jsonl"
+    log.write_text("".join(json.dumps(row) + "\n" for row in rows) + torn[:20], "utf-8")
+    rewards = tmp_path / "rewards.jsonl"
+    reward = {"decision_id": "d1", "timestamp": NOON.isoformat(), "metrics": {"click": 1}}
+    rewards.write_text(json.dumps(reward) + "\n", encoding="utf-8")
+
+    def append() -> None:
+        with open(log, "a", encoding="utf-8") as handle:
+            handle.write(torn[20:] + "\n" + json.dumps(LOGGED | {"decision_id": "d4"}) + "\n")
+
+    appended_after_planning(monkeypatch, append)
+    output = tmp_path / "joined.jsonl"
+    code, printed = run_join(log, rewards, output)
+    assert code == 0, printed
+    written = [json.loads(line) for line in output.read_text(encoding="utf-8").splitlines()]
+    assert [row["decision_id"] for row in written] == ["d0", "d1", "d2"]
+    report = json.loads(report_path(output).read_text())
+    assert (report["torn_lines"], report["written"]) == (1, 3)
+
+
+def test_a_parquet_part_written_under_the_join_is_left_for_the_next_join(tmp_path, monkeypatch):
+    import pyarrow as pa
+
+    log = tmp_path / "decisions.parquet"
+    log.mkdir()
+
+    def part(sequence: int, ids: list[str]) -> None:
+        table = pa.table({"decision_id": ids, "timestamp": [NOON.isoformat()] * len(ids)})
+        pq.write_table(table, log / f"part-{sequence:08d}-x.parquet")
+
+    part(0, ["d0", "d1"])
+    rewards = tmp_path / "rewards.jsonl"
+    reward = {"decision_id": "d1", "timestamp": NOON.isoformat(), "metrics": {"click": 1}}
+    rewards.write_text(json.dumps(reward) + "\n", encoding="utf-8")
+    appended_after_planning(monkeypatch, lambda: part(1, ["d2", "d3"]))
+    output = tmp_path / "joined.parquet"
+    code, printed = run_join(log, rewards, output)
+    assert code == 0, printed
+    assert pq.read_table(output).column("decision_id").to_pylist() == ["d0", "d1"]
+
+
+def test_a_parquet_part_of_bad_rows_only_leaves_the_parts_after_it_written(tmp_path):
+    import pyarrow as pa
+
+    log = tmp_path / "decisions.parquet"
+    log.mkdir()
+    for sequence, ids in enumerate([["d0"], ["", ""], ["d1", "d2"]]):
+        table = pa.table({"decision_id": ids, "timestamp": [NOON.isoformat()] * len(ids)})
+        pq.write_table(table, log / f"part-{sequence:08d}-x.parquet")
+    rewards = tmp_path / "rewards.jsonl"
+    reward = {"decision_id": "d1", "timestamp": NOON.isoformat(), "metrics": {"click": 1}}
+    rewards.write_text(json.dumps(reward) + "\n", encoding="utf-8")
+    output = tmp_path / "joined.parquet"
+    code, printed = run_join(log, rewards, output)
+    assert code == 0, printed
+    assert pq.read_table(output).column("decision_id").to_pylist() == ["d0", "d1", "d2"]
