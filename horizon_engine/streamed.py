@@ -51,10 +51,9 @@ reading threads keeps memory of its own."""
 
 READ_SHARE = 4
 """A slice read is at most the shuffle buffer's rows over this: converting rows from Parquet
-takes about 3.4 times their tensors' memory at its peak (Arrow's columns, the sparse maps'
+takes several times their tensors' memory at its peak (Arrow's columns, the sparse maps'
 entries, numpy's intermediates; measured: loading a 156,000-row CartPole split in memory grew
-the process's peak by 140 MiB for 41 MiB of tensors), and slices of the whole buffer's size
-took the peak's growth to 1.4 times the budget (tests/test_streamed.py's memory test)."""
+the process's peak by about 285 MiB for 41 MiB of tensors, Arrow's own pools included)."""
 
 MEMORY_SHARE = 4
 """``[trainer] max_memory_gb = "auto"`` is the machine's memory over this: in memory, loading a
@@ -69,9 +68,7 @@ streamed (what is left holds the shuffle buffer): above it the eval split is str
 BUFFER_COPIES = 6
 """Bytes of the budget per byte of a buffered row: the shuffle buffer holds up to three copies
 of a row at its fullest (the rows read, their permutation, the slices read in), and as much
-again is left for reading (Arrow's buffers of a row group's slice) and the update's tensors.
-Measured: at 3, the peak's growth reached 1.3 times the budget in one of three runs
-(tests/test_streamed.py's memory test)."""
+again is left for reading (Arrow's buffers of a row group's slice) and the update's tensors."""
 
 
 @dataclass(frozen=True)
