@@ -72,6 +72,8 @@ PARTITION_BYTES = 64 * 2**20
 shuffled are about 1.6 times their Parquet size (4 features, 2 actions)."""
 SAMPLE_PER_PARTITION = 100
 """Episode ids sampled per partition to set the ranges (Spark's own range sampling: 100)."""
+MISSING_FILE = re.compile(r"FILE_NOT_EXIST|FileNotFoundException")
+"""How Spark says an executor found no file at a path: on a cluster, one the driver alone sees."""
 
 
 class SparkTimelineConfig(TimelineConfig):
@@ -96,15 +98,30 @@ class SparkTimeline(TimelineEngine):
         action_type: ActionType,
         quarantine: bool,
     ) -> TimelineResult:
+        from py4j.protocol import Py4JJavaError
+        from pyspark.errors import PySparkException
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
         spark = spark_session(self.config.spark)
         plan = _TimelinePlan(self.config, action_type, run.seed)
-        source = spark.read.parquet(hadoop_path(rows, reading=True))
+        master = spark.sparkContext.master
+        try:
+            # The executors' first jobs (the schema, the sample) read the file the driver has
+            # just listed: on a cluster, not finding it means the run folder is not shared.
+            source = spark.read.parquet(hadoop_path(rows, reading=True))
+            partitioning = _Partitioning.sample(source, _partitions(spark, rows), plan)
+        except (PySparkException, Py4JJavaError) as exc:
+            if master.startswith("local") or not MISSING_FILE.search(str(exc)):
+                raise
+            raise HorizonError(
+                f"Spark's executors cannot read {rows}, which this machine wrote: with master "
+                f"{master}, [pipeline] output_dir must be a folder every executor sees at the "
+                "same absolute path, on a shared mount (NFS, a mounted bucket); see 'Scaling "
+                "out' in README.md"
+            ) from None
         originals = source.columns
         checked = plan.check(source)
-        partitioning = _Partitioning.sample(source, _partitions(spark, rows), plan)
         # Observed where the rows come out of the shuffle, which copies them anyway: an
         # observation among the first stage's expressions would have the rows copied for it.
         intake = Observation("timeline intake")

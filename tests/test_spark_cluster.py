@@ -53,6 +53,9 @@ class Cluster:
     master_url: str
     work_dirs: list[Path]
     environment: dict[str, str]
+    unshared: Path | None
+    """A folder the workers and their executors see empty, as a cluster's machines see a
+    folder of the driver's that is not on a shared mount (None: this machine cannot hide one)."""
 
 
 def free_port() -> int:
@@ -103,6 +106,18 @@ def worker(master_url: str, work_dir: Path) -> list[str]:
     )
 
 
+def hiding(folder: Path) -> list[str]:
+    """A command prefix that runs its command with an empty ``folder`` of its own, a tmpfs in a
+    mount namespace of its own, or nothing where Linux does not let this user make one."""
+    prefix = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c"]
+    prefix += ['mount -t tmpfs tmpfs "$0" && exec "$@"', str(folder)]
+    try:
+        probe = subprocess.run([*prefix, "true"], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return prefix if probe.returncode == 0 else []
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """A master and ``WORKERS`` one-core workers on 127.0.0.1, for the module's tests."""
@@ -121,9 +136,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     port, web_ui_port = free_port(), free_port()
     master_url = f"spark://127.0.0.1:{port}"
     work_dirs = [folder / f"worker{index}" for index in range(WORKERS)]
+    unshared = folder / "unshared"
+    unshared.mkdir()
+    hidden = hiding(unshared)
     commands = [
         daemon("master.Master", "--port", port, "--webui-port", web_ui_port),
-        *(worker(master_url, work_dir) for work_dir in work_dirs),
+        *([*hidden, *worker(master_url, work_dir)] for work_dir in work_dirs),
     ]
     processes: list[subprocess.Popen[bytes]] = []
     logs = [folder / f"daemon{index}.log" for index in range(len(commands))]
@@ -146,7 +164,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 tails = "\n".join(log.read_text(errors="replace")[-2000:] for log in logs)
                 pytest.fail(f"the cluster did not start (ended: {ended}):\n{tails}")
             time.sleep(0.5)
-        yield Cluster(master_url, work_dirs, environment)
+        yield Cluster(master_url, work_dirs, environment, unshared if hidden else None)
     finally:
         for process in reversed(processes):
             stop(process)
@@ -167,6 +185,26 @@ def executor_logs(cluster: Cluster) -> dict[Path, str]:
     }
 
 
+def submit(cluster: Cluster, folder: Path, *conf: str) -> subprocess.CompletedProcess[str]:
+    """``horizon run pipeline.toml`` in ``folder``, submitted to ``cluster`` as README says."""
+    command = [
+        str(Path(sys.executable).with_name("spark-submit")),
+        *("--master", cluster.master_url),
+        *("--conf", "spark.ui.enabled=false", "--conf", "spark.executor.memory=512m"),
+        *(option for setting in conf for option in ("--conf", setting)),
+        *("--driver-java-options", f"-Dlog4j2.configurationFile={submit_module('--log4j2')}"),
+        *(submit_module("--path"), "run", "pipeline.toml"),
+    ]
+    return subprocess.run(
+        command,
+        cwd=folder,
+        env=cluster.environment,
+        capture_output=True,
+        text=True,
+        timeout=SUBMIT_SECONDS,
+    )
+
+
 def test_spark_submit_to_a_standalone_cluster_builds_the_local_engines_timeline(
     tmp_path: Path, cluster: Cluster
 ) -> None:
@@ -175,34 +213,34 @@ def test_spark_submit_to_a_standalone_cluster_builds_the_local_engines_timeline(
     local = build(tmp_path, source, "local")
     output_dir = tmp_path / "on-cluster"
     (tmp_path / "pipeline.toml").write_text(toml_text(parity_config(output_dir, source, "spark")))
-    command = [
-        str(Path(sys.executable).with_name("spark-submit")),
-        "--master",
-        cluster.master_url,
-        "--conf",
-        "spark.ui.enabled=false",
-        "--conf",
-        "spark.executor.memory=512m",
-        "--driver-java-options",
-        f"-Dlog4j2.configurationFile={submit_module('--log4j2')}",
-        submit_module("--path"),
-        "run",
-        "pipeline.toml",
-    ]
-    result = subprocess.run(
-        command,
-        cwd=tmp_path,
-        env=cluster.environment,
-        capture_output=True,
-        text=True,
-        timeout=SUBMIT_SECONDS,
-    )
+    earlier = executor_logs(cluster)
+    result = submit(cluster, tmp_path)
     assert result.returncode == 0, result.stderr
     manifest = json.loads((output_dir / "manifest.json").read_text())
     assert manifest["stages"]["timeline"]["details"]["engine"] == "spark"
     assert_same_timeline(local, read_timeline(output_dir, manifest))
     # The executors were the workers' processes, one on each, and they ran the job's tasks.
-    logs = executor_logs(cluster)
+    logs = {folder: log for folder, log in executor_logs(cluster).items() if folder not in earlier}
     assert {folder.parent.parent for folder in logs} == set(cluster.work_dirs)
     assert len({folder.parent.name for folder in logs}) == 1, "one application"
     assert any("Finished task" in text for text in logs.values()), logs
+
+
+def test_a_run_folder_the_executors_cannot_see_is_named_in_one_line(
+    tmp_path: Path, cluster: Cluster
+) -> None:
+    if cluster.unshared is None:
+        pytest.skip("no mount namespace (unshare) here to keep the workers from a folder")
+    source = tmp_path / "rows.parquet"
+    generated_rows(source, 1_000)
+    output_dir = cluster.unshared / "run"
+    (tmp_path / "pipeline.toml").write_text(toml_text(parity_config(output_dir, source, "spark")))
+    result = submit(cluster, tmp_path, "spark.task.maxFailures=1")
+    # spark-submit passes the Python driver's stderr on to its own stdout.
+    printed = result.stdout + result.stderr
+    assert result.returncode == 1, printed
+    assert "Traceback" not in printed, printed
+    unreadable = f"cannot read {output_dir / 'source' / 'rows.parquet'}"
+    (message,) = [line for line in printed.splitlines() if unreadable in line] or [printed]
+    assert message.startswith("error: "), message
+    assert "shared mount" in message and cluster.master_url in message, message
