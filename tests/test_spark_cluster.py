@@ -6,7 +6,9 @@ and write its files themselves. The master and workers are the ones pyspark ship
 (``spark-class``), bound to 127.0.0.1 alone, web UIs included, and stopped with their
 executors whatever the test's outcome. The job is the documented command (``spark-submit
 --master spark://...`` of ``horizon_plugins_spark.submit``) on the parity test's rows, and its
-timeline must equal the local engine's, value for value.
+timeline must equal the local engine's, value for value. A run folder the executors cannot see
+(the workers are kept from it by a mount namespace, as a machine without the shared mount is)
+must stop the run with one line that says so.
 """
 
 from __future__ import annotations
@@ -39,8 +41,9 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 WORKERS = 2
 ROWS = 10_000
-"""The parity test's rows, a tenth as many: every filter still drops rows, and a cluster of
-one-core executors on a shared machine builds them in seconds rather than minutes."""
+"""The parity test's rows, a tenth as many: every filter still drops rows, and the local
+engine's side and the files to compare shrink; the cluster's side is the JVMs' and the jobs'
+start-up, whatever the rows."""
 STARTUP_SECONDS = 90
 """How long the master and workers may take to start and register: JVMs on a busy machine."""
 SUBMIT_SECONDS = 240
