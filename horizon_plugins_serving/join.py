@@ -321,7 +321,7 @@ def join_local(
         writer = JoinedWriter(temporary, is_parquet(output))
         try:
             start, planned = 0, len(plan.first)
-            for read in DecisionLogReader(decisions, quiet).chunks():
+            for read in DecisionLogReader(decisions, quiet).chunks(row_types=writer.row_types):
                 # A live log grows between the passes (a torn last line completed, a new
                 # part): the rows past those the first pass planned are the next join's.
                 if start == planned:

@@ -8,7 +8,7 @@ torn or bad line, to name it (``join_rows`` words what is wrong). ``parquet_file
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -64,13 +64,15 @@ def line_blocks(path: Path, count: int) -> Iterator[tuple[list[bytes], list[int]
 KEY_FIELDS = [("decision_id", "string"), ("timestamp", "string")]
 
 
-def read_json_block(lines: list[bytes], look_at: bytes, infer: bool = False) -> pa.Table | None:
+def read_json_block(
+    lines: list[bytes], look_at: bytes, infer: bool = False, types: pa.Schema | None = None
+) -> pa.Table | None:
     """Whole JSON lines read at once by Arrow's JSON reader (no Python object per row), or None
     where that cannot hold every row as it is: a torn line, a line that is not an object, a
     decision_id or timestamp missing, empty or not a string, or ``look_at`` in the text (what
     Arrow's reader would not tell apart). The caller then reads the block line by line, to
-    count and name what is wrong. ``infer``: read the other fields too, their types inferred;
-    else only the two keys."""
+    count and name what is wrong. ``infer``: read the other fields too, their types inferred
+    (or ``types``' where it names them); else only the two keys."""
     import io
 
     import pyarrow as pa
@@ -80,9 +82,12 @@ def read_json_block(lines: list[bytes], look_at: bytes, infer: bool = False) -> 
     block = b"".join(lines)
     if not lines[-1].endswith(b"\n") or look_at in block:
         return None
+    explicit = pa.schema(KEY_FIELDS)
+    if types is not None:
+        explicit = pa.schema([*explicit, *(f for f in types if f.name not in explicit.names)])
     options = pj.ParseOptions(
-        explicit_schema=pa.schema(KEY_FIELDS),
-        unexpected_field_behavior="infer" if infer else "ignore",
+        explicit_schema=explicit,
+        unexpected_field_behavior="infer" if infer or types is not None else "ignore",
     )
     try:
         table = pj.read_json(
@@ -110,6 +115,8 @@ class DecisionChunk:
     """JSONL: each row's line as it was logged."""
     batch: pa.RecordBatch | None = None
     """Parquet: the rows as read."""
+    rows: pa.Table | None = None
+    """JSONL, where the caller gave ``row_types`` and Arrow read the chunk whole: every field."""
 
     def head(self, count: int) -> DecisionChunk:
         """The chunk's first ``count`` rows."""
@@ -120,6 +127,7 @@ class DecisionChunk:
             self.timestamps.slice(0, count),
             None if self.lines is None else self.lines[:count],
             None if self.batch is None else self.batch.slice(0, count),
+            None if self.rows is None else self.rows.slice(0, count),
         )
 
 
@@ -200,20 +208,29 @@ class DecisionLogReader:
         self.torn_lines: list[int] = []
         self.torn = 0
 
-    def chunks(self, keys_only: bool = False) -> Iterator[DecisionChunk]:
+    def chunks(
+        self, keys_only: bool = False, row_types: Callable[[], pa.Schema | None] | None = None
+    ) -> Iterator[DecisionChunk]:
         """The good rows, chunk by chunk; with ``keys_only`` a Parquet log's chunks hold only
-        the columns the checks and the keys need (a JSONL line is read whole either way)."""
+        the columns the checks and the keys need (a JSONL line is read whole either way).
+        ``row_types``: the types of a JSONL log's fields that its caller wants read too, with
+        the keys, into ``DecisionChunk.rows`` (asked before each chunk; None: keys only)."""
         self.torn_lines, self.torn = [], 0
         if is_parquet(self.path):
             yield from self._parquet_chunks(keys_only)
         else:
-            yield from self._jsonl_chunks()
+            yield from self._jsonl_chunks(row_types)
 
-    def _jsonl_chunks(self) -> Iterator[DecisionChunk]:
+    def _jsonl_chunks(
+        self, row_types: Callable[[], pa.Schema | None] | None
+    ) -> Iterator[DecisionChunk]:
         import pyarrow.compute as pc
 
         for lines, numbers in line_blocks(self.path, self.chunk_rows):
-            read = read_json_block(lines, look_at=b'"metrics"')
+            types = row_types() if row_types is not None else None
+            rows = None if types is None else read_json_block(lines, b'"metrics"', types=types)
+            # Without the row types, as the first pass read it: the same rows are good.
+            read = rows if rows is not None else read_json_block(lines, look_at=b'"metrics"')
             if read is not None:
                 ids, texts = read.column("decision_id"), read.column("timestamp")
             else:
@@ -227,8 +244,9 @@ class DecisionLogReader:
                 good = pc.is_valid(timestamps)
                 lines = [line for line, ok in zip(lines, good, strict=True) if ok]
                 ids, timestamps = ids.filter(good), timestamps.filter(good)
+                rows = None if rows is None else rows.filter(good)
             if lines:
-                yield DecisionChunk(ids, timestamps, lines=lines)
+                yield DecisionChunk(ids, timestamps, lines=lines, rows=rows)
 
     def _checked_lines(
         self, lines: list[bytes], numbers: list[int]

@@ -23,12 +23,30 @@ MAX_EXACT_INTEGER = 2**53
 """Past this a double read from a JSON integer may be rounded where Python's is exact."""
 
 
+def read_types(schema: pa.Schema) -> pa.Schema:
+    """The fields of ``schema`` (``joined_schema``'s) that Arrow's JSON reader is told the
+    types of: those holding text, which it would otherwise take for timestamps where they
+    look like them."""
+    import pyarrow as pa
+
+    return pa.schema(
+        field
+        for field in schema
+        if field.type in (pa.string(), pa.list_(pa.string())) and field.name != "metrics"
+    )
+
+
 def shape_lines(
-    lines: list[bytes], metrics: pa.MapArray, layout: RowLayout, schema: pa.Schema
+    lines: list[bytes],
+    metrics: pa.MapArray,
+    layout: RowLayout,
+    schema: pa.Schema,
+    read: pa.Table | None = None,
 ) -> pa.Table | None:
     """The table ``RowShaper`` would make of these decision lines (whole JSON objects, each
     ending with a newline) with ``metrics`` added, in ``schema`` (``joined_schema``'s); None
-    where Arrow's reading could differ from it, and the rows must be shaped one by one."""
+    where Arrow's reading could differ from it, and the rows must be shaped one by one.
+    ``read``: the lines as Arrow's JSON reader read them with ``read_types``, if they were."""
     import pyarrow as pa
     import pyarrow.json as pj
 
@@ -36,22 +54,17 @@ def shape_lines(
     if not lines or b"\\" in block or b"null" in block:
         return None
     names = {column.name for column in layout.columns}
-    text_types = {
-        field.name: field.type
-        for field in schema
-        if field.type in (pa.string(), pa.list_(pa.string())) and field.name != "metrics"
-    }
-    options = pj.ParseOptions(
-        explicit_schema=pa.schema(text_types), unexpected_field_behavior="infer"
-    )
-    try:
-        table = pj.read_json(
-            io.BytesIO(block),
-            read_options=pj.ReadOptions(use_threads=False, block_size=len(block) + 1),
-            parse_options=options,
-        )
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-        return None
+    options = pj.ParseOptions(explicit_schema=read_types(schema), unexpected_field_behavior="infer")
+    table = read
+    if table is None:
+        try:
+            table = pj.read_json(
+                io.BytesIO(block),
+                read_options=pj.ReadOptions(use_threads=False, block_size=len(block) + 1),
+                parse_options=options,
+            )
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            return None
     logged = set(table.column_names)
     if table.num_rows != len(lines) or "metrics" in logged or not logged <= set(schema.names):
         return None

@@ -54,7 +54,8 @@ class JoinedWriter:
             return
         lines = [chunk.lines[index] for index in keep.nonzero()[0]]
         if self.parquet:
-            self._write_table(self._shape_lines(lines, metrics))
+            read = None if chunk.rows is None else chunk.rows.filter(pa.array(keep))
+            self._write_table(self._shape_lines(lines, metrics, read))
         else:
             # The logged line, its closing brace replaced by the metrics: the row's own text
             # is written as it was, and no row is parsed again.
@@ -66,7 +67,16 @@ class JoinedWriter:
     def _write_lines(self, lines: Iterator[bytes]) -> None:
         self._handle.write(b"".join(line + b"\n" for line in lines))
 
-    def _shape_lines(self, lines: list[bytes], metrics: pa.MapArray) -> pa.Table | None:
+    def row_types(self) -> pa.Schema | None:
+        """The types a JSONL log's lines are best read with for this writer (``join_shape``),
+        once the first row written has given JOINED's schema; None before, or for JSONL."""
+        from horizon_plugins_serving.join_shape import read_types
+
+        return read_types(self._schema) if self.parquet and self._schema is not None else None
+
+    def _shape_lines(
+        self, lines: list[bytes], metrics: pa.MapArray, read: pa.Table | None
+    ) -> pa.Table | None:
         """JSONL decision lines and their metrics as ``joined_schema`` says: read whole by
         Arrow (``join_shape``) where that gives what ``RowShaper`` gives, else row by row."""
         from horizon_engine import RowShaper
@@ -77,7 +87,7 @@ class JoinedWriter:
         if self._shaper is None:
             layout, self._schema = joined_schema(json.loads(lines[0]) | {"metrics": {}})
             self._shaper = RowShaper(layout)
-        table = shape_lines(lines, metrics, self._shaper.layout, self._schema)
+        table = shape_lines(lines, metrics, self._shaper.layout, self._schema, read)
         if table is not None:
             return table
         return self._shape(

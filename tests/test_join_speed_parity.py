@@ -22,6 +22,7 @@ from click.testing import CliRunner
 
 from horizon_engine.cli import main
 from horizon_plugins_serving import join_shape
+from horizon_plugins_serving.join_readers import DecisionLogReader
 from horizon_plugins_serving.join_report import report_path
 
 NOON = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -173,24 +174,32 @@ def join_shaped_row_by_row(log: Path, rewards: Path, output: Path, monkeypatch) 
     assert code == 0, printed
 
 
+@pytest.mark.parametrize("chunk_rows", [50_000, 40], ids=["one_chunk", "chunks_of_40"])
 @pytest.mark.parametrize("shuffled", [False, True], ids=["keys_in_order", "keys_shuffled"])
-def test_parquet_shaped_by_arrow_is_what_row_by_row_shaping_wrote(tmp_path, monkeypatch, shuffled):
+def test_parquet_shaped_by_arrow_is_what_row_by_row_shaping_wrote(
+    tmp_path, monkeypatch, shuffled, chunk_rows
+):
     """With the keys of every feature map in one order Arrow shapes each chunk; with some
     rows' keys in another order the chunk is shaped row by row (a map keeps its row's
-    order); both write exactly the table that shaping every row wrote."""
+    order); both write exactly the table that shaping every row wrote. Past the first chunk
+    the second pass reads whole rows with JOINED's types, which the shaping then takes."""
+    monkeypatch.setattr(DecisionLogReader.__init__, "__defaults__", (chunk_rows,))
     log, rewards = generated_files(tmp_path, shuffled)
     shaped_by_arrow = []
     shape = join_shape.shape_lines
 
     def counted(*arguments: Any) -> Any:
         table = shape(*arguments)
-        shaped_by_arrow.append(table is not None)
+        shaped_by_arrow.append((table is not None, arguments[-1] is not None))
         return table
 
     monkeypatch.setattr(join_shape, "shape_lines", counted)
     code, printed = run_join(log, rewards, tmp_path / "arrow.parquet")
     assert code == 0, printed
-    assert shaped_by_arrow == [not shuffled]
+    # The second pass reads whole rows once the first chunk has given JOINED's schema, in
+    # chunks Arrow reads whole (not the one holding the bad rows 50, 60 and 70).
+    read_whole = [False] if chunk_rows > 200 else [False, False, True, True, True]
+    assert shaped_by_arrow == [(not shuffled, whole) for whole in read_whole]
     join_shaped_row_by_row(log, rewards, tmp_path / "rows.parquet", monkeypatch)
     ours, before = (pq.read_table(tmp_path / name) for name in ("arrow.parquet", "rows.parquet"))
     assert ours.schema.equals(before.schema, check_metadata=True)
