@@ -14,8 +14,9 @@ plugin's command with its own source of data drives a trainer as the gym runner 
 - batches: ``train_batch`` is one update; its metrics are added to the epoch's, then each
   batch callback is called with the same batch (models trained beside the policy, such as a
   reward model for the estimators). Data comes in two shapes: ``EpochData`` (the timeline's
-  ``TimelineTensors`` in memory, epochs of shuffled minibatches; streamed Parquet later),
-  which ``train_epochs`` drives, and ``SampledData`` (the gym's replay buffer), which the host
+  ``TimelineTensors`` in memory, epochs of shuffled minibatches; ``StreamedTimeline``, read
+  from Parquet a row group at a time), which
+  ``train_epochs`` drives, and ``SampledData`` (the gym's replay buffer), which the host
   samples from between steps of play with ``train_sampled``. Normalization is fixed while
   training, so ``prepare`` runs the state preprocessor over epoch data once, and its batches
   carry the output beside the raw features (the batch schema's ``*_preprocessed``).
@@ -34,6 +35,15 @@ plugin's command with its own source of data drives a trainer as the gym runner 
   epochs that follow are those of an uninterrupted run, to the bit on a CPU. A reporter may
   be told of an epoch twice (with the same figures) when a kill came between the hook and
   the checkpoint; never of an epoch the resumed run does not have.
+- several processes (``horizon_engine.distributed``): each rank trains on its share of every
+  minibatch (``data.shard(rank, world)``, called once) with the trainer's modules wrapped for
+  DistributedDataParallel (``TrainingProblem.data_parallel``); ``end_epoch`` adds the
+  metrics' sums and counts over the ranks, and only rank 0 evaluates, runs the estimators,
+  reports the epoch and writes (problem, check rows, checkpoints): the other ranks write
+  nothing. Weights start alike on every rank (seeded by the run's seed); rank ``r > 0`` draws
+  its noise from ``seed + r``. A batch callback sees its rank's share of each minibatch: one
+  that trains a model wraps it with ``TrainingProblem.data_parallel`` so that the ranks'
+  copies stay equal (no built-in one trains a model).
 
 torch is imported where it is used.
 """
@@ -48,6 +58,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from horizon_engine import distributed
 from horizon_engine.errors import HorizonError
 from horizon_engine.run_folder import RunFolder
 from horizon_engine.schema import ActionType
@@ -93,7 +104,8 @@ CHECK_FIELDS: dict[ActionType, tuple[str, ...]] = {
 
 
 class EpochData(Protocol):
-    """Data a trainer passes over epoch by epoch: ``TimelineTensors`` in memory today."""
+    """Data a trainer passes over epoch by epoch: ``TimelineTensors`` in memory, or a
+    ``StreamedTimeline`` read from Parquet as it goes (``horizon_engine.streamed``)."""
 
     def __len__(self) -> int: ...
 
@@ -174,8 +186,10 @@ class ProblemDescription:
         state: torch.nn.Module,
         action: torch.nn.Module | None,
         device: torch.device,
+        processes: int = 1,
     ) -> TrainingProblem:
-        """The ``TrainingProblem`` with these facts and the preprocessors built for them."""
+        """The ``TrainingProblem`` with these facts and the preprocessors built for them, for
+        ``processes`` training together."""
         from horizon_engine.training import TrainingProblem
 
         return TrainingProblem(
@@ -189,6 +203,7 @@ class ProblemDescription:
             seed=self.seed,
             n_step=self.n_step,
             online=self.online,
+            processes=processes,
         )
 
     def write(self, run_dir: Path) -> str:
@@ -245,9 +260,11 @@ def set_up_trainer(
     normalization: Normalization,
     plugins: PluginHost,
     device: torch.device,
+    processes: int = 1,
 ) -> tuple[TrainerBase, TrainingProblem]:
     """The ``[trainer]`` component set up for ``description``: its preprocessors built from
-    ``normalization`` on ``device``, its weights from the description's seed."""
+    ``normalization`` on ``device``, its weights from the description's seed; for
+    ``processes`` training together (data-parallel), 1 to export or evaluate."""
     import torch
 
     from horizon_engine.preprocessor import build_preprocessor
@@ -269,7 +286,7 @@ def set_up_trainer(
 
     state = preprocessor("state_features", description.feature_ids)
     action = preprocessor("action_features", description.action_feature_ids)
-    problem = description.problem(state, action, device)
+    problem = description.problem(state, action, device, processes)
     try:
         trainer.setup(problem)
     except (MemoryError, RuntimeError) as exc:
@@ -419,16 +436,23 @@ class TrainingDriver:
 
         self.run = run
         self.config = choice.config
-        self.device = resolve_device(self.config.device)
+        self.device = distributed.device_for_rank(resolve_device(self.config.device))
         self.trainer, self.problem = set_up_trainer(
-            choice, description, normalization, plugins or get_plugin_host(), self.device
+            choice,
+            description,
+            normalization,
+            plugins or get_plugin_host(),
+            self.device,
+            distributed.world_size(),
         )
+        if distributed.rank() > 0:
+            torch.manual_seed(description.seed + distributed.rank())
         if self.config.warm_start_from:
             state = load_checkpoint(Path(self.config.warm_start_from))["trainer"]
             self.trainer.load_state_dict(state)
         self.callbacks = list(callbacks)
         self.folder = RunFolder(run.output_dir)
-        self.outputs = [description.write(run.output_dir)]
+        self.outputs = [description.write(run.output_dir)] if distributed.is_writer() else []
         self.checkpoints: list[str] = []
         self.history: list[dict[str, float]] = []
         self.epoch = 0
@@ -495,7 +519,7 @@ class TrainingDriver:
         epochs = self.planned_epochs(data)
         progress = self.run.progress(f"training: {epochs} epochs", total=epochs)
         with self.torch_threads(), progress as advance:
-            data = self.prepare(data)
+            data = self.prepare(data.shard(distributed.rank(), distributed.world_size()))
             advance(self.epoch)
             while self.epoch < epochs:
                 for batch in data.minibatches(self.config.minibatch_size, self.data_order):
@@ -556,16 +580,23 @@ class TrainingDriver:
         training metric since the last epoch, the evaluation on ``eval_data`` when it has
         rows, the per-epoch ``estimators``), ``horizon_on_epoch_end``, then a checkpoint holding
         the trainer's state, what resuming needs and ``checkpoint``'s plain data. Returns the
-        metrics."""
+        metrics. With several processes the training metrics are over every rank's batches,
+        and the rest is rank 0's alone."""
         from horizon_engine.training import save_checkpoint
 
         self.epoch += 1
         found = dict(metrics or {})
-        for name, total in self._sums.items():
-            found[f"Training/{name}"] = total / self._counts[name]
+        sums, counts = distributed.all_reduce_metrics(self._sums, self._counts)
+        for name, total in sums.items():
+            found[f"Training/{name}"] = total / counts[name]
         self._sums, self._counts = {}, {}
+        if not distributed.is_writer():
+            self.history.append(found)
+            return found
         if eval_data is not None and len(eval_data):
-            evaluation = self.trainer.evaluate(eval_data)
+            from horizon_engine.streamed import evaluate_split
+
+            evaluation = evaluate_split(self.trainer, eval_data)
             found |= {f"Evaluation/{name}": value for name, value in evaluation.items()}
         if estimators is not None:
             found |= estimators.epoch_metrics(self.trainer)
@@ -638,6 +669,8 @@ class TrainingDriver:
             for epoch in range(1, self.epoch + 1)
             if self.folder.checkpoint_path(epoch).is_file()
         ]
+        if not distributed.is_writer():
+            return checkpoint
         with atomic_output(self.folder.latest_checkpoint) as temporary:
             temporary.write_bytes(path.read_bytes())
         self._list_latest()
@@ -645,8 +678,11 @@ class TrainingDriver:
 
     def save_check_rows(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Keep the first ``CHECK_ROWS`` rows of the policy's inputs among ``tensors``
-        (batch-schema names) as ``check_rows.pt``, for checking an export."""
+        (batch-schema names) as ``check_rows.pt``, for checking an export (rank 0's task)."""
         import torch
+
+        if not distributed.is_writer():
+            return
 
         from horizon_engine.files import atomic_output
 

@@ -29,6 +29,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from horizon_engine import distributed
 from horizon_engine.config import Choice, PipelineSpec, build_spec
 from horizon_engine.errors import (
     BAD_ROWS_SHOWN,
@@ -457,32 +458,56 @@ def run_train_stage(run: StageRun, choice: Choice, resume: bool = False) -> Stag
 
     The training driver (``horizon_engine.driver``) sets the trainer up for the timeline's
     problem and drives it: the timeline is loaded into dense tensors once and moved to the
-    device once; every epoch is one pass of shuffled minibatches (a seeded generator), then the
-    trainer's evaluation, the per-epoch estimators, a checkpoint
-    (``checkpoints/epoch-NNNN.pt`` and ``latest.pt``, written atomically) and
-    ``horizon_on_epoch_end`` with the epoch's metrics. The per-epoch estimates are also
-    written to ``cpe_epochs.json`` as each epoch ends (``horizon_engine.evaluation``). The
-    first eval rows (train rows without an eval split) are kept to check the exported model on.
+    device once, or, when it does not fit ``[trainer] max_memory_gb`` (``[trainer] data``,
+    ``streamed.choose_data``), read a row group at a time (``StreamedTimeline``); every epoch
+    is one pass of shuffled minibatches (a seeded generator), then the trainer's evaluation,
+    the per-epoch estimators, a checkpoint (``checkpoints/epoch-NNNN.pt`` and ``latest.pt``,
+    written atomically) and ``horizon_on_epoch_end`` with the epoch's metrics. The per-epoch
+    estimates are also written to ``cpe_epochs.json`` as each epoch ends
+    (``horizon_engine.evaluation``). The first eval rows (train rows without an eval split) are
+    kept to check the exported model on.
     """
+    from dataclasses import replace
+
     from horizon_engine.driver import TrainingDriver, load_split, timeline_problem
+    from horizon_engine.streamed import StreamedTimeline, choose_data, sampled_warning
 
     description, normalization = timeline_problem(run)
     driver = TrainingDriver(run, choice, description, normalization, plugins=run.plugins)
+    folder = RunFolder(run.output_dir)
     train, evaluation = (
-        load_split(run, description, split, driver.device) for split in ("train", "eval")
+        StreamedTimeline.open(folder.split(split), description, 1, driver.device)
+        for split in ("train", "eval")
     )
-    driver.save_check_rows((evaluation if len(evaluation) else train).tensors())
+    data = choose_data(driver.config, train, evaluation)
+    train = replace(train, buffer_rows=data.buffer_rows)
+    evaluation = replace(evaluation, buffer_rows=data.buffer_rows)
+    if data.train == "memory":
+        train = load_split(run, description, "train", driver.device)
+    if data.eval == "memory":
+        evaluation = load_split(run, description, "eval", driver.device)
+    checked = evaluation if len(evaluation) else train
+    if isinstance(checked, StreamedTimeline):
+        checked = checked.first_rows(driver.CHECK_ROWS)
+    driver.save_check_rows(checked.tensors())
+    warnings = [] if len(evaluation) else [_NO_EVAL_ROWS.format(folder.timeline)]
     estimators = None
-    if any(entry.config.every_epoch for entry in run.spec.evaluation) and len(evaluation):
+    every_epoch = any(entry.config.every_epoch for entry in run.spec.evaluation)
+    if every_epoch and len(evaluation) and distributed.is_writer():
         from horizon_engine.evaluation import EpisodeEvaluation, read_metrics
 
+        episodes = evaluation
+        if isinstance(evaluation, StreamedTimeline):
+            episodes = next(evaluation.episodes(data.eval_rows))
+            warnings.append(sampled_warning(folder.split("eval"), len(episodes), len(evaluation)))
+        metrics = read_metrics(folder.split("eval"))
         estimators = EpisodeEvaluation(
             run.spec.evaluation,
             description.action_type,
-            evaluation,
-            read_metrics(RunFolder(run.output_dir).split("eval")),
+            episodes.to(driver.device),
+            {name: values[: len(episodes)] for name, values in metrics.items()},
             run.seed,
-            RunFolder(run.output_dir).file(RunFolder.CPE_EPOCHS),
+            folder.file(RunFolder.CPE_EPOCHS),
         )
     resumed_at = 0
     if resume and driver.resume(estimators) is not None:
@@ -497,11 +522,10 @@ def run_train_stage(run: StageRun, choice: Choice, resume: bool = False) -> Stag
         rows_in=len(train),
         rows_out=len(train),
         outputs=[*driver.outputs, *driver.checkpoints, *recorded],
-        warnings=[]
-        if len(evaluation)
-        else [_NO_EVAL_ROWS.format(RunFolder(run.output_dir).timeline)],
+        warnings=warnings,
         details={
             "device": str(driver.device),
+            "data": data.reason,
             "epochs": driver.planned_epochs(train),
             "updates": driver.updates,
             "length": driver.training_length(train),
@@ -756,7 +780,55 @@ class Engine:
         named replace their own earlier outputs and the others are carried over (see
         ``horizon_engine.run_folder``). With ``resume`` it finishes the folder's interrupted
         run (``plan_resume``; the module docstring says how).
+
+        Launched as several processes (``horizon_engine.distributed``: ``horizon run --nproc``
+        or torchrun), rank 0 runs the stages as one process would and writes everything; the
+        other ranks wait for it, join it for the train stage, and return its manifest.
         """
+        with distributed.process_group():
+            if not distributed.is_writer():
+                return self._follow_writer(config, overrides)
+            followers = distributed.Followers()
+            try:
+                manifest = self._run_stages(config, overrides, stages, overwrite, resume, followers)
+            except BaseException:
+                followers.end(succeeded=False)
+                raise
+            followers.end(succeeded=True)
+            return manifest
+
+    def _follow_writer(
+        self, config: str | Path | Mapping[str, Any], overrides: Iterable[str]
+    ) -> dict[str, Any]:
+        """A rank other than 0: the train stage each time rank 0 starts it, nothing else;
+        then rank 0's manifest."""
+        spec = build_spec(config, self.plugins, overrides)
+        output_dir = Path(spec.pipeline.output_dir)
+        train = next(s for s in self.plugins.stages() if s.name == distributed.TRAINING_STAGE)
+        while "end" not in (message := distributed.receive()):
+            _check_shared(output_dir, message["run_id"])
+            run = StageRun.start(spec, self.plugins, message["run_id"], False, output_dir)
+            if message["resume"]:
+                train.run(run, train.choice(spec), resume=True)
+            else:
+                train.run(run, train.choice(spec))
+        if not message["succeeded"]:
+            raise distributed.WriterFailed(
+                f"rank {distributed.rank()} stopped: rank 0's run failed (its message says why)"
+            )
+        earlier = read_earlier_run(output_dir)
+        return earlier.manifest if earlier is not None else {}
+
+    def _run_stages(
+        self,
+        config: str | Path | Mapping[str, Any],
+        overrides: Iterable[str],
+        stages: Iterable[str] | None,
+        overwrite: bool,
+        resume: bool,
+        followers: distributed.Followers,
+    ) -> dict[str, Any]:
+        """``run`` on rank 0 (or alone): ``followers`` are told when the train stage starts."""
         stages = list(stages) if stages else None
         if resume and (stages is not None or overwrite):
             raise HorizonError(
@@ -788,12 +860,15 @@ class Engine:
                 self._clear_stage(run, stage, earlier if resuming else None, manifest, continued)
                 self.plugins.on_stage_start(run, stage.name)
                 started = time.perf_counter()
+                if stage.name == distributed.TRAINING_STAGE:
+                    followers.start_training(run.run_id, continued)
                 with import_clock() as imports:
                     if continued:
                         report = stage.run(run, stage.choice(spec), resume=True)
                         report.outputs += _files_of_runs(output_dir, plan.continued_runs)
                     else:
                         report = stage.run(run, stage.choice(spec))
+                followers.training_done()
                 report.seconds = round(time.perf_counter() - started, 3)
                 report.import_seconds = round(imports.seconds, 3)
                 self._record(run, manifest, stage, report)
@@ -916,6 +991,18 @@ class Engine:
         which ``--resume`` continues."""
         RunFolder(run.output_dir).finish_interrupted(
             manifest, partial(self.plugins.on_run_end, run)
+        )
+
+
+def _check_shared(output_dir: Path, run_id: str) -> None:
+    """A rank other than 0 sees the run folder rank 0 writes (its manifest names run
+    ``run_id``), or stops with what to do: the ranks share one folder."""
+    earlier = read_earlier_run(output_dir)
+    if earlier is None or earlier.run_id != run_id:
+        raise HorizonError(
+            f"rank {distributed.rank()}: {output_dir} does not hold rank 0's run {run_id}: every "
+            "process must see the output folder at the same path (one machine, or a shared "
+            "filesystem such as NFS across machines)"
         )
 
 

@@ -62,6 +62,16 @@ class TrainerConfig(ComponentConfig):
     warm_start_from: str | None = None
     """A run folder whose latest checkpoint (weights, optimizer and trainer state) to start from:
     the daily retraining of the Horizon paper."""
+    data: Literal["auto", "memory", "streamed"] = "auto"
+    """How the train stage holds the timeline: "memory" loads each split into tensors once;
+    "streamed" reads the train split's Parquet row groups as it goes, through a shuffle
+    buffer, and keeps the eval split in memory only when it fits half of ``max_memory_gb``
+    (``horizon_engine.streamed``); "auto" streams when the splits' tensors, estimated from the
+    Parquet metadata, exceed ``max_memory_gb``. The manifest says which was chosen and why."""
+    max_memory_gb: float | str = "auto"
+    """The memory the train stage's data may take, in GiB: it decides "auto" above, and
+    bounds a streamed run's shuffle buffer and in-memory eval split. "auto": a quarter of the
+    machine's memory (``streamed.MEMORY_SHARE`` says why)."""
 
     @model_validator(mode="after")
     def _updates_in_order(self) -> Self:
@@ -82,6 +92,16 @@ class TrainerConfig(ComponentConfig):
         if epochs != "auto" and not whole:
             raise ValueError(f'epochs = {epochs!r}: give a number of passes (1 or more) or "auto"')
         return epochs
+
+    @field_validator("max_memory_gb", mode="before")
+    @classmethod
+    def _memory_or_auto(cls, memory: Any) -> Any:
+        """A finite size in GiB above 0 or "auto" (true, infinity and NaN are none); checked
+        before the type, which would take true for 1."""
+        number = isinstance(memory, int | float) and not isinstance(memory, bool)
+        if memory != "auto" and not (number and 0 < memory < float("inf")):
+            raise ValueError(f'max_memory_gb = {memory!r}: give a size in GiB above 0 or "auto"')
+        return memory
 
     @field_validator("threads")
     @classmethod
@@ -117,6 +137,22 @@ class TrainingProblem:
     driver always sets it; None (a problem built by hand) leaves the batches to tell."""
     online: bool = False
     """The trainer plays for its own data (the gym runner) instead of learning from logs."""
+    processes: int = 1
+    """The processes training this problem together (``horizon run --nproc``, torchrun): the
+    training driver's world; 1 for a trainer set up to export or evaluate a run."""
+
+    def data_parallel(self, module: torch.nn.Module) -> torch.nn.Module:
+        """``module`` as a trainer forwards it for a loss it backpropagates: wrapped in
+        ``DistributedDataParallel`` when several ``processes`` train (the gradients are
+        averaged over them in backward), ``module`` itself in a single process.
+
+        Forward the wrapped module once per backward, for the loss only; everything else
+        (no-grad forwards, target networks, ``policy()``, ``state_dict``) uses ``module``, whose
+        parameters the wrapper shares. A method that is not ``forward`` (an actor's ``sample``)
+        is wrapped as the ``forward`` of a small module of its own."""
+        from horizon_engine.distributed import data_parallel
+
+        return data_parallel(module, self.device) if self.processes > 1 else module
 
 
 class TrainerBase(Trainer):

@@ -97,6 +97,32 @@ class GaussianActor(nn.Module):
         return torch.tanh(mean), squashed_log_density(mean, mean, log_std)
 
 
+class ActionSampler(nn.Module):
+    """An actor's ``sample`` as a module's ``forward``: what data-parallel training wraps, as
+    ``DistributedDataParallel`` synchronises the gradients of ``forward`` alone."""
+
+    def __init__(self, actor: GaussianActor) -> None:
+        super().__init__()
+        self.actor = actor
+
+    def forward(self, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.actor.sample(state)
+
+
+class Temperature(nn.Module):
+    """SAC's temperature, learned as ``log_alpha``: a module of its own so that data-parallel
+    training averages its gradient over the processes as it does the networks'."""
+
+    def __init__(self, alpha: float, learned: bool) -> None:
+        super().__init__()
+        self.log_alpha = nn.Parameter(torch.tensor(math.log(alpha)), requires_grad=learned)
+
+    def forward(self, entropy_gap: torch.Tensor) -> torch.Tensor:
+        """The temperature's loss: ``-log_alpha * gap`` (``gap``: mean log-density plus the
+        target entropy, without gradient)."""
+        return -self.log_alpha * entropy_gap
+
+
 def action_log_scale(action_preprocessor: nn.Module, action_width: int) -> torch.Tensor:
     """``sum_d log(d user_action_d / d normalized_action_d)``: what a density over normalized
     actions loses to become one over the user's units (the inverse is linear per dimension)."""

@@ -107,6 +107,8 @@ class ActorCriticTrainer(TrainerBase, Discounts, ExploresOnline):
             else None
         )
         self.steps = 0
+        self.synced_critics = [problem.data_parallel(critic) for critic in self.critics]
+        """The critics as their loss forwards them (``TrainingProblem.data_parallel``)."""
         self.finish_setup(problem)
 
     def build_actor(self, state_width: int, action_width: int) -> torch.nn.Module:
@@ -208,7 +210,7 @@ class ActorCriticTrainer(TrainerBase, Discounts, ExploresOnline):
         returns, discount, ahead = self.bootstrap(batch)
         with torch.no_grad():
             target = returns + discount * self.next_value(self.state_input(batch, ahead))
-        values = [critic(state, logged) for critic in self.critics]
+        values = [critic(state, logged) for critic in self.synced_critics]
         td_loss = sum(torch.nn.functional.mse_loss(q, target) for q in values)
         loss = td_loss
         metrics = {
@@ -280,7 +282,7 @@ class ActorCriticTrainer(TrainerBase, Discounts, ExploresOnline):
         log_density = torch.cat([uniform_log_density, own_log_density])
         states = state.unsqueeze(0).expand(2 * count, rows, width).reshape(-1, width)
         penalty = state.new_zeros(())
-        for critic, logged_q in zip(self.critics, values, strict=True):
+        for critic, logged_q in zip(self.synced_critics, values, strict=True):
             sampled = critic(states, actions).reshape(2 * count, rows)
             penalty = penalty + (torch.logsumexp(sampled - log_density, dim=0) - logged_q).mean()
         return penalty
@@ -372,7 +374,9 @@ class DeterministicActorCritic(ActorCriticTrainer):
     smoothing_noise: ClassVar[float] = 0.0
 
     def finish_setup(self, problem: TrainingProblem) -> None:
-        """No Ornstein-Uhlenbeck process yet: the first exploration module starts it."""
+        """The actor as its loss forwards it (``data_parallel``); no Ornstein-Uhlenbeck process
+        yet: the first exploration module starts it."""
+        self.synced_actor = problem.data_parallel(self.actor)
         self.noise_state: NoiseState | None = None
 
     def state_dict(self) -> dict[str, Any]:
@@ -412,7 +416,7 @@ class DeterministicActorCritic(ActorCriticTrainer):
     def actor_loss(
         self, state: torch.Tensor, logged: torch.Tensor
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        action = self.actor(state)
+        action = self.synced_actor(state)
         return self.policy_objective(self.critics[0](state, action), action, logged)
 
     def sampled_actions(self, state: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -504,17 +508,16 @@ class SacTrainer(ActorCriticTrainer):
 
     def finish_setup(self, problem: TrainingProblem) -> None:
         """The temperature, learned as ``log_alpha`` with its own Adam."""
-        import math
-
-        import torch
-
         from horizon_engine import ForeachAdam
-        from horizon_plugins_ac.networks import action_log_scale
+        from horizon_plugins_ac.networks import ActionSampler, Temperature, action_log_scale
 
         config = self.config
-        self.log_alpha = torch.nn.Parameter(
-            torch.tensor(math.log(config.alpha), device=problem.device),
-            requires_grad=config.learn_alpha,
+        self.synced_sampler = problem.data_parallel(ActionSampler(self.actor))
+        """The actor's ``sample`` as the actor's loss draws it (``data_parallel``)."""
+        temperature = Temperature(config.alpha, config.learn_alpha).to(problem.device)
+        self.log_alpha = temperature.log_alpha
+        self.synced_temperature = (
+            problem.data_parallel(temperature) if config.learn_alpha else temperature
         )
         self.alpha_optimizer: ForeachAdam | None = (
             ForeachAdam([self.log_alpha], lr=config.alpha_learning_rate)
@@ -548,14 +551,14 @@ class SacTrainer(ActorCriticTrainer):
         temperature towards ``target_entropy``."""
         import torch
 
-        action, log_density = self.actor.sample(state)
+        action, log_density = self.synced_sampler(state)
         q = torch.minimum(*(critic(state, action) for critic in self.critics))
         alpha = self.log_alpha.exp().detach()
         loss, metrics = self.policy_objective(q - alpha * log_density, action, logged)
         metrics["entropy"] = float(-log_density.mean().detach())
         if self.alpha_optimizer is not None:
             gap = (log_density.detach() + self.target_entropy).mean()
-            alpha_loss = -self.log_alpha * gap
+            alpha_loss = self.synced_temperature(gap)
             self.alpha_optimizer.zero_grad()
             alpha_loss.backward()
             self.alpha_optimizer.step()

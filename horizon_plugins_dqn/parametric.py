@@ -66,6 +66,7 @@ class ParametricDqnTrainer(QLearningTrainer):
         self.preprocessor = problem.state_preprocessor
         self.action_preprocessor = problem.action_preprocessor
         self.finish_setup()
+        self.synced_q_network = problem.data_parallel(self.q_network)
 
     def candidates(self, batch: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
         """The preprocessed candidate actions ``[B, K, W]`` of ``name`` (e.g.
@@ -84,12 +85,12 @@ class ParametricDqnTrainer(QLearningTrainer):
         state = self.state_input(batch, "state")
         action = self.action_preprocessor(batch["action"], batch["action_presence"])
         target = self.td_target(batch)
-        logged = self.q_network(state, action.unsqueeze(1)).squeeze(1)
+        logged = self.synced_q_network(state, action.unsqueeze(1)).squeeze(1)
         td_loss = self.td_loss(logged, target)
         loss = td_loss
         metrics: dict[str, float] = {}
         if config.cql_alpha > 0:
-            scores = self.q_network(state, self.candidates(batch, "possible_actions"))
+            scores = self.synced_q_network(state, self.candidates(batch, "possible_actions"))
             loss = loss + self.conservatism(scores, logged, batch, metrics)
         self.update(loss)
         metrics["td_loss"] = float(td_loss.detach())

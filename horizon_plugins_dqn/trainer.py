@@ -76,8 +76,12 @@ class DqnTrainer(QLearningTrainer, OffersEvaluationModels):
             )
         self.preprocessor = problem.state_preprocessor
         self.finish_setup()
+        self.synced_q_network = problem.data_parallel(self.q_network)
         self.behaviour_optimizer = (
             self.make_optimizer(self.behaviour) if self.behaviour is not None else None
+        )
+        self.synced_behaviour = (
+            problem.data_parallel(self.behaviour) if self.behaviour is not None else None
         )
         self.reward_boost = torch.tensor(
             [config.reward_boost.get(action, 0.0) for action in self.actions], device=device
@@ -103,7 +107,7 @@ class DqnTrainer(QLearningTrainer, OffersEvaluationModels):
         if self.behaviour is not None:
             metrics["bcq_loss"] = self._train_behaviour(state, batch)
         target = self.td_target(batch)
-        scores = self.q_network(state)
+        scores = self.synced_q_network(state)
         action = batch["action"]
         logged = scores.gather(1, action.unsqueeze(1)).squeeze(1)
         td_loss = self.td_loss(logged, target)
@@ -120,7 +124,7 @@ class DqnTrainer(QLearningTrainer, OffersEvaluationModels):
 
         from horizon_engine import masked_scores
 
-        logits = masked_scores(self.behaviour(state), batch["possible_actions"])
+        logits = masked_scores(self.synced_behaviour(state), batch["possible_actions"])
         loss = F.cross_entropy(logits, batch["action"])
         self.behaviour_optimizer.zero_grad()
         loss.backward()

@@ -60,15 +60,22 @@ class WorldModelTrainer(TrainerBase, AnalyzesData):
                 self.config.num_gaussians,
             ).to(problem.device)
         self.optimizer = ForeachAdam(self.network.parameters(), lr=self.config.learning_rate)
+        self.synced_network = problem.data_parallel(self.network)
+        """The network as its training loss forwards it (``TrainingProblem.data_parallel``)."""
 
-    def _losses(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _losses(
+        self, tensors: Mapping[str, torch.Tensor], synced: bool = False
+    ) -> dict[str, torch.Tensor]:
+        """The three mean losses on ``tensors``; ``synced``: through ``synced_network``, for
+        the loss an update backpropagates."""
         import torch
 
         from horizon_plugins_worldmodel.data import transition_tensors
         from horizon_plugins_worldmodel.networks import mean_losses
 
         found = transition_tensors(self.problem, tensors)
-        prediction = self.network(found["state"], found["action"])
+        network = self.synced_network if synced else self.network
+        prediction = network(found["state"], found["action"])
         weight = torch.ones_like(found["reward"])
         return mean_losses(
             prediction,
@@ -89,7 +96,7 @@ class WorldModelTrainer(TrainerBase, AnalyzesData):
                 "(horizon check-mdp)"
             )
         self.network.train()
-        parts = self._losses(batch)
+        parts = self._losses(batch, synced=True)
         loss = parts["next_state_nll"] + parts["termination_nll"] + parts["reward_mse"]
         self.optimizer.zero_grad()
         loss.backward()
