@@ -356,11 +356,19 @@ class DataChoice:
     of a streamed eval split."""
 
 
-def memory_budget(setting: float | str) -> int:
-    """``[trainer] max_memory_gb`` in bytes: "auto" is the machine's memory / ``MEMORY_SHARE``."""
+def memory_budget(setting: float | str, device: torch.device | None = None) -> int:
+    """``[trainer] max_memory_gb`` in bytes: "auto" is the machine's memory / ``MEMORY_SHARE``,
+    and on a CUDA ``device`` no more than the device's memory / ``MEMORY_SHARE`` (a split held
+    in memory is moved to the device whole, so it must fit there too)."""
     if setting != "auto":
         return int(float(setting) * 2**30)
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // MEMORY_SHARE
+    budget = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // MEMORY_SHARE
+    if device is not None and device.type == "cuda":
+        import torch
+
+        device_memory = torch.cuda.get_device_properties(device).total_memory
+        budget = min(budget, device_memory // MEMORY_SHARE)
+    return budget
 
 
 def choose_data(
@@ -370,7 +378,7 @@ def choose_data(
     in memory when both splits' tensors (estimated from the Parquet metadata and the feature
     counts: ``row_bytes``) fit ``max_memory_gb``, streamed otherwise. Streamed, the eval split
     stays in memory when it fits ``EVAL_SHARE`` of the budget."""
-    budget = memory_budget(config.max_memory_gb)
+    budget = memory_budget(config.max_memory_gb, train.device)
     train_bytes = len(train) * row_bytes(train)
     eval_bytes = len(evaluation) * row_bytes(evaluation)
     sizes = (
@@ -404,7 +412,7 @@ def episodes_within(
     from horizon_engine.dataset import load_timeline
 
     data = StreamedTimeline.open(split, description, 1, device)
-    rows = max(1, int(EVAL_SHARE * memory_budget(config.max_memory_gb)) // row_bytes(data))
+    rows = max(1, int(EVAL_SHARE * memory_budget(config.max_memory_gb, device)) // row_bytes(data))
     if config.data == "memory" or len(data) <= rows:
         whole = load_timeline(
             split,

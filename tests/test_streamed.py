@@ -421,6 +421,26 @@ def test_auto_streams_only_the_data_that_does_not_fit(split):
     assert (told.train, told.eval) == ("memory", "memory")
 
 
+def test_auto_budget_on_a_gpu_is_bounded_by_the_devices_memory_too(monkeypatch):
+    """A split held in memory is moved to the device whole: on a GPU with less memory than
+    the machine's share, "auto" is the device's share."""
+    from types import SimpleNamespace
+
+    from horizon_engine.streamed import MEMORY_SHARE, memory_budget
+
+    host = memory_budget("auto")
+    device_memory = host  # a device as large as the host's share: its own share is smaller
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda device: SimpleNamespace(total_memory=device_memory),
+    )
+
+    assert memory_budget("auto", torch.device("cpu")) == host
+    assert memory_budget("auto", torch.device("cuda", 0)) == device_memory // MEMORY_SHARE
+    assert memory_budget(2, torch.device("cuda", 0)) == 2 * 2**30
+
+
 class Masked(torch.nn.Module):
     """A stand-in preprocessor: the values where present."""
 
