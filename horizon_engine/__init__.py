@@ -185,6 +185,7 @@ from horizon_engine.schema import (
 )
 from horizon_engine.source_paths import expand_paths, path_problems
 from horizon_engine.stages import SectionRule, Stage
+from horizon_engine.streamed import memory_budget
 from horizon_engine.timeline import (
     TimelineConfig,
     TimelineEngine,
@@ -318,6 +319,7 @@ __all__ = [
     "load_config_sections",
     "majority_layout",
     "masked_scores",
+    "memory_budget",
     "model_card_from_metadata",
     "model_card_of_session",
     "number_problem",

@@ -11,12 +11,13 @@ reward reached within the window gets the ``--default`` metrics, or with ``--dro
 is left out; both are counted.
 
 Nothing is held as a Python object per row: the local engine keeps the join's keys, the rewards
-and the sums as Arrow arrays and streams the decision log twice, chunk by chunk (once for the
-keys, once to write). A chunk of JSON lines is read by Arrow's JSON reader, and line by line
-only where it holds a torn or bad line, to name it; a written line is the logged text with its
-metrics added. Memory grows with the decisions: about 50 bytes each for the keys, and one hash
-table of their ids and the rewards' (a join of 1M decisions and 500k rewards peaks at about
-560 MB).
+and the sums as Arrow arrays. A decision log that fits ``--max-memory-gb`` (``read_once``) is
+read once, its chunks kept from the pass that plans the join to the write; a larger one is
+streamed twice, chunk by chunk (once for the keys, once to write), holding only the keys. A
+chunk of JSON lines is read by Arrow's JSON reader, and line by line only where it holds a torn
+or bad line, to name it; a written line is the logged text with its metrics added. Streamed,
+memory grows with the decisions: about 50 bytes each for the keys, and one hash table of their
+ids and the rewards' (a join of 1M decisions and 500k rewards peaks at about 560 MB).
 ``--engine spark`` runs the same join on a SparkSession (``join_spark``) and writes the same
 rows, for logs larger than that.
 
@@ -36,19 +37,22 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from horizon_engine import FLOAT32_MAX, atomic_output, command, number_problem
+from horizon_engine import FLOAT32_MAX, atomic_output, command, memory_budget, number_problem
 from horizon_plugins_serving.join_readers import (
+    DecisionChunk,
     DecisionLogReader,
     Rewards,
     ignored_files,
     is_parquet,
+    log_memory,
     read_rewards,
 )
 from horizon_plugins_serving.join_report import SHOWN, BadRows, JoinReport, report_path
@@ -84,6 +88,23 @@ class WindowType(click.ParamType):
             return parse_window(str(value))
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
+
+
+class MemoryType(click.ParamType):
+    """``--max-memory-gb``: a size in GiB above 0, or ``auto``."""
+
+    name = "gib"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value == "auto" or isinstance(value, float):
+            return value
+        try:
+            size = float(value)
+        except ValueError:
+            size = math.nan
+        if not size > 0 or not math.isfinite(size):
+            self.fail(f'{value!r}: give a size in GiB above 0, or "auto"', param, ctx)
+        return size
 
 
 def parse_defaults(pairs: Sequence[str]) -> dict[str, float]:
@@ -291,6 +312,26 @@ def chunk_metrics(
     return pa.MapArray.from_arrays(pa.array(offsets), keys, values)
 
 
+KEPT_SHARE = 2
+"""A decision log is read once when its chunks take at most the memory budget over this: the
+rest holds the keys, the rewards, their hash table and the row group being written."""
+
+
+def read_once(decisions: Path, output: Path, budget: int) -> bool:
+    """Whether the pass that plans the join keeps the log's chunks for the write: when they fit
+    ``budget`` / ``KEPT_SHARE``, and the write takes the chunks as that pass read them (not a
+    JSONL log written as Parquet, whose write pass reads each line with JOINED's types)."""
+    if is_parquet(output) and not is_parquet(decisions):
+        return False
+    return log_memory(decisions) * KEPT_SHARE <= budget
+
+
+def _drained(kept: deque[DecisionChunk]) -> Iterator[DecisionChunk]:
+    """The kept chunks in order, each let go as it is taken."""
+    while kept:
+        yield kept.popleft()
+
+
 def join_local(
     decisions: Path,
     rewards_path: Path,
@@ -298,17 +339,22 @@ def join_local(
     window_seconds: float,
     defaults: dict[str, float] | None,
     skip_bad_rows: bool,
+    max_memory_gb: float | str = "auto",
 ) -> JoinReport:
-    """The local engine: Arrow tables for the keys and rewards, two passes over the log."""
+    """The local engine: Arrow tables for the keys and rewards; the log read once, or, when it
+    does not fit ``max_memory_gb`` (``read_once``), twice."""
     import pyarrow as pa
 
     report = JoinReport("local", window_seconds, defaults, ignored_files=ignored_files(decisions))
     bad = BadRows(skip_bad_rows, report)
     log = DecisionLogReader(decisions, bad)
-    keys = [
-        pa.table({"decision_id": chunk.decision_ids, "timestamp": chunk.timestamps})
-        for chunk in log.chunks(keys_only=True)
-    ]
+    once = read_once(decisions, output, memory_budget(max_memory_gb))
+    kept: deque[DecisionChunk] = deque()
+    keys = []
+    for chunk in log.chunks(keys_only=not once):
+        keys.append(pa.table({"decision_id": chunk.decision_ids, "timestamp": chunk.timestamps}))
+        if once:
+            kept.append(chunk)
     report.torn_lines, report.torn_line_numbers = log.torn, list(log.torn_lines)
     key_schema = pa.schema(
         [("decision_id", pa.string()), ("timestamp", pa.timestamp("us", tz="UTC"))]
@@ -319,9 +365,14 @@ def join_local(
     quiet = BadRows(True, JoinReport("local", window_seconds, defaults))
     with atomic_output(output) as temporary:
         writer = JoinedWriter(temporary, is_parquet(output))
+        chunks = (
+            _drained(kept)
+            if once
+            else DecisionLogReader(decisions, quiet).chunks(row_types=writer.row_types)
+        )
         try:
             start, planned = 0, len(plan.first)
-            for read in DecisionLogReader(decisions, quiet).chunks(row_types=writer.row_types):
+            for read in chunks:
                 # A live log grows between the passes (a torn last line completed, a new
                 # part): the rows past those the first pass planned are the next join's.
                 if start == planned:
@@ -375,6 +426,14 @@ def join_local(
 @click.option(
     "--skip-bad-rows", is_flag=True, help="Count and skip bad input rows instead of failing."
 )
+@click.option(
+    "--max-memory-gb",
+    type=MemoryType(),
+    default="auto",
+    show_default=True,
+    help="Memory the local engine may hold the decision log in, to read it once rather than "
+    "twice (auto: a quarter of the machine's).",
+)
 def join_command(
     decisions: Path,
     rewards: Path,
@@ -384,6 +443,7 @@ def join_command(
     drop_unrewarded: bool,
     engine: str,
     skip_bad_rows: bool,
+    max_memory_gb: float | str,
 ) -> None:
     """Attach the REWARDS that arrived within --window of each decision in DECISIONS (a decision
     log) by decision_id, and write every decision row with its summed metrics: the [source] of
@@ -399,7 +459,9 @@ def join_command(
 
         report = join_spark(decisions, rewards, output, window, defaults, skip_bad_rows)
     else:
-        report = join_local(decisions, rewards, output, window, defaults, skip_bad_rows)
+        report = join_local(
+            decisions, rewards, output, window, defaults, skip_bad_rows, max_memory_gb
+        )
     with atomic_output(report_path(output)) as temporary:
         temporary.write_text(json.dumps(asdict(report), indent=2) + "\n", encoding="utf-8")
     click.echo(report.summary(output))

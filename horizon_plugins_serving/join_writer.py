@@ -22,6 +22,11 @@ if TYPE_CHECKING:
     from horizon_plugins_serving.join_readers import DecisionChunk
 
 
+ROW_GROUP_ROWS = 131_072
+"""Rows of a Parquet row group of JOINED: at most this many are held before they are written
+(about 30 MB of a decision log with a few features)."""
+
+
 class JoinedWriter:
     """Writes joined rows: JSONL lines, or Parquet part files in a directory."""
 
@@ -31,6 +36,8 @@ class JoinedWriter:
         self._handle: Any = None
         self._shaper: Any = None
         self._schema: Any = None
+        self._pending: list[pa.Table] = []
+        self._pending_rows = 0
         self.written = 0
         if self.parquet:
             path.mkdir()
@@ -120,16 +127,30 @@ class JoinedWriter:
         return table
 
     def _write_table(self, table: pa.Table | None) -> None:
+        """Gathers the chunks' rows into row groups of ``ROW_GROUP_ROWS``: a decision log's
+        parts are often small (``horizon serve`` writes one per 10,000 rows), and a row group
+        per chunk costs the write and every reader of JOINED."""
         import pyarrow.parquet as pq
 
         if table is None or table.num_rows == 0:
             return
         if self._writer is None:
             self._writer = pq.ParquetWriter(self.path / "part-00000.parquet", table.schema)
-        self._writer.write_table(table.cast(self._writer.schema))
+        self._pending.append(table.cast(self._writer.schema))
+        self._pending_rows += table.num_rows
+        if self._pending_rows >= ROW_GROUP_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        import pyarrow as pa
+
+        if self._pending:
+            self._writer.write_table(pa.concat_tables(self._pending), ROW_GROUP_ROWS)
+        self._pending, self._pending_rows = [], 0
 
     def close(self) -> None:
         if self._writer is not None:
+            self._flush()
             self._writer.close()
         if self._handle is not None:
             self._handle.close()
