@@ -129,17 +129,15 @@ def text_blocks(path: Path, size: int = TEXT_BLOCK_BYTES) -> Iterator[tuple[byte
     with open(path, "rb") as handle:
         while read := handle.read(size):
             block = rest + read
-            if number == 1 and not rest:
-                block = strip_bom(block)
             end = block.rfind(b"\n") + 1
             if end == 0:
                 rest = block
                 continue
             block, rest = block[:end], block[end:]
-            yield block, number
+            yield strip_bom(block) if number == 1 else block, number
             number += block.count(b"\n")
     if rest:
-        yield rest, number
+        yield strip_bom(rest) if number == 1 else rest, number
 
 
 def block_lines(block: bytes, first: int) -> tuple[list[bytes], list[int]]:

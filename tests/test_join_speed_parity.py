@@ -19,18 +19,29 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
 
 from horizon_engine.cli import main
 from horizon_plugins_serving import join_shape
-from horizon_plugins_serving.join_readers import DecisionLogReader
+from horizon_plugins_serving.join_readers import (
+    DecisionLogReader,
+    block_lines,
+    line_blocks,
+    text_blocks,
+)
 from horizon_plugins_serving.join_report import report_path
 
 NOON = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 WINDOW_HOURS = 48
 
 
-def run_join(log: Path, rewards: Path, output: Path) -> tuple[int, str]:
-    arguments = [log, rewards, "-o", output, "--window", f"{WINDOW_HOURS}h"]
+READ_TWICE = ["--max-memory-gb", "1e-9"]
+"""A memory budget no log fits: the join streams the log twice, holding only the keys."""
+
+
+def run_join(log: Path, rewards: Path, output: Path, *options: str) -> tuple[int, str]:
+    arguments = [log, rewards, "-o", output, "--window", f"{WINDOW_HOURS}h", *options]
     arguments += ["--default", "click=0", "--default", "buy=0", "--skip-bad-rows"]
     result = CliRunner().invoke(main, ["join", *map(str, arguments)])
     return result.exit_code, result.output
@@ -284,12 +295,13 @@ def appended_after_planning(monkeypatch, append: Any) -> None:
     monkeypatch.setattr(join, "plan_join", planned_then_appended)
 
 
+@pytest.mark.parametrize("options", [[], READ_TWICE], ids=["read_once", "read_twice"])
 def test_a_jsonl_log_growing_under_the_join_is_joined_as_the_first_pass_read_it(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, options
 ):
     """The log's last line half-written when the first pass read it (counted torn), and
     whole, with a row after it, when the second pass writes: the second pass writes the rows
-    the first pass planned, not a traceback."""
+    the first pass planned, not a traceback (read once, the rows that pass kept)."""
     rows = [LOGGED | {"decision_id": f"d{number}"} for number in range(3)]
     torn = json.dumps(LOGGED | {"decision_id": "d3"})
     log = tmp_path / "decisions.jsonl"
@@ -304,7 +316,7 @@ def test_a_jsonl_log_growing_under_the_join_is_joined_as_the_first_pass_read_it(
 
     appended_after_planning(monkeypatch, append)
     output = tmp_path / "joined.jsonl"
-    code, printed = run_join(log, rewards, output)
+    code, printed = run_join(log, rewards, output, *options)
     assert code == 0, printed
     written = [json.loads(line) for line in output.read_text(encoding="utf-8").splitlines()]
     assert [row["decision_id"] for row in written] == ["d0", "d1", "d2"]
@@ -312,7 +324,10 @@ def test_a_jsonl_log_growing_under_the_join_is_joined_as_the_first_pass_read_it(
     assert (report["torn_lines"], report["written"]) == (1, 3)
 
 
-def test_a_parquet_part_written_under_the_join_is_left_for_the_next_join(tmp_path, monkeypatch):
+@pytest.mark.parametrize("options", [[], READ_TWICE], ids=["read_once", "read_twice"])
+def test_a_parquet_part_written_under_the_join_is_left_for_the_next_join(
+    tmp_path, monkeypatch, options
+):
     import pyarrow as pa
 
     log = tmp_path / "decisions.parquet"
@@ -328,7 +343,7 @@ def test_a_parquet_part_written_under_the_join_is_left_for_the_next_join(tmp_pat
     rewards.write_text(json.dumps(reward) + "\n", encoding="utf-8")
     appended_after_planning(monkeypatch, lambda: part(1, ["d2", "d3"]))
     output = tmp_path / "joined.parquet"
-    code, printed = run_join(log, rewards, output)
+    code, printed = run_join(log, rewards, output, *options)
     assert code == 0, printed
     assert pq.read_table(output).column("decision_id").to_pylist() == ["d0", "d1"]
 
@@ -348,3 +363,133 @@ def test_a_parquet_part_of_bad_rows_only_leaves_the_parts_after_it_written(tmp_p
     code, printed = run_join(log, rewards, output)
     assert code == 0, printed
     assert pq.read_table(output).column("decision_id").to_pylist() == ["d0", "d1", "d2"]
+
+
+def parquet_log(folder: Path) -> Path:
+    """The generated decisions (repeated ids, an empty one) as three Parquet parts."""
+    import pyarrow as pa
+
+    rng = random.Random(7)
+    rows = [decision(number, rng) for number in range(200)]
+    rows[50]["decision_id"] = ""
+    log = folder / "decisions.parquet"
+    log.mkdir()
+    for sequence, start in enumerate(range(0, 200, 70)):
+        table = pa.Table.from_pylist(rows[start : start + 70])
+        pq.write_table(table, log / f"part-{sequence:08d}-x.parquet")
+    return log
+
+
+def passes_over_the_log(monkeypatch) -> list[int]:
+    """Counts each pass the join makes over a decision log (each ``chunks`` started)."""
+    passes: list[int] = []
+    chunks = DecisionLogReader.chunks
+
+    def counted(self: DecisionLogReader, *arguments: Any, **options: Any) -> Any:
+        passes.append(1)
+        return chunks(self, *arguments, **options)
+
+    monkeypatch.setattr(DecisionLogReader, "chunks", counted)
+    return passes
+
+
+@pytest.mark.parametrize(
+    ("log_form", "output_name"),
+    [("jsonl", "joined.jsonl"), ("parquet", "joined.parquet"), ("parquet", "joined.jsonl")],
+)
+def test_a_log_read_once_is_joined_as_a_log_read_twice(
+    tmp_path, monkeypatch, log_form, output_name
+):
+    """A log that fits the memory budget is read once, its chunks kept for the write; one that
+    does not is read twice: the same rows in the same order, the same quarantine and counts."""
+    _, rewards = generated_files(tmp_path)
+    log = tmp_path / "decisions.jsonl" if log_form == "jsonl" else parquet_log(tmp_path)
+    passes = passes_over_the_log(monkeypatch)
+    written: dict[str, Any] = {}
+    reports: dict[str, Any] = {}
+    for name, options, count in [("once", [], 1), ("twice", READ_TWICE, 2)]:
+        output = tmp_path / name / output_name
+        output.parent.mkdir()
+        passes.clear()
+        code, printed = run_join(log, rewards, output, *options)
+        assert code == 0, printed
+        assert len(passes) == count
+        text = printed.replace(str(output), "JOINED")
+        reports[name] = (json.loads(report_path(output).read_text()), text)
+        written[name] = pq.read_table(output) if output.is_dir() else output.read_bytes()
+    assert reports["once"] == reports["twice"]
+    bad_rows = 3 if log_form == "jsonl" else 1  # the torn line is counted apart
+    assert reports["once"][0]["bad_decision_rows"] == bad_rows
+    assert reports["once"][0]["written"] == 180 - bad_rows
+    if output_name.endswith(".parquet"):
+        assert written["once"].equals(written["twice"])
+    else:
+        assert written["once"] == written["twice"]
+
+
+def test_a_jsonl_log_written_as_parquet_is_read_twice(tmp_path, monkeypatch):
+    """The write pass reads each line with JOINED's types, which only the first row written
+    gives: the first pass's chunks are not kept (``read_once``)."""
+    log, rewards = generated_files(tmp_path)
+    passes = passes_over_the_log(monkeypatch)
+    code, printed = run_join(log, rewards, tmp_path / "joined.parquet")
+    assert code == 0, printed
+    assert len(passes) == 2
+
+
+def test_parquet_parts_are_written_as_one_row_group(tmp_path):
+    """Three parts of 70 rows, joined: one row group of JOINED, not one per part read."""
+    _, rewards = generated_files(tmp_path)
+    output = tmp_path / "joined.parquet"
+    code, printed = run_join(parquet_log(tmp_path), rewards, output)
+    assert code == 0, printed
+    joined = pq.ParquetFile(output / "part-00000.parquet")
+    assert (joined.metadata.num_row_groups, joined.metadata.num_rows) == (1, 179)
+
+
+@pytest.mark.parametrize("size", ["0", "-1", "nan", "inf", "lots"])
+def test_a_memory_budget_that_is_not_a_size_is_a_usage_error(tmp_path, size):
+    log, rewards = generated_files(tmp_path)
+    code, printed = run_join(log, rewards, tmp_path / "joined.jsonl", "--max-memory-gb", size)
+    assert code == 2
+    assert "--max-memory-gb" in printed and "size in GiB" in printed
+    assert not (tmp_path / "joined.jsonl").exists()
+
+
+def test_a_bad_reward_row_after_a_blank_line_and_a_mark_is_named_by_its_line(tmp_path):
+    """Rewards read by Arrow a block at a time: a block with a blank line is read line by line,
+    and a bad row in a block Arrow read whole is still named by its line number."""
+    log = tmp_path / "decisions.jsonl"
+    log.write_text(json.dumps(LOGGED | {"decision_id": "d2"}) + "\n", encoding="utf-8")
+    good = json.dumps({"decision_id": "d2", "timestamp": NOON.isoformat(), "metrics": {"a": 1}})
+    late = json.dumps({"decision_id": "d2", "timestamp": "2026-12-01T12:00", "metrics": {}})
+    for name, text in [("blank", f"\ufeff{good}\n\n{good}\n{late}\n"), ("whole", f"{good}\n" * 3)]:
+        rewards = tmp_path / f"{name}.jsonl"
+        rewards.write_text(text if name == "blank" else text + late + "\n", encoding="utf-8")
+        output = tmp_path / f"{name}.out.jsonl"
+        arguments = ["join", str(log), str(rewards), "-o", str(output), "--window", "48h"]
+        result = CliRunner().invoke(main, arguments)
+        assert result.exit_code == 1, result.output
+        assert f"{rewards}:4" in result.output
+
+
+@pytest.mark.fuzz
+@given(
+    pieces=st.lists(
+        st.sampled_from([b'{"a": 1}', b"\n", b"\r\n", b" ", "\ufeff".encode(), b"x"]),
+        max_size=30,
+    ),
+    size=st.integers(1, 12),
+)
+def test_text_blocks_split_into_the_lines_line_blocks_reads(tmp_path_factory, pieces, size):
+    """Whole-line blocks of any size, split where a block needs it, are the lines (and line
+    numbers) that reading the file line by line gives: a byte order mark, blank and
+    whitespace lines, carriage returns, a last line without its newline."""
+    path = tmp_path_factory.mktemp("blocks") / "rewards.jsonl"
+    path.write_bytes(b"".join(pieces))
+    split = [block_lines(block, first) for block, first in text_blocks(path, size)]
+    lines = [line for block, _ in split for line in block]
+    numbers = [number for _, block in split for number in block]
+    expected = list(line_blocks(path, 1_000))
+    assert lines == [line for block, _ in expected for line in block]
+    assert numbers == [number for _, block in expected for number in block]
