@@ -317,12 +317,9 @@ KEPT_SHARE = 2
 rest holds the keys, the rewards, their hash table and the row group being written."""
 
 
-def read_once(decisions: Path, output: Path, budget: int) -> bool:
+def read_once(decisions: Path, budget: int) -> bool:
     """Whether the pass that plans the join keeps the log's chunks for the write: when they fit
-    ``budget`` / ``KEPT_SHARE``, and the write takes the chunks as that pass read them (not a
-    JSONL log written as Parquet, whose write pass reads each line with JOINED's types)."""
-    if is_parquet(output) and not is_parquet(decisions):
-        return False
+    ``budget`` / ``KEPT_SHARE``."""
     return log_memory(decisions) * KEPT_SHARE <= budget
 
 
@@ -348,7 +345,7 @@ def join_local(
     report = JoinReport("local", window_seconds, defaults, ignored_files=ignored_files(decisions))
     bad = BadRows(skip_bad_rows, report)
     log = DecisionLogReader(decisions, bad)
-    once = read_once(decisions, output, memory_budget(max_memory_gb))
+    once = read_once(decisions, memory_budget(max_memory_gb))
     kept: deque[DecisionChunk] = deque()
     keys = []
     for chunk in log.chunks(keys_only=not once):
@@ -366,7 +363,7 @@ def join_local(
     with atomic_output(output) as temporary:
         writer = JoinedWriter(temporary, is_parquet(output))
         chunks = (
-            _drained(kept)
+            (chunk.typed(writer.row_types()) for chunk in _drained(kept))
             if once
             else DecisionLogReader(decisions, quiet).chunks(row_types=writer.row_types)
         )

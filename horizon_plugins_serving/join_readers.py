@@ -9,7 +9,7 @@ torn or bad line, to name it (``join_rows`` words what is wrong). ``parquet_file
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -166,6 +166,14 @@ class DecisionChunk:
     """Parquet: the rows as read."""
     rows: pa.Table | None = None
     """JSONL, where the caller gave ``row_types`` and Arrow read the chunk whole: every field."""
+
+    def typed(self, types: pa.Schema | None) -> DecisionChunk:
+        """A JSONL chunk kept from the first pass with ``rows`` read from its lines with
+        ``types`` (JOINED's, once the writer knows them), as the second pass would read them;
+        the chunk as it is where Arrow cannot read the lines whole, or nothing asks."""
+        if types is None or self.lines is None or self.rows is not None:
+            return self
+        return replace(self, rows=read_json_block(self.lines, b'"metrics"', types=types))
 
     def head(self, count: int) -> DecisionChunk:
         """The chunk's first ``count`` rows."""

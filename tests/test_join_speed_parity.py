@@ -185,15 +185,17 @@ def join_shaped_row_by_row(log: Path, rewards: Path, output: Path, monkeypatch) 
     assert code == 0, printed
 
 
+@pytest.mark.parametrize("options", [[], READ_TWICE], ids=["read_once", "read_twice"])
 @pytest.mark.parametrize("chunk_rows", [50_000, 40], ids=["one_chunk", "chunks_of_40"])
 @pytest.mark.parametrize("shuffled", [False, True], ids=["keys_in_order", "keys_shuffled"])
 def test_parquet_shaped_by_arrow_is_what_row_by_row_shaping_wrote(
-    tmp_path, monkeypatch, shuffled, chunk_rows
+    tmp_path, monkeypatch, shuffled, chunk_rows, options
 ):
     """With the keys of every feature map in one order Arrow shapes each chunk; with some
     rows' keys in another order the chunk is shaped row by row (a map keeps its row's
     order); both write exactly the table that shaping every row wrote. Past the first chunk
-    the second pass reads whole rows with JOINED's types, which the shaping then takes."""
+    the second pass reads whole rows with JOINED's types, which the shaping then takes (read
+    once, the kept chunks' good lines are read with them)."""
     monkeypatch.setattr(DecisionLogReader.__init__, "__defaults__", (chunk_rows,))
     log, rewards = generated_files(tmp_path, shuffled)
     shaped_by_arrow = []
@@ -205,11 +207,12 @@ def test_parquet_shaped_by_arrow_is_what_row_by_row_shaping_wrote(
         return table
 
     monkeypatch.setattr(join_shape, "shape_lines", counted)
-    code, printed = run_join(log, rewards, tmp_path / "arrow.parquet")
+    code, printed = run_join(log, rewards, tmp_path / "arrow.parquet", *options)
     assert code == 0, printed
-    # The second pass reads whole rows once the first chunk has given JOINED's schema, in
-    # chunks Arrow reads whole (not the one holding the bad rows 50, 60 and 70).
-    read_whole = [False] if chunk_rows > 200 else [False, False, True, True, True]
+    # The write reads whole rows once the first chunk has given JOINED's schema, in chunks
+    # Arrow reads whole: read twice, not the one holding the bad rows 50, 60 and 70; read
+    # once, that chunk's good lines, which the first pass kept.
+    read_whole = [False] if chunk_rows > 200 else [False, not options, True, True, True]
     assert shaped_by_arrow == [(not shuffled, whole) for whole in read_whole]
     join_shaped_row_by_row(log, rewards, tmp_path / "rows.parquet", monkeypatch)
     ours, before = (pq.read_table(tmp_path / name) for name in ("arrow.parquet", "rows.parquet"))
@@ -395,7 +398,12 @@ def passes_over_the_log(monkeypatch) -> list[int]:
 
 @pytest.mark.parametrize(
     ("log_form", "output_name"),
-    [("jsonl", "joined.jsonl"), ("parquet", "joined.parquet"), ("parquet", "joined.jsonl")],
+    [
+        ("jsonl", "joined.jsonl"),
+        ("jsonl", "joined.parquet"),
+        ("parquet", "joined.parquet"),
+        ("parquet", "joined.jsonl"),
+    ],
 )
 def test_a_log_read_once_is_joined_as_a_log_read_twice(
     tmp_path, monkeypatch, log_form, output_name
@@ -425,16 +433,6 @@ def test_a_log_read_once_is_joined_as_a_log_read_twice(
         assert written["once"].equals(written["twice"])
     else:
         assert written["once"] == written["twice"]
-
-
-def test_a_jsonl_log_written_as_parquet_is_read_twice(tmp_path, monkeypatch):
-    """The write pass reads each line with JOINED's types, which only the first row written
-    gives: the first pass's chunks are not kept (``read_once``)."""
-    log, rewards = generated_files(tmp_path)
-    passes = passes_over_the_log(monkeypatch)
-    code, printed = run_join(log, rewards, tmp_path / "joined.parquet")
-    assert code == 0, printed
-    assert len(passes) == 2
 
 
 def test_parquet_parts_are_written_as_one_row_group(tmp_path):
