@@ -491,3 +491,47 @@ def test_text_blocks_split_into_the_lines_line_blocks_reads(tmp_path_factory, pi
     expected = list(line_blocks(path, 1_000))
     assert lines == [line for block, _ in expected for line in block]
     assert numbers == [number for _, block in expected for number in block]
+
+
+def test_rewards_parsed_by_arrow_in_small_blocks_join_as_in_one(tmp_path, monkeypatch):
+    """Arrow's JSON reader parses its blocks apart: a metric first seen in a later block, and
+    one an integer in the first block and a float in a later one, are summed as one block
+    read them; and the blocks were read whole, not line by line."""
+    from horizon_plugins_serving import join_readers
+
+    rows = [LOGGED | {"decision_id": f"d{number}"} for number in range(40)]
+    log = tmp_path / "decisions.jsonl"
+    log.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    rewards = tmp_path / "rewards.jsonl"
+    metrics = [{"click": 1}] * 30 + [{"click": 2.5, "buy": 3}] * 30
+    rewards.write_text(
+        "".join(
+            json.dumps({"decision_id": f"d{n % 40}", "timestamp": NOON.isoformat(), "metrics": m})
+            + "\n"
+            for n, m in enumerate(metrics)
+        ),
+        encoding="utf-8",
+    )
+    read = join_readers.read_json_text
+    whole: list[bool] = []
+
+    def counted(*arguments: Any, **options: Any) -> Any:
+        table = read(*arguments, **options)
+        whole.append(table is not None)
+        return table
+
+    monkeypatch.setattr(join_readers, "read_json_text", counted)
+    joined = {}
+    for block_bytes in [2**20, 300]:
+        monkeypatch.setattr(join_readers, "ARROW_BLOCK_BYTES", block_bytes)
+        output = tmp_path / f"joined-{block_bytes}.jsonl"
+        code, printed = run_join(log, rewards, output)
+        assert code == 0, printed
+        joined[block_bytes] = output.read_text(encoding="utf-8")
+    assert all(whole)
+    assert joined[300] == joined[2**20]
+    sums = {
+        row["decision_id"]: row["metrics"] for row in map(json.loads, joined[300].split("\n")[:-1])
+    }
+    assert sums["d0"] == {"click": 3.5, "buy": 3.0}
+    assert sums["d29"] == {"click": 1.0}
