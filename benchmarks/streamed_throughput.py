@@ -12,10 +12,12 @@ split two ways, in interleaved blocks so that a shared machine's load falls on b
   computed for the whole split), the default for data that fits;
 - ``streamed``: ``StreamedTimeline`` with the shuffle buffer ``[trainer] max_memory_gb``
   allows (``streamed.choose_data``), every epoch reading and converting the Parquet row groups
-  again and preprocessing each batch.
+  again and preprocessing each slice, on a background thread ``READ_AHEAD`` slices ahead;
+- ``streamed_in_line``: the same, read and converted on the training thread (``read_ahead = 0``),
+  what reading ahead is measured against.
 
 It prints the medians and ranges of the updates per second, the median of the blocks' ratios
-(streamed / in memory: 1 is as fast) and a ``RESULT`` line (baseline: in memory).
+(each streamed side / in memory: 1 is as fast) and a ``RESULT`` line (baseline: in memory).
 """
 
 from __future__ import annotations
@@ -87,24 +89,37 @@ def main() -> None:
         choice = choose_data(driver.config, *splits)
         streamed = driver.prepare(replace(splits[0], buffer_rows=choice.buffer_rows))
         memory = driver.prepare(load_split(run, description, "train", driver.device))
-        sides = {"memory": epoch_of(driver, memory), "streamed": epoch_of(driver, streamed)}
+        in_line = replace(streamed, read_ahead=0)
+        sides = {
+            "memory": epoch_of(driver, memory),
+            "streamed": epoch_of(driver, streamed),
+            "streamed_in_line": epoch_of(driver, in_line),
+        }
         with driver.torch_threads():
             for side in sides.values():
                 side()
             rates: dict[str, list[float]] = {name: [] for name in sides}
             for block in range(options.blocks):
-                for name in list(sides)[block % 2 :] + list(sides)[: block % 2]:
+                turn = block % len(sides)
+                for name in list(sides)[turn:] + list(sides)[:turn]:
                     updates, seconds = sides[name]()
                     rates[name].append(updates / seconds)
-    ratios = [s / m for s, m in zip(rates["streamed"], rates["memory"], strict=True)]
     print(f"{len(memory):,} rows, {choice.reason}")
     for name, found in rates.items():
         print(
             f"  {statistics.median(found):9,.1f} updates/s [{min(found):,.1f} - "
             f"{max(found):,.1f}]  {name}"
         )
-    ratio = statistics.median(ratios)
-    print(f"  ratio streamed / memory {ratio:.2f} [{min(ratios):.2f} - {max(ratios):.2f}]")
+    ratios = {
+        name: [s / m for s, m in zip(rates[name], rates["memory"], strict=True)]
+        for name in ("streamed", "streamed_in_line")
+    }
+    for name, found in ratios.items():
+        print(
+            f"  ratio {name} / memory {statistics.median(found):.2f} "
+            f"[{min(found):.2f} - {max(found):.2f}]"
+        )
+    ratio = statistics.median(ratios["streamed"])
     print(
         f"RESULT name=streamed_b{driver.config.minibatch_size} "
         f"ours={statistics.median(rates['streamed']):.1f} "

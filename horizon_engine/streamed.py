@@ -10,8 +10,13 @@ permuted (the same generator) and minibatches leave it until half remains, to be
 next row groups. An epoch holds every row of the split once, and a run is reproducible and
 resumable from the generator's state alone, which every checkpoint already holds.
 
-The state preprocessor's output (the batch schema's ``*_preprocessed``) is computed for each
-slice read (on a GPU, for each batch there), where the in-memory split computes it once;
+Reading and converting the slices, and on the CPU preprocessing them, runs on a background
+thread up to ``READ_AHEAD`` slices ahead of training (``_read_ahead``): Arrow's decoding and the
+conversion mostly release the GIL, so they overlap the updates on another core, and the batches
+are the same, in the same order, as read in line, since the generator is drawn from on the
+training thread alone. The state preprocessor's output (the batch schema's ``*_preprocessed``) is
+computed for each slice read (on a GPU, for each batch there), where the in-memory split computes
+it once;
 batches move to the device one at a time (through pinned memory, without blocking, on a GPU).
 ``shard`` gives row group ``i`` to process ``i % world`` with the same number of minibatches on
 every process, decided from the Parquet metadata alone. The eval split is read in whole episodes
@@ -22,12 +27,13 @@ torch and pyarrow are imported where they are used.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from horizon_engine.errors import HorizonError
 from horizon_engine.schema import ActionType
@@ -39,6 +45,8 @@ if TYPE_CHECKING:
     from horizon_engine.dataset import Minibatch, TimelineTensors
     from horizon_engine.driver import Batch, ProblemDescription
     from horizon_engine.training import TrainerBase, TrainerConfig
+
+T = TypeVar("T")
 
 READ_ROWS = 16_384
 """Most rows read from Parquet and converted at once: a row group (the local engine writes
@@ -65,10 +73,17 @@ EVAL_SHARE = 0.5
 """The share of the memory budget the eval split may take in memory while the train split is
 streamed (what is left holds the shuffle buffer): above it the eval split is streamed too."""
 
+READ_AHEAD = 2
+"""Slices converted and waiting for the training thread at most (``_read_ahead``), besides the
+one the background thread is converting: enough to cover a slow slice, few enough that what
+waits is half a shuffle buffer (``READ_AHEAD / READ_SHARE``)."""
+
 BUFFER_COPIES = 6
 """Bytes of the budget per byte of a buffered row: the shuffle buffer holds up to three copies
-of a row at its fullest (the rows read, their permutation, the slices read in), and as much
-again is left for reading (Arrow's buffers of a row group's slice) and the update's tensors."""
+of a row at its fullest (the rows read, their permutation, the slices read in); read ahead
+while it drains, the slice being converted takes about one more (``READ_SHARE`` times a slice
+of a ``READ_SHARE``-th of the buffer) and the slices waiting half of one (``READ_AHEAD``); the
+rest is left for the update's tensors."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +118,8 @@ class StreamedTimeline:
     device: torch.device
     all_groups: tuple[RowGroup, ...] = ()
     preprocessor: torch.nn.Module | None = None
+    read_ahead: int = READ_AHEAD
+    """Slices an epoch reads ahead on a background thread; 0 reads them on the training thread."""
 
     @classmethod
     def open(
@@ -176,16 +193,37 @@ class StreamedTimeline:
         import torch
 
         buffer = _ShuffleBuffer(generator, self.batch_sizes(batch_size)[::-1])
-        for position in torch.randperm(len(self.groups), generator=generator).tolist():
-            for part in self._read(self.groups[position]):
-                if self.preprocessor is not None and self.device.type == "cpu":
-                    part = part.with_preprocessed(self.preprocessor)
-                buffer.add(part.tensors())
+        order = torch.randperm(len(self.groups), generator=generator).tolist()
+        groups = [self.groups[position] for position in order]
+        parts = _read_ahead(lambda: self._prepared_parts(groups), self.read_ahead)
+        try:
+            for part in parts:
+                buffer.add(part)
                 if buffer.rows >= self.buffer_rows:
                     for batch in buffer.drain(keep=self.buffer_rows // 2):
                         yield self._on_device(batch)
+        finally:
+            parts.close()
         for batch in buffer.drain(keep=0):
             yield self._on_device(batch)
+
+    def _prepared_parts(
+        self, groups: Sequence[RowGroup]
+    ) -> Generator[dict[str, torch.Tensor], None, None]:
+        """``groups``' slices as the shuffle buffer takes them (preprocessed on the CPU). A
+        failure names the file and row group: it reaches the training thread from another."""
+        for group in groups:
+            try:
+                for part in self._read(group):
+                    if self.preprocessor is not None and self.device.type == "cpu":
+                        part = part.with_preprocessed(self.preprocessor)
+                    yield part.tensors()
+            except HorizonError:
+                raise
+            except Exception as exc:
+                raise HorizonError(
+                    f"{group.path}: row group {group.index}: cannot read the timeline split: {exc}"
+                ) from exc
 
     def episodes(self, max_rows: int) -> Iterator[TimelineTensors]:
         """The split in file order, in chunks of whole episodes of about ``max_rows`` rows (an
@@ -409,19 +447,10 @@ def episodes_within(
     """A split for the estimators, which need it in memory: the whole of it when it fits
     ``EVAL_SHARE`` of ``[trainer] max_memory_gb`` (or ``data = "memory"``), else its first
     whole episodes that do, with a warning that says so."""
-    from horizon_engine.dataset import load_timeline
-
     data = StreamedTimeline.open(split, description, 1, device)
     rows = max(1, int(EVAL_SHARE * memory_budget(config.max_memory_gb, device)) // row_bytes(data))
     if config.data == "memory" or len(data) <= rows:
-        whole = load_timeline(
-            split,
-            description.action_type,
-            description.feature_ids,
-            description.action_feature_ids,
-            description.actions,
-        )
-        return whole.to(device), []
+        return read_in_memory(split, description).to(device), []
     sample = next(data.episodes(rows))
     return sample.to(device), [sampled_warning(split, len(sample), len(data))]
 
@@ -508,6 +537,60 @@ def _row_group_batches(group: RowGroup, rows: int) -> Iterator[pa.RecordBatch]:
         raise HorizonError(f"{group.path}: cannot read the timeline split: {exc}") from None
 
 
+class _Finished:
+    """What the reading thread sends last: the end of its items, or the error that stopped it."""
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        self.error = error
+
+
+def _read_ahead(
+    produce: Callable[[], Generator[T, None, None]], ahead: int
+) -> Generator[T, None, None]:
+    """``produce()``'s items, made on a background thread at most ``ahead`` items before they
+    are taken (in line, on this thread, for ``ahead = 0``). Its error is raised here; closing
+    this iterator (an epoch abandoned or failed) stops the thread after the item it is making
+    and waits for it, so nothing reads on after the epoch."""
+    import queue
+    import threading
+
+    if ahead <= 0:
+        yield from produce()
+        return
+    waiting: queue.Queue[T | _Finished] = queue.Queue(maxsize=ahead)
+    stopped = threading.Event()
+
+    def make() -> None:
+        finished = _Finished()
+        try:
+            items = produce()
+            try:
+                for item in items:
+                    waiting.put(item)
+                    if stopped.is_set():
+                        return
+            finally:
+                items.close()
+        except BaseException as exc:
+            finished = _Finished(exc)
+        if not stopped.is_set():
+            waiting.put(finished)
+
+    thread = threading.Thread(target=make, name="horizon-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while not isinstance(item := waiting.get(), _Finished):
+            yield item
+        if item.error is not None:
+            raise item.error
+    finally:
+        stopped.set()
+        while thread.is_alive():
+            with contextlib.suppress(queue.Empty):
+                waiting.get(timeout=0.05)
+        thread.join()
+
+
 def _concatenated(parts: Sequence[TimelineTensors]) -> TimelineTensors:
     import torch
 
@@ -528,3 +611,42 @@ def _arange(start: int, stop: int) -> torch.Tensor:
     import torch
 
     return torch.arange(start, stop)
+
+
+def read_in_memory(folder: Path, description: ProblemDescription) -> TimelineTensors:
+    """A whole split in memory (on the CPU), read ``READ_ROWS`` rows at a time into tensors
+    allocated once: its peak is the tensors and one slice's Arrow rows. Reading the whole table
+    first, as ``dataset.load_timeline`` does, peaked at about ten times the tensors on rows of
+    100 features (their feature maps, keys and all, before the dense conversion: 2.4 GB for a
+    train epoch of 10^5 rows, ``benchmarks/scaling.py``), which "auto" did not count."""
+    import torch
+
+    from horizon_engine.dataset import TimelineTensors, load_timeline
+
+    data = StreamedTimeline.open(folder, description, READ_ROWS * READ_SHARE, torch.device("cpu"))
+    if not len(data):
+        return load_timeline(
+            folder,
+            description.action_type,
+            description.feature_ids,
+            description.action_feature_ids,
+            description.actions,
+        )
+    whole: dict[str, torch.Tensor] = {}
+    start = 0
+    for group in data.groups:
+        for part in data._read(group):
+            tensors = part.tensors()
+            if not whole:
+                whole = {
+                    name: torch.empty((len(data), *tensor.shape[1:]), dtype=tensor.dtype)
+                    for name, tensor in tensors.items()
+                }
+            for name, tensor in tensors.items():
+                whole[name][start : start + len(part)] = tensor
+            start += len(part)
+    return TimelineTensors(
+        **whole,
+        feature_ids=list(description.feature_ids),
+        action_feature_ids=list(description.action_feature_ids),
+    )

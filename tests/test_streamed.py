@@ -7,12 +7,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 import torch
 
+from horizon_engine import dataset
 from horizon_engine.dataset import load_timeline
 from horizon_engine.driver import ProblemDescription
 from horizon_engine.errors import HorizonError
@@ -188,6 +191,69 @@ def test_first_rows_are_the_in_memory_splits_first_rows(split):
 
     for name, tensor in first.tensors().items():
         assert torch.equal(tensor, memory.tensors()[name][:50]), name
+
+
+def test_reading_ahead_gives_the_batches_read_in_line(split):
+    """A background thread reads and converts the slices; the generator is drawn from on the
+    training thread alone, so the batches and their order are those of reading in line."""
+    folder, description = split
+    data = streamed(folder, description)
+    assert data.read_ahead > 0
+
+    ahead, in_line = epoch(data, 32, 0), epoch(replace(data, read_ahead=0), 32, 0)
+
+    assert len(ahead) == len(in_line)
+    for found, expected in zip(ahead, in_line, strict=True):
+        assert set(found) == set(expected)
+        for name, tensor in expected.items():
+            assert torch.equal(found[name], tensor), name
+
+
+def read_ahead_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == "horizon-read-ahead"]
+
+
+def test_a_slice_that_fails_to_convert_is_named_on_the_training_thread(split, monkeypatch):
+    """The conversion fails on the reading thread; training gets an error naming the file and
+    row group (not the thread's bare exception), and the thread is gone."""
+    folder, description = split
+    converted = dataset.timeline_tensors
+    calls: list[int] = []
+
+    def fail_on_the_third_slice(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise ValueError("a list column holds a null")
+        return converted(*args, **kwargs)
+
+    monkeypatch.setattr(dataset, "timeline_tensors", fail_on_the_third_slice)
+    pattern = r"part-0000[01]\.parquet: row group \d+: cannot read the timeline split: a list"
+    with pytest.raises(HorizonError, match=pattern):
+        epoch(streamed(folder, description), 32, 0)
+    assert not read_ahead_threads()
+
+
+def test_an_abandoned_epoch_stops_reading(split, monkeypatch):
+    """Closing an epoch's batches after the first stops the thread, the epoch's slices unread."""
+    folder, description = split
+    converted = dataset.timeline_tensors
+    calls: list[int] = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return converted(*args, **kwargs)
+
+    monkeypatch.setattr(dataset, "timeline_tensors", counted)
+    data = streamed(folder, description)
+    batches = data.minibatches(32, torch.Generator().manual_seed(0))
+    next(batches)
+
+    batches.close()
+
+    assert not read_ahead_threads()
+    read = len(calls)
+    epoch(replace(data, read_ahead=0), 32, 0)
+    assert read < len(calls) - read
 
 
 def test_an_unreadable_part_file_is_named(tmp_path):
@@ -470,3 +536,19 @@ def test_a_memory_budget_that_is_no_finite_size_is_refused_with_the_option_named
 
     with pytest.raises(ValidationError, match="max_memory_gb"):
         TrainerConfig(max_memory_gb=size)
+
+
+def test_a_split_read_in_memory_a_slice_at_a_time_is_the_whole_table_converted(split):
+    """``read_in_memory`` (what training in memory reads) holds exactly what converting the
+    whole table at once gives, tensor for tensor, in the same order."""
+    from horizon_engine.streamed import read_in_memory
+
+    folder, description = split
+    expected = in_memory(folder, description).tensors()
+
+    found = read_in_memory(folder, description).tensors()
+
+    assert found.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert found[name].dtype == tensor.dtype, name
+        assert torch.equal(found[name], tensor), name
