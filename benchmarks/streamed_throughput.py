@@ -17,7 +17,9 @@ split two ways, in interleaved blocks so that a shared machine's load falls on b
   what reading ahead is measured against.
 
 It prints the medians and ranges of the updates per second, the median of the blocks' ratios
-(each streamed side / in memory: 1 is as fast) and a ``RESULT`` line (baseline: in memory).
+(each streamed side / in memory: 1 is as fast), the same ratios of updates per CPU second of
+the training thread (what reading ahead gains with a core free for it, which a busy shared
+machine may not have) and a ``RESULT`` line (baseline: in memory).
 """
 
 from __future__ import annotations
@@ -43,15 +45,17 @@ from horizon_engine.streamed import StreamedTimeline, choose_data
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cartpole_dqn.toml"
 
 
-def epoch_of(driver: TrainingDriver, data: object) -> Callable[[], tuple[int, float]]:
-    """One epoch of the driver's updates on ``data``, as (updates, seconds)."""
+def epoch_of(driver: TrainingDriver, data: object) -> Callable[[], tuple[int, float, float]]:
+    """One epoch of the driver's updates on ``data``, as (updates, seconds, the training
+    thread's CPU seconds: what reading ahead takes off it, whether or not a core is free)."""
     generator = torch.Generator().manual_seed(0)
 
-    def run() -> tuple[int, float]:
-        started, before = time.perf_counter(), driver.updates
+    def run() -> tuple[int, float, float]:
+        started, used, before = time.perf_counter(), time.thread_time(), driver.updates
         for batch in data.minibatches(driver.config.minibatch_size, generator):
             driver.train_batch(batch)
-        return driver.updates - before, time.perf_counter() - started
+        seconds, cpu = time.perf_counter() - started, time.thread_time() - used
+        return driver.updates - before, seconds, cpu
 
     return run
 
@@ -99,11 +103,13 @@ def main() -> None:
             for side in sides.values():
                 side()
             rates: dict[str, list[float]] = {name: [] for name in sides}
+            cpu_rates: dict[str, list[float]] = {name: [] for name in sides}
             for block in range(options.blocks):
                 turn = block % len(sides)
                 for name in list(sides)[turn:] + list(sides)[:turn]:
-                    updates, seconds = sides[name]()
+                    updates, seconds, cpu = sides[name]()
                     rates[name].append(updates / seconds)
+                    cpu_rates[name].append(updates / cpu)
     print(f"{len(memory):,} rows, {choice.reason}")
     for name, found in rates.items():
         print(
@@ -118,6 +124,12 @@ def main() -> None:
         print(
             f"  ratio {name} / memory {statistics.median(found):.2f} "
             f"[{min(found):.2f} - {max(found):.2f}]"
+        )
+    for name in ratios:
+        found = [s / m for s, m in zip(cpu_rates[name], cpu_rates["memory"], strict=True)]
+        print(
+            f"  ratio {name} / memory per training thread CPU second "
+            f"{statistics.median(found):.2f} [{min(found):.2f} - {max(found):.2f}]"
         )
     ratio = statistics.median(ratios["streamed"])
     print(
