@@ -256,6 +256,19 @@ def test_an_abandoned_epoch_stops_reading(split, monkeypatch):
     assert read < len(calls) - read
 
 
+def test_an_update_that_fails_stops_reading(split):
+    """An error in training leaves the loop over the batches, which closes them: the thread
+    stops there, while the error's traceback (and the loop's frame) is still held."""
+    folder, description = split
+
+    with pytest.raises(InjectedCrash) as crash:
+        for _ in streamed(folder, description).minibatches(32, torch.Generator()):
+            raise InjectedCrash
+
+    assert crash.tb is not None
+    assert not read_ahead_threads()
+
+
 def test_an_unreadable_part_file_is_named(tmp_path):
     folder = tmp_path / "train"
     folder.mkdir()
