@@ -344,16 +344,10 @@ def load_split(
     run: RunContext, description: ProblemDescription, split: str, device: torch.device
 ) -> TimelineTensors:
     """One split of a pipeline run's timeline as tensors on ``device``, its features those of
-    ``description``."""
-    from horizon_engine.dataset import load_timeline
+    ``description``, read a slice at a time (``streamed.read_in_memory``)."""
+    from horizon_engine.streamed import read_in_memory
 
-    return load_timeline(
-        RunFolder(run.output_dir).split(split),
-        description.action_type,
-        description.feature_ids,
-        description.action_feature_ids,
-        description.actions,
-    ).to(device)
+    return read_in_memory(RunFolder(run.output_dir).split(split), description).to(device)
 
 
 def read_check_rows(run_dir: Path, description: ProblemDescription) -> dict[str, torch.Tensor]:

@@ -395,9 +395,10 @@ class DataChoice:
 
 
 def memory_budget(setting: float | str, device: torch.device | None = None) -> int:
-    """``[trainer] max_memory_gb`` in bytes: "auto" is the machine's memory / ``MEMORY_SHARE``,
-    and on a CUDA ``device`` no more than the device's memory / ``MEMORY_SHARE`` (a split held
-    in memory is moved to the device whole, so it must fit there too)."""
+    """A ``max_memory_gb`` setting in bytes (``[trainer]``'s, ``horizon join``'s): "auto" is
+    the machine's memory / ``MEMORY_SHARE``, and on a CUDA ``device`` no more than the device's
+    memory / ``MEMORY_SHARE`` (a split held in memory is moved to the device whole, so it must
+    fit there too)."""
     if setting != "auto":
         return int(float(setting) * 2**30)
     budget = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // MEMORY_SHARE

@@ -1,0 +1,376 @@
+"""How each stage grows with the data: time and peak memory from 10^4 to 10^7 logged rows.
+
+    .venv/bin/python benchmarks/scaling.py --quick                  # 10^4 and 10^5 rows
+    .venv/bin/python benchmarks/scaling.py                          # 10^4 to 10^6 rows
+    .venv/bin/python benchmarks/scaling.py --sizes 1e4 1e5 1e6 1e7  # the issue's whole range
+
+Generates logged decisions (pre-timeline rows in a Parquet file, written in chunks: episodes of
+50 steps, ``--features`` continuous state features, two discrete actions, a reward metric) and
+runs ``horizon run`` on them stage by stage, each in a fresh process whose wall time and peak
+resident memory (of the process and everything under it: Spark's JVM, ``--nproc``'s processes;
+sampled every 50 ms) are measured:
+
+- ``timeline_local`` and ``timeline_spark``: the timeline stage on each engine;
+- ``normalization``: identifying and fitting every feature's normalization;
+- ``train_memory`` and ``train_streamed``: one epoch of the default ``dqn`` trainer on the
+  train split, held in memory (``[trainer] data = "memory"``) and streamed from its row groups
+  (``data = "streamed"``, ``max_memory_gb`` the same at every size: ``--streamed-memory-gb``,
+  0.25 by default, well below the split from 10^6 rows).
+
+Then, at ``--throughput-rows``, training throughput (train rows per second of the train stage)
+with one process on two threads against two processes (``--nproc 2``) on one thread each, on
+the default network and on a large one (``--large-layers``) where an update is compute-bound.
+
+Prints a table with each stage's growth per 10x rows (the time at a size over the time at the
+size before, scaled to 10 times the rows: 10 is linear), draws the same as an image
+(``--image``, PNG), and one ``RESULT`` line per figure. The goals of the issue this answers:
+every stage grows at most 11x per 10x rows; streamed training's peak memory at 10^7 rows within
+1.2x of its peak at 10^6; streamed throughput at least 0.8x in-memory; two processes at least
+1.6x one on the same cores where the model is compute-bound.
+
+The rows of a size are generated once; 10^7 rows of 100 features take about 8 GB on disk for
+the rows and as much again for the timeline: the script refuses a size the free disk cannot hold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from horizon_engine.schema import ActionType, RowFormat, RowLayout
+
+ACTIONS = ["0", "1"]
+EPISODE_STEPS = 50
+CHUNK_ROWS = 200_000
+"""Rows generated and written at a time: the generator's memory stays bounded at 10^7 rows."""
+BYTES_PER_VALUE_ON_DISK = 25
+"""Free disk needed per row and feature (rows, timeline with next states, a second timeline
+for the other engine): the size check before generating."""
+STAGES = (
+    "timeline_spark",
+    "timeline_local",
+    "normalization",
+    "train_memory",
+    "train_streamed",
+)
+"""In the order they run: the local engine's timeline, built last, is the one trained on."""
+
+
+def generate(path: Path, rows: int, features: int, seed: int = 0) -> None:
+    """Write ``rows`` logged decisions to ``path`` in chunks of ``CHUNK_ROWS``."""
+    rng = np.random.default_rng(seed)
+    layout = RowLayout(RowFormat.PRE_TIMELINE, ActionType.DISCRETE)
+    names = pa.array([f"f{feature}" for feature in range(features)])
+    actions = pa.array(ACTIONS)
+    with pq.ParquetWriter(path, layout.schema) as writer:
+        for first in range(0, rows, CHUNK_ROWS):
+            count = min(CHUNK_ROWS, rows - first)
+            index = np.arange(first, first + count)
+            state = pa.MapArray.from_arrays(
+                pa.array(np.arange(0, count * features + 1, features, dtype=np.int32)),
+                names.take(np.tile(np.arange(features), count)),
+                pa.array(rng.normal(size=count * features)),
+            )
+            metrics = pa.MapArray.from_arrays(
+                pa.array(np.arange(count + 1, dtype=np.int32)),
+                pa.array(["reward"]).take(np.zeros(count, dtype=np.int64)),
+                pa.array(rng.normal(size=count)),
+            )
+            possible = pa.ListArray.from_arrays(
+                pa.array(np.arange(0, len(ACTIONS) * count + 1, len(ACTIONS), dtype=np.int32)),
+                actions.take(np.tile(np.arange(len(ACTIONS)), count)),
+            )
+            columns = [
+                pa.array(["2019-01-01"]).take(np.zeros(count, dtype=np.int64)),
+                pc.cast(pa.array(index // EPISODE_STEPS), pa.string()),
+                pa.array(index % EPISODE_STEPS),
+                state,
+                actions.take(rng.integers(0, len(ACTIONS), count)),
+                pa.array(np.full(count, 0.5)),
+                pa.array(np.ones(count)),
+                metrics,
+                possible,
+                pa.array(np.zeros(count, dtype=bool)),
+            ]
+            writer.write_table(
+                pa.Table.from_arrays(
+                    [
+                        column.cast(item.type)
+                        for column, item in zip(columns, layout.schema, strict=True)
+                    ],
+                    schema=layout.schema,
+                )
+            )
+
+
+def pipeline_file(folder: Path, rows_path: Path, layers: list[int]) -> Path:
+    """A pipeline of the generated rows in ``folder`` (made): one epoch of the default dqn,
+    no evaluation, no export (the stages this benchmark times, and nothing else)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    text = f"""
+[pipeline]
+output_dir = "{folder / "run"}"
+seed = 0
+
+[source]
+kind = "parquet"
+path = "{rows_path}"
+
+[timeline]
+engine = "local"
+actions = {json.dumps(ACTIONS)}
+reward = {{ reward = 1.0 }}
+eval_fraction = 0.1
+
+[normalization]
+
+[trainer]
+kind = "dqn"
+epochs = 1
+layers = {json.dumps(layers)}
+"""
+    path = folder / "pipeline.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def tree_rss_mb(root: int) -> float:
+    """Resident memory of ``root`` and every process under it, in MB (Linux's /proc): the
+    JVM Spark starts and the processes of ``--nproc`` are counted with the command's own."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        pid = int(entry.name)
+        children.setdefault(int(fields["PPid"]), []).append(pid)
+        rss[pid] = int(fields.get("VmRSS", "0 kB").split()[0])
+    total, stack = 0, [root]
+    while stack:
+        pid = stack.pop()
+        total += rss.get(pid, 0)
+        stack.extend(children.get(pid, []))
+    return total / 1024
+
+
+def measured(command: list[str]) -> dict[str, float]:
+    """Wall seconds of ``command`` and the peak of its process tree's resident memory,
+    sampled every 50 ms; an error with its output when it fails."""
+    started = time.perf_counter()
+    with tempfile.TemporaryFile() as output:
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+        peak = 0.0
+        while process.poll() is None:
+            peak = max(peak, tree_rss_mb(process.pid))
+            time.sleep(0.05)
+        seconds = time.perf_counter() - started
+        if process.returncode:
+            output.seek(0)
+            text = output.read().decode(errors="replace")[-3000:]
+            raise SystemExit(f"{' '.join(command)} failed:\n{text}")
+    return {"seconds": seconds, "peak_mb": peak}
+
+
+def horizon(pipeline: Path, stage: str, *settings: str, nproc: int = 1) -> list[str]:
+    """The ``horizon run`` command of one stage with ``--set`` overrides."""
+    command = [str(Path(sys.executable).with_name("horizon")), "run", str(pipeline)]
+    command += ["--stages", stage, *[item for s in settings for item in ("--set", s)]]
+    return command + (["--nproc", str(nproc)] if nproc > 1 else [])
+
+
+@dataclass
+class Row:
+    """One stage's figures by size."""
+
+    seconds: dict[int, float] = field(default_factory=dict)
+    peak_mb: dict[int, float] = field(default_factory=dict)
+
+    def growth(self, sizes: list[int], rows: int) -> float:
+        """Growth per 10x rows from the size before ``rows`` (NaN at the first)."""
+        at = sizes.index(rows)
+        if at == 0 or sizes[at - 1] not in self.seconds or rows not in self.seconds:
+            return math.nan
+        before = sizes[at - 1]
+        ratio = self.seconds[rows] / self.seconds[before]
+        return ratio ** (1 / math.log10(rows / before))
+
+
+def run_size(
+    rows: int, features: int, folder: Path, table: dict[str, Row], streamed_memory_gb: float
+) -> None:
+    """Generate ``rows`` rows and time every stage on them; streamed training within
+    ``streamed_memory_gb`` at every size (its peak should not grow with the rows)."""
+    data = folder / f"rows-{rows}.parquet"
+    generate(data, rows, features)
+    pipeline = pipeline_file(folder / f"size-{rows}", data, [128, 64])
+    subprocess.run(horizon(pipeline, "source"), check=True, capture_output=True)
+    for stage in STAGES:
+        if stage.startswith("timeline"):
+            engine = stage.split("_")[1]
+            command = horizon(pipeline, "timeline", f"timeline.engine={engine}")
+        elif stage == "normalization":
+            command = horizon(pipeline, "normalization")
+        elif stage == "train_memory":
+            command = horizon(pipeline, "train", "trainer.data=memory")
+        else:
+            command = horizon(
+                pipeline,
+                "train",
+                "trainer.data=streamed",
+                f"trainer.max_memory_gb={streamed_memory_gb}",
+            )
+        figures = measured(command)
+        table.setdefault(stage, Row()).seconds[rows] = figures["seconds"]
+        table[stage].peak_mb[rows] = figures["peak_mb"]
+        print(
+            f"  {stage:16s} {rows:>10,} rows  {figures['seconds']:8.1f} s  "
+            f"{figures['peak_mb']:8.0f} MB",
+            flush=True,
+        )
+    data.unlink()
+    shutil.rmtree(pipeline.parent)
+
+
+def throughput(rows: int, features: int, folder: Path, layers: list[int]) -> dict[str, float]:
+    """Train rows per second of the train stage: one process on two threads, then two
+    processes on one thread each, on the same timeline."""
+    data = folder / f"throughput-{rows}.parquet"
+    generate(data, rows, features)
+    pipeline = pipeline_file(folder / f"throughput-{len(layers)}x{layers[0]}", data, layers)
+    for stage in ("source", "timeline", "normalization"):
+        subprocess.run(horizon(pipeline, stage), check=True, capture_output=True)
+    train_rows = json.loads((pipeline.parent / "run" / "timeline" / "timeline.json").read_text())
+    count = train_rows["train_rows"]
+    one = measured(horizon(pipeline, "train", "trainer.threads=2"))
+    two = measured(horizon(pipeline, "train", "trainer.threads=1", nproc=2))
+    data.unlink()
+    return {"one": count / one["seconds"], "two": count / two["seconds"]}
+
+
+def draw(table: dict[str, Row], sizes: list[int], image: Path) -> None:
+    """Time and peak memory against rows, log-log, one line per stage."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (times, memory) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for stage, row in table.items():
+        measured_sizes = [rows for rows in sizes if rows in row.seconds]
+        times.plot(measured_sizes, [row.seconds[r] for r in measured_sizes], "o-", label=stage)
+        memory.plot(measured_sizes, [row.peak_mb[r] for r in measured_sizes], "o-", label=stage)
+    for axis, label in ((times, "seconds"), (memory, "peak memory (MB)")):
+        axis.set_xscale("log")
+        axis.set_yscale("log")
+        axis.set_xlabel("logged rows")
+        axis.set_ylabel(label)
+        axis.grid(True, which="both", alpha=0.3)
+    times.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(image, dpi=90)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", nargs="+", type=float, default=[1e4, 1e5, 1e6])
+    parser.add_argument("--quick", action="store_true", help="10^4 and 10^5 rows")
+    parser.add_argument("--features", type=int, default=100)
+    parser.add_argument(
+        "--streamed-memory-gb",
+        type=float,
+        default=0.25,
+        help="[trainer] max_memory_gb of the streamed training, the same at every size",
+    )
+    parser.add_argument("--throughput-rows", type=float, default=1e5)
+    parser.add_argument("--large-layers", type=int, nargs="+", default=[1024, 1024])
+    parser.add_argument("--image", type=Path, default=Path("scaling.png"))
+    parser.add_argument("--work-dir", type=Path, help="where to write rows and runs")
+    args = parser.parse_args()
+    sizes = sorted({int(size) for size in ([1e4, 1e5] if args.quick else args.sizes)})
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    table: dict[str, Row] = {}
+    with tempfile.TemporaryDirectory(dir=args.work_dir) as name:
+        folder = Path(name)
+        print(
+            f"{args.features} features, {os.cpu_count()} cores, "
+            f"load average {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
+        for rows in sizes:
+            needed = rows * args.features * BYTES_PER_VALUE_ON_DISK
+            free = shutil.disk_usage(folder).free
+            if needed > free:
+                print(
+                    f"{rows:,} rows: skipped, needs about {needed / 1e9:.0f} GB of disk "
+                    f"and {free / 1e9:.0f} GB are free"
+                )
+                continue
+            started = time.perf_counter()
+            run_size(rows, args.features, folder, table, args.streamed_memory_gb)
+            print(f"{rows:,} rows done in {time.perf_counter() - started:.0f} s", flush=True)
+        rates = {
+            "default": throughput(int(args.throughput_rows), args.features, folder, [128, 64]),
+            "large": throughput(
+                int(args.throughput_rows), args.features, folder, args.large_layers
+            ),
+        }
+    print()
+    print(f"{'stage':16s}" + "".join(f"{rows:>14,}" for rows in sizes) + "   growth/10x")
+    for stage, row in table.items():
+        cells = "".join(
+            f"{row.seconds[r]:>8.1f}s {row.peak_mb[r]:>4.0f}M" if r in row.seconds else " " * 14
+            for r in sizes
+        )
+        growth = [row.growth(sizes, r) for r in sizes[1:]]
+        print(f"{stage:16s}{cells}   " + " ".join(f"{g:.1f}" for g in growth))
+    draw(table, sizes, args.image)
+    print(f"\nimage: {args.image}")
+    for stage, row in table.items():
+        for rows in sizes:
+            if rows in row.seconds:
+                growth = row.growth(sizes, rows)
+                print(
+                    f"RESULT name=scaling_{stage} rows={rows} ours_s={row.seconds[rows]:.2f} "
+                    f"peak_mb={row.peak_mb[rows]:.0f} growth_per_10x={growth:.2f}"
+                )
+    streamed, in_memory = table.get("train_streamed"), table.get("train_memory")
+    if streamed and in_memory:
+        largest = max(streamed.seconds)
+        ratio = in_memory.seconds[largest] / streamed.seconds[largest]
+        print(f"RESULT name=scaling_streamed_vs_memory rows={largest} ratio={ratio:.2f}")
+        if len(streamed.peak_mb) > 1:
+            last, before = sorted(streamed.peak_mb)[-2:]
+            peak_ratio = streamed.peak_mb[before] / streamed.peak_mb[last]
+            print(
+                f"RESULT name=scaling_streamed_peak rows={before} "
+                f"peak_mb={streamed.peak_mb[before]:.0f} "
+                f"baseline_peak_mb={streamed.peak_mb[last]:.0f} ratio={peak_ratio:.2f}"
+            )
+    for network, rate in rates.items():
+        print(
+            f"RESULT name=scaling_two_processes_{network} ours_rows_per_s={rate['two']:.0f} "
+            f"baseline_rows_per_s={rate['one']:.0f} ratio={rate['two'] / rate['one']:.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
