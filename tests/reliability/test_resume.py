@@ -88,8 +88,10 @@ def _scalars(run_dir: Path) -> dict[str, dict[int, float]]:
 
 
 PAUSED_RUN = """
-import pathlib, sys, time
+import pathlib, signal, sys, time
 from horizon_engine.cli import main
+
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from horizon_engine.driver import TrainingDriver
 
 marker, arguments = pathlib.Path(sys.argv[1]), sys.argv[2:]
@@ -108,7 +110,9 @@ TrainingDriver.train_batch = train_batch
 main(arguments, prog_name="horizon")
 """
 """``horizon run`` in a process of its own that pauses at the second batch of the second
-epoch (after writing the marker file named first): a signal then lands mid-epoch."""
+epoch (after writing the marker file named first): a signal then lands mid-epoch. Ctrl-C
+raises KeyboardInterrupt there as in a terminal, whatever the suite was started from (a
+shell's background job ignores SIGINT, and its children inherit that)."""
 
 
 def paused_run(tmp_path: Path, config: dict, pipeline_toml) -> tuple[subprocess.Popen, Path]:
