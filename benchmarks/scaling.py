@@ -4,8 +4,9 @@
     .venv/bin/python benchmarks/scaling.py                          # 10^4 to 10^6 rows
     .venv/bin/python benchmarks/scaling.py --sizes 1e4 1e5 1e6 1e7  # the issue's whole range
 
-Generates logged decisions (pre-timeline rows in a Parquet file, written in chunks: episodes of
-50 steps, ``--features`` continuous state features, two discrete actions, a reward metric) and
+Generates logged decisions with ``spark_timeline_baseline.generate_rows`` (pre-timeline rows in a
+Parquet file, written in chunks: episodes of 50 steps, ``--features`` continuous state
+features, two discrete actions, a reward metric) and
 runs ``horizon run`` on them stage by stage, each in a fresh process whose wall time and peak
 resident memory (of the process and everything under it: Spark's JVM, ``--nproc``'s processes;
 sampled every 50 ms) are measured:
@@ -46,17 +47,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
+from spark_timeline_baseline import ACTIONS, generate_rows
 
-from horizon_engine.schema import ActionType, RowFormat, RowLayout
-
-ACTIONS = ["0", "1"]
 EPISODE_STEPS = 50
-CHUNK_ROWS = 200_000
-"""Rows generated and written at a time: the generator's memory stays bounded at 10^7 rows."""
 BYTES_PER_VALUE_ON_DISK = 25
 """Free disk needed per row and feature (rows, timeline with next states, a second timeline
 for the other engine): the size check before generating."""
@@ -68,53 +61,6 @@ STAGES = (
     "train_streamed",
 )
 """In the order they run: the local engine's timeline, built last, is the one trained on."""
-
-
-def generate(path: Path, rows: int, features: int, seed: int = 0) -> None:
-    """Write ``rows`` logged decisions to ``path`` in chunks of ``CHUNK_ROWS``."""
-    rng = np.random.default_rng(seed)
-    layout = RowLayout(RowFormat.PRE_TIMELINE, ActionType.DISCRETE)
-    names = pa.array([f"f{feature}" for feature in range(features)])
-    actions = pa.array(ACTIONS)
-    with pq.ParquetWriter(path, layout.schema) as writer:
-        for first in range(0, rows, CHUNK_ROWS):
-            count = min(CHUNK_ROWS, rows - first)
-            index = np.arange(first, first + count)
-            state = pa.MapArray.from_arrays(
-                pa.array(np.arange(0, count * features + 1, features, dtype=np.int32)),
-                names.take(np.tile(np.arange(features), count)),
-                pa.array(rng.normal(size=count * features)),
-            )
-            metrics = pa.MapArray.from_arrays(
-                pa.array(np.arange(count + 1, dtype=np.int32)),
-                pa.array(["reward"]).take(np.zeros(count, dtype=np.int64)),
-                pa.array(rng.normal(size=count)),
-            )
-            possible = pa.ListArray.from_arrays(
-                pa.array(np.arange(0, len(ACTIONS) * count + 1, len(ACTIONS), dtype=np.int32)),
-                actions.take(np.tile(np.arange(len(ACTIONS)), count)),
-            )
-            columns = [
-                pa.array(["2019-01-01"]).take(np.zeros(count, dtype=np.int64)),
-                pc.cast(pa.array(index // EPISODE_STEPS), pa.string()),
-                pa.array(index % EPISODE_STEPS),
-                state,
-                actions.take(rng.integers(0, len(ACTIONS), count)),
-                pa.array(np.full(count, 0.5)),
-                pa.array(np.ones(count)),
-                metrics,
-                possible,
-                pa.array(np.zeros(count, dtype=bool)),
-            ]
-            writer.write_table(
-                pa.Table.from_arrays(
-                    [
-                        column.cast(item.type)
-                        for column, item in zip(columns, layout.schema, strict=True)
-                    ],
-                    schema=layout.schema,
-                )
-            )
 
 
 def pipeline_file(folder: Path, rows_path: Path, layers: list[int]) -> Path:
@@ -220,7 +166,7 @@ def run_size(
     """Generate ``rows`` rows and time every stage on them; streamed training within
     ``streamed_memory_gb`` at every size (its peak should not grow with the rows)."""
     data = folder / f"rows-{rows}.parquet"
-    generate(data, rows, features)
+    generate_rows(data, rows, EPISODE_STEPS, features=features)
     pipeline = pipeline_file(folder / f"size-{rows}", data, [128, 64])
     subprocess.run(horizon(pipeline, "source"), check=True, capture_output=True)
     for stage in STAGES:
@@ -254,7 +200,7 @@ def throughput(rows: int, features: int, folder: Path, layers: list[int]) -> dic
     """Train rows per second of the train stage: one process on two threads, then two
     processes on one thread each, on the same timeline."""
     data = folder / f"throughput-{rows}.parquet"
-    generate(data, rows, features)
+    generate_rows(data, rows, EPISODE_STEPS, features=features)
     pipeline = pipeline_file(folder / f"throughput-{len(layers)}x{layers[0]}", data, layers)
     for stage in ("source", "timeline", "normalization"):
         subprocess.run(horizon(pipeline, stage), check=True, capture_output=True)

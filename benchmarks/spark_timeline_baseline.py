@@ -123,9 +123,12 @@ CHUNK_ROWS = 1_000_000
 """Rows generated and written at a time: whole episodes, shuffled within the chunk."""
 
 
-def generate_rows(path: Path, rows: int, episode_length: int = 50, seed: int = 0) -> None:
-    """Write ``rows`` pre-timeline rows to ``path`` in the source stage's schema, a chunk of
-    ``CHUNK_ROWS`` at a time, each chunk's rows shuffled (an episode never spans two chunks)."""
+def generate_rows(
+    path: Path, rows: int, episode_length: int = 50, seed: int = 0, features: int = 4
+) -> None:
+    """Write ``rows`` pre-timeline rows with ``features`` state features to ``path`` in the
+    source stage's schema, a chunk of ``CHUNK_ROWS`` at a time, each chunk's rows shuffled (an
+    episode never spans two chunks); ``benchmarks/scaling.py`` generates its rows with it."""
     import numpy as np
     import pyarrow.parquet as pq
 
@@ -136,11 +139,14 @@ def generate_rows(path: Path, rows: int, episode_length: int = 50, seed: int = 0
     chunk_rows = CHUNK_ROWS - CHUNK_ROWS % episode_length
     with pq.ParquetWriter(path, schema) as writer:
         for first in range(0, rows, chunk_rows):
-            chunk = _chunk(first, min(chunk_rows, rows - first), episode_length, rng)
+            count = min(chunk_rows, rows - first)
+            chunk = _chunk(first, count, episode_length, features, rng)
             writer.write_table(chunk.cast(schema))
 
 
-def _chunk(first: int, rows: int, episode_length: int, rng: np.random.Generator) -> pa.Table:
+def _chunk(
+    first: int, rows: int, episode_length: int, features: int, rng: np.random.Generator
+) -> pa.Table:
     """Rows ``first`` .. ``first + rows`` of the generated log, shuffled."""
     import numpy as np
     import pyarrow as pa
@@ -148,7 +154,6 @@ def _chunk(first: int, rows: int, episode_length: int, rng: np.random.Generator)
     from horizon_engine import ActionType, RowFormat, RowLayout
 
     index = np.arange(first, first + rows)
-    features = 4
     state = pa.MapArray.from_arrays(
         pa.array(np.arange(0, rows * features + 1, features, dtype=np.int32)),
         pa.array(np.tile([str(i) for i in range(features)], rows)),
