@@ -231,21 +231,20 @@ class StreamedTimeline:
         memory."""
         pending: list[TimelineTensors] = []
         rows = 0
-        for group in self.groups:
-            for part in self._read(group):
-                pending.append(part)
-                rows += len(part)
-                if rows < max_rows:
-                    continue
-                whole = _concatenated(pending)
-                last = whole.episode_id[-1]
-                cut = int((whole.episode_id == last).nonzero()[0])
-                if cut == 0:
-                    pending, rows = [whole], len(whole)
-                    continue
-                yield whole.take(_arange(0, cut))
-                tail = whole.take(_arange(cut, len(whole)))
-                pending, rows = [tail], len(tail)
+        for part in self.in_file_order():
+            pending.append(part)
+            rows += len(part)
+            if rows < max_rows:
+                continue
+            whole = _concatenated(pending)
+            last = whole.episode_id[-1]
+            cut = int((whole.episode_id == last).nonzero()[0])
+            if cut == 0:
+                pending, rows = [whole], len(whole)
+                continue
+            yield whole.take(_arange(0, cut))
+            tail = whole.take(_arange(cut, len(whole)))
+            pending, rows = [tail], len(tail)
         if rows:
             yield _concatenated(pending)
 
@@ -254,14 +253,19 @@ class StreamedTimeline:
         row groups that hold them."""
         taken: list[TimelineTensors] = []
         rows = 0
-        for group in self.groups:
-            for part in self._read(group):
-                taken.append(part)
-                rows += len(part)
-                if rows >= count:
-                    whole = _concatenated(taken)
-                    return whole.take(_arange(0, count))
+        for part in self.in_file_order():
+            taken.append(part)
+            rows += len(part)
+            if rows >= count:
+                whole = _concatenated(taken)
+                return whole.take(_arange(0, count))
         return _concatenated(taken)
+
+    def in_file_order(self) -> Iterator[TimelineTensors]:
+        """The split's rows in file order, a slice at a time, on the CPU, episodes numbered as
+        in memory: what ``episodes``, ``first_rows`` and ``read_in_memory`` read."""
+        for group in self.groups:
+            yield from self._read(group)
 
     def _read(self, group: RowGroup) -> Iterator[TimelineTensors]:
         """A row group as tensors, ``READ_ROWS`` rows at a time."""
@@ -635,17 +639,16 @@ def read_in_memory(folder: Path, description: ProblemDescription) -> TimelineTen
         )
     whole: dict[str, torch.Tensor] = {}
     start = 0
-    for group in data.groups:
-        for part in data._read(group):
-            tensors = part.tensors()
-            if not whole:
-                whole = {
-                    name: torch.empty((len(data), *tensor.shape[1:]), dtype=tensor.dtype)
-                    for name, tensor in tensors.items()
-                }
-            for name, tensor in tensors.items():
-                whole[name][start : start + len(part)] = tensor
-            start += len(part)
+    for part in data.in_file_order():
+        tensors = part.tensors()
+        if not whole:
+            whole = {
+                name: torch.empty((len(data), *tensor.shape[1:]), dtype=tensor.dtype)
+                for name, tensor in tensors.items()
+            }
+        for name, tensor in tensors.items():
+            whole[name][start : start + len(part)] = tensor
+        start += len(part)
     return TimelineTensors(
         **whole,
         feature_ids=list(description.feature_ids),
