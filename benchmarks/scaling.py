@@ -19,8 +19,10 @@ sampled every 50 ms) are measured:
   0.25 by default, well below the split from 10^6 rows).
 
 Then, at ``--throughput-rows``, training throughput (train rows per second of the train stage)
-with one process on two threads against two processes (``--nproc 2``) on one thread each, on
-the default network and on a large one (``--large-layers``) where an update is compute-bound.
+of two processes (``--nproc 2``) on one thread each against one process on one thread (how
+much a second process adds: 2.0 is perfect scaling) and against one process on two threads
+(the same cores, used by torch's own threads instead), on the default network and on a large
+one (``--large-layers``) where an update is compute-bound.
 
 Prints a table with each stage's growth per 10x rows (the time at a size over the time at the
 size before, scaled to 10 times the rows: 10 is linear), draws the same as an image
@@ -223,8 +225,8 @@ def run_size(
 
 
 def throughput(rows: int, features: int, folder: Path, layers: list[int]) -> dict[str, float]:
-    """Train rows per second of the train stage: one process on two threads, then two
-    processes on one thread each, on the same timeline."""
+    """Train rows per second of the train stage on the same timeline: one process on one
+    thread, one process on two threads, two processes on one thread each."""
     data = folder / f"throughput-{rows}.parquet"
     generate_rows(data, rows, EPISODE_STEPS, features=features)
     pipeline = pipeline_file(folder / f"throughput-{len(layers)}x{layers[0]}", data, layers)
@@ -232,10 +234,14 @@ def throughput(rows: int, features: int, folder: Path, layers: list[int]) -> dic
         subprocess.run(horizon(pipeline, stage), check=True, capture_output=True)
     train_rows = json.loads((pipeline.parent / "run" / "timeline" / "timeline.json").read_text())
     count = train_rows["train_rows"]
-    one = measured(horizon(pipeline, "train", "trainer.threads=2"))
-    two = measured(horizon(pipeline, "train", "trainer.threads=1", nproc=2))
+    runs = {
+        "one": horizon(pipeline, "train", "trainer.threads=1"),
+        "one_two_threads": horizon(pipeline, "train", "trainer.threads=2"),
+        "two": horizon(pipeline, "train", "trainer.threads=1", nproc=2),
+    }
+    rates = {side: count / measured(command)["seconds"] for side, command in runs.items()}
     data.unlink()
-    return {"one": count / one["seconds"], "two": count / two["seconds"]}
+    return rates
 
 
 def draw(table: dict[str, Row], sizes: list[int], image: Path) -> None:
@@ -341,6 +347,12 @@ def main() -> None:
         print(
             f"RESULT name=scaling_two_processes_{network} ours_rows_per_s={rate['two']:.0f} "
             f"baseline_rows_per_s={rate['one']:.0f} ratio={rate['two'] / rate['one']:.2f}"
+        )
+        print(
+            f"RESULT name=scaling_two_processes_vs_two_threads_{network} "
+            f"ours_rows_per_s={rate['two']:.0f} "
+            f"baseline_rows_per_s={rate['one_two_threads']:.0f} "
+            f"ratio={rate['two'] / rate['one_two_threads']:.2f}"
         )
 
 

@@ -120,15 +120,19 @@ ACTIONS = ["0", "1"]
 WARM_UP_ROWS = 100_000
 """Rows of the uncounted round that warms the JVM's code for both sides."""
 CHUNK_ROWS = 1_000_000
-"""Rows generated and written at a time: whole episodes, shuffled within the chunk."""
+"""Rows generated and written at a time (at most): whole episodes, shuffled within the chunk."""
+CHUNK_VALUES = 20_000_000
+"""State feature values generated at a time (at most): with 100 features a chunk is 200,000
+rows, as many values as a million rows of 20 features."""
 
 
 def generate_rows(
     path: Path, rows: int, episode_length: int = 50, seed: int = 0, features: int = 4
 ) -> None:
     """Write ``rows`` pre-timeline rows with ``features`` state features to ``path`` in the
-    source stage's schema, a chunk of ``CHUNK_ROWS`` at a time, each chunk's rows shuffled (an
-    episode never spans two chunks); ``benchmarks/scaling.py`` generates its rows with it."""
+    source stage's schema, a chunk of ``CHUNK_ROWS`` rows or ``CHUNK_VALUES`` values at a time,
+    each chunk's rows shuffled (an episode never spans two chunks); ``benchmarks/scaling.py``
+    generates its rows with it."""
     import numpy as np
     import pyarrow.parquet as pq
 
@@ -136,7 +140,8 @@ def generate_rows(
 
     rng = np.random.default_rng(seed)
     schema = RowLayout(RowFormat.PRE_TIMELINE, ActionType.DISCRETE).schema
-    chunk_rows = CHUNK_ROWS - CHUNK_ROWS % episode_length
+    chunk_rows = min(CHUNK_ROWS, CHUNK_VALUES // features)
+    chunk_rows = max(chunk_rows - chunk_rows % episode_length, episode_length)
     with pq.ParquetWriter(path, schema) as writer:
         for first in range(0, rows, chunk_rows):
             count = min(chunk_rows, rows - first)
@@ -156,7 +161,11 @@ def _chunk(
     index = np.arange(first, first + rows)
     state = pa.MapArray.from_arrays(
         pa.array(np.arange(0, rows * features + 1, features, dtype=np.int32)),
-        pa.array(np.tile([str(i) for i in range(features)], rows)),
+        # Taken from the names rather than converted from numpy strings, which pyarrow splits
+        # into chunks past 2^24 values (a map's keys must be one array).
+        pa.array([str(i) for i in range(features)]).take(
+            pa.array(np.tile(np.arange(features, dtype=np.int32), rows))
+        ),
         pa.array(rng.normal(size=rows * features)),
     )
     columns = {
