@@ -5,11 +5,13 @@ are uuid4's (and a forked child's are its own), a one-row batch scored through t
 preallocated binding scores as a plain run does, a model's nodes that the fetched outputs do
 not need are left out of the session, and POST /decisions, answered outside
 Starlette's routing, keeps its 405, 401 and 422; requests that arrive together are decided in
-one run of at most ``max_batch`` rows, each answered its own decisions, logged first."""
+one run of at most ``max_batch`` rows, each answered its own decisions, logged first; and the
+command freezes its startup objects, which every full garbage collection used to walk."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import uuid
@@ -19,6 +21,7 @@ import pytest
 from starlette.testclient import TestClient
 from test_serve_hostile import tiny_model
 
+from horizon_plugins_serving import server
 from horizon_plugins_serving.decision_log import (
     DecisionLog,
     decision_ids,
@@ -27,6 +30,7 @@ from horizon_plugins_serving.decision_log import (
 )
 from horizon_plugins_serving.predictor import Predictor, file_digest
 from horizon_plugins_serving.request_body import decode_body
+from horizon_plugins_serving.served_policy import PolicyFlags
 from horizon_plugins_serving.server import build_app
 
 
@@ -220,3 +224,39 @@ def test_an_error_deciding_a_batch_fails_its_requests_and_logs_nothing(model, tm
     answers = asyncio.run(post_together(app, [rows_body(1), rows_body(2)]))
     assert [str(answer) for answer in answers] == ["the model broke"] * 2
     assert read_decisions(tmp_path / "d.jsonl").rows == []
+
+
+class RecordingServer:
+    """Stands in for uvicorn in ``serve``: records how many objects are frozen when serving
+    starts, then closes the socket and the log as a shutdown would."""
+
+    def __init__(self, app, frozen: list[int]) -> None:
+        self.app, self.frozen = app, frozen
+
+    def run(self, sockets) -> None:
+        self.frozen.append(gc.get_freeze_count())
+        for listening in sockets:
+            listening.close()
+        asyncio.run(self.app.service.writer.stop())
+
+
+def test_the_command_freezes_its_startup_objects_before_serving(model, tmp_path, monkeypatch):
+    frozen: list[int] = []
+    monkeypatch.setattr(server, "uvicorn_server", lambda app, limits: RecordingServer(app, frozen))
+    before = gc.get_freeze_count()
+    try:
+        server.serve(
+            model,
+            PolicyFlags(),
+            host="127.0.0.1",
+            port=0,
+            log_path=tmp_path / "d.jsonl",
+            seed=0,
+            max_body_bytes=1 << 20,
+            max_batch=1024,
+            target_send_rate=None,
+            send_action=None,
+        )
+    finally:
+        gc.unfreeze()
+    assert frozen[0] > before + 10_000  # the imports' and the model's objects, walked no more
