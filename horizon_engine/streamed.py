@@ -18,8 +18,9 @@ training thread alone. The state preprocessor's output (the batch schema's ``*_p
 computed for each slice read (on a GPU, for each batch there), where the in-memory split computes
 it once;
 batches move to the device one at a time (through pinned memory, without blocking, on a GPU).
-``shard`` gives row group ``i`` to process ``i % world`` with the same number of minibatches on
-every process, decided from the Parquet metadata alone. The eval split is read in whole episodes
+``shard`` gives row group ``i`` to process ``i % world`` (with fewer row groups than processes,
+a run of every group's rows to each) with the same number of minibatches on every process,
+decided from the Parquet metadata alone. The eval split is read in whole episodes
 (``episodes``) to be evaluated chunk by chunk (``evaluate_split``).
 
 torch and pyarrow are imported where they are used.
@@ -96,6 +97,10 @@ class RowGroup:
     first_episode: int
     """The split-wide number (``episode_id``) of its first row's episode: episodes are numbered
     by first appearance in the split, as in memory, whatever order the groups are read in."""
+    start: int = 0
+    """The first of the group's rows read: a process's share of a group (``shard`` with fewer
+    groups than processes) is the ``rows`` rows from here on; ``first_episode`` stays the
+    group's first row's."""
 
 
 @dataclass(frozen=True)
@@ -152,22 +157,22 @@ class StreamedTimeline:
 
     def shard(self, rank: int, world: int) -> StreamedTimeline:
         """What process ``rank`` of ``world`` trains on: row group ``i`` when ``i % world`` is
-        ``rank``. A split with fewer row groups than processes is an error (a process would
-        have no rows)."""
+        ``rank``; with fewer row groups than processes, the ``rank``-th of ``world`` nearly
+        equal runs of every group's rows (each process then decodes every group, which a
+        split this small affords). A split with fewer rows than processes is an error."""
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} is not one of {world} processes")
-        if len(self.all_groups) < world:
+        if len(self.all_groups) >= world:
+            shares = [self.all_groups[start::world] for start in range(world)]
+        else:
+            shares = [_rows_of_groups(self.all_groups, share, world) for share in range(world)]
+        rows_by_rank = tuple(sum(group.rows for group in share) for share in shares)
+        if not min(rows_by_rank):
             raise HorizonError(
-                f"{self.folder}: {len(self.all_groups)} row groups cannot be shared between "
-                f"{world} training processes; use fewer processes or in-memory data"
+                f"{self.folder}: {sum(rows_by_rank)} rows cannot be shared between {world} "
+                "training processes; use fewer processes"
             )
-        shares = [self.all_groups[start::world] for start in range(world)]
-        return replace(
-            self,
-            groups=tuple(shares[rank]),
-            rows_by_rank=tuple(sum(group.rows for group in share) for share in shares),
-            rank=rank,
-        )
+        return replace(self, groups=tuple(shares[rank]), rows_by_rank=rows_by_rank, rank=rank)
 
     def with_preprocessed(self, preprocessor: torch.nn.Module) -> StreamedTimeline:
         """The split whose batches also hold ``preprocessor``'s output, computed per batch."""
@@ -268,31 +273,46 @@ class StreamedTimeline:
             yield from self._read(group)
 
     def _read(self, group: RowGroup) -> Iterator[TimelineTensors]:
-        """A row group as tensors, ``READ_ROWS`` rows at a time."""
+        """A row group's ``group.rows`` rows from ``group.start`` on as tensors, ``READ_ROWS``
+        rows at a time. Rows before ``start`` are read for their episodes only, to number the
+        first one read as in memory."""
         import pyarrow as pa
 
         from horizon_engine.dataset import timeline_tensors
 
-        offset = group.first_episode
+        episode = group.first_episode  # the current batch's first row's, then its last's
         previous_last: object = None
+        position, stop = 0, group.start + group.rows
         rows = min(READ_ROWS, max(1, self.buffer_rows // READ_SHARE))
         for batch in _row_group_batches(group, rows):
-            table = pa.Table.from_batches([batch])
+            skipped = min(max(0, group.start - position), batch.num_rows)
+            taken = min(batch.num_rows, stop - position) - skipped
+            position += batch.num_rows
+            ids = batch.column("mdp_id")
+            if previous_last is not None and ids[0].as_py() != previous_last:
+                episode += 1
+            previous_last = ids[-1].as_py()
+            if taken < batch.num_rows:
+                first_taken = episode + _episode_changes(ids.slice(0, skipped + 1))
+                episode += _episode_changes(ids)
+            if taken <= 0:
+                continue
             part = timeline_tensors(
-                table,
+                pa.Table.from_batches([batch.slice(skipped, taken)]),
                 self.action_type,
                 self.feature_ids,
                 self.action_feature_ids,
                 self.actions,
                 self.widths,
             )
-            ids = table["mdp_id"]
-            if previous_last is not None and ids[0].as_py() != previous_last:
-                offset += 1
-            part.episode_id += offset
-            offset = int(part.episode_id[-1])
-            previous_last = ids[-1].as_py()
+            if taken < batch.num_rows:
+                part.episode_id += first_taken
+            else:
+                part.episode_id += episode
+                episode = int(part.episode_id[-1])
             yield part
+            if position >= stop:
+                return
 
     def _on_device(self, batch: Minibatch) -> Batch:
         """``batch`` on the device with the state preprocessor's output for its states: on the
@@ -532,6 +552,13 @@ def _survey(folder: Path, action_type: ActionType) -> tuple[tuple[RowGroup, ...]
     return tuple(groups), widths
 
 
+def _episode_changes(ids: pa.Array) -> int:
+    """The rows of ``ids`` (a slice's ``mdp_id``) that start an episode after its first row."""
+    import pyarrow.compute as pc
+
+    return int(pc.sum(pc.not_equal(ids[1:], ids[:-1])).as_py() or 0)
+
+
 def _row_group_batches(group: RowGroup, rows: int) -> Iterator[pa.RecordBatch]:
     import pyarrow.parquet as pq
 
@@ -594,6 +621,18 @@ def _read_ahead(
             with contextlib.suppress(queue.Empty):
                 waiting.get(timeout=0.05)
         thread.join()
+
+
+def _rows_of_groups(groups: Sequence[RowGroup], share: int, shares: int) -> list[RowGroup]:
+    """The ``share``-th of ``shares`` nearly equal runs of each of ``groups``' rows (the
+    empty runs of a group with fewer rows than ``shares`` left out)."""
+    runs = []
+    for group in groups:
+        start = group.start + group.rows * share // shares
+        stop = group.start + group.rows * (share + 1) // shares
+        if stop > start:
+            runs.append(replace(group, start=start, rows=stop - start))
+    return runs
 
 
 def _concatenated(parts: Sequence[TimelineTensors]) -> TimelineTensors:

@@ -160,6 +160,47 @@ def test_shards_cover_every_row_once_with_as_many_nonempty_batches_each(split, w
     assert data.shard(0, 1).groups == data.groups
 
 
+@pytest.mark.parametrize("world", [3, 5])
+def test_fewer_row_groups_than_processes_share_each_groups_rows(split, tmp_path, world):
+    """Two row groups among 3 or 5 processes: each takes a run of every group's rows, the
+    runs read with the in-memory split's rows and episode numbers, as many batches each."""
+    folder, description = split
+    memory = in_memory(folder, description)
+    grouped = small_row_groups(folder, tmp_path / "two_groups", rows_per_group=len(memory))
+    data = streamed(grouped, description)
+    shards = [data.shard(rank, world) for rank in range(world)]
+
+    epochs = [epoch(shard, 64, 0) for shard in shards]
+
+    assert len({len(batches) for batches in epochs}) == 1
+    assert all(len(batch["reward"]) > 0 for batches in epochs for batch in batches)
+    assert sum(len(shard) for shard in shards) == len(data)
+    runs = sorted(
+        (run.path.name, run.start, part)
+        for shard in shards
+        for run in shard.groups
+        for part in [_concatenated_rows(replace(shard, groups=(run,)))]
+    )
+    for name, tensor in memory.tensors().items():
+        joined = torch.cat([part[name] for _, _, part in runs])
+        assert torch.equal(joined, tensor), name
+
+
+def _concatenated_rows(data: StreamedTimeline) -> dict[str, torch.Tensor]:
+    parts = [part.tensors() for part in data.in_file_order()]
+    return {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
+
+
+def test_a_split_with_fewer_rows_than_processes_is_refused(split, tmp_path):
+    folder, description = split
+    table = pq.read_table(folder).slice(0, 2)
+    (tmp_path / "tiny").mkdir()
+    pq.write_table(table, tmp_path / "tiny" / "part-00000.parquet")
+
+    with pytest.raises(HorizonError, match=r"tiny: 2 rows cannot be shared between 3 training"):
+        streamed(tmp_path / "tiny", description).shard(0, 3)
+
+
 def test_eval_chunks_hold_whole_episodes_and_evaluation_weights_them_by_rows(split):
     folder, description = split
     memory = in_memory(folder, description)
