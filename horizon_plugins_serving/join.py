@@ -56,7 +56,7 @@ from horizon_plugins_serving.join_readers import (
     read_rewards,
 )
 from horizon_plugins_serving.join_report import SHOWN, BadRows, JoinReport, report_path
-from horizon_plugins_serving.join_writer import JoinedWriter
+from horizon_plugins_serving.join_writer import JoinedWriter, first_row_types
 
 if TYPE_CHECKING:
     import numpy as np
@@ -317,10 +317,11 @@ KEPT_SHARE = 2
 rest holds the keys, the rewards, their hash table and the row group being written."""
 
 
-def read_once(decisions: Path, budget: int) -> bool:
+def read_once(decisions: Path, budget: int, with_rows: bool = False) -> bool:
     """Whether the pass that plans the join keeps the log's chunks for the write: when they fit
-    ``budget`` / ``KEPT_SHARE``."""
-    return log_memory(decisions) * KEPT_SHARE <= budget
+    ``budget`` / ``KEPT_SHARE`` (``with_rows``: a JSONL log's chunks with its rows read by
+    Arrow, for a Parquet JOINED)."""
+    return log_memory(decisions, with_rows) * KEPT_SHARE <= budget
 
 
 def _drained(kept: deque[DecisionChunk]) -> Iterator[DecisionChunk]:
@@ -345,10 +346,14 @@ def join_local(
     report = JoinReport("local", window_seconds, defaults, ignored_files=ignored_files(decisions))
     bad = BadRows(skip_bad_rows, report)
     log = DecisionLogReader(decisions, bad)
-    once = read_once(decisions, memory_budget(max_memory_gb))
+    to_parquet = is_parquet(output)
+    once = read_once(decisions, memory_budget(max_memory_gb), with_rows=to_parquet)
     kept: deque[DecisionChunk] = deque()
     keys = []
-    for chunk in log.chunks(keys_only=not once):
+    # Read once into Parquet, a JSONL chunk's rows are read with its keys, as JOINED's first
+    # row will likely type them (the writer reads them again where it does not).
+    row_types = first_row_types if once and to_parquet else None
+    for chunk in log.chunks(keys_only=not once, row_types=row_types):
         keys.append(pa.table({"decision_id": chunk.decision_ids, "timestamp": chunk.timestamps}))
         if once:
             kept.append(chunk)
@@ -361,9 +366,9 @@ def join_local(
     del keys, keys_table
     quiet = BadRows(True, JoinReport("local", window_seconds, defaults))
     with atomic_output(output) as temporary:
-        writer = JoinedWriter(temporary, is_parquet(output))
+        writer = JoinedWriter(temporary, to_parquet)
         chunks = (
-            (chunk.typed(writer.row_types()) for chunk in _drained(kept))
+            _drained(kept)
             if once
             else DecisionLogReader(decisions, quiet).chunks(row_types=writer.row_types)
         )

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from horizon_engine import HorizonError
+from horizon_engine import BadLine, HorizonError, parse_json_line
 
 if TYPE_CHECKING:
     import numpy as np
@@ -62,7 +62,7 @@ class JoinedWriter:
         lines = [chunk.lines[index] for index in keep.nonzero()[0]]
         if self.parquet:
             read = None if chunk.rows is None else chunk.rows.filter(pa.array(keep))
-            self._write_table(self._shape_lines(lines, metrics, read))
+            self._write_table(self._shape_lines(lines, metrics, read, chunk.row_types))
         else:
             # The logged line, its closing brace replaced by the metrics: the row's own text
             # is written as it was, and no row is parsed again.
@@ -74,26 +74,38 @@ class JoinedWriter:
     def _write_lines(self, lines: Iterator[bytes]) -> None:
         self._handle.write(b"".join(line + b"\n" for line in lines))
 
-    def row_types(self) -> pa.Schema | None:
-        """The types a JSONL log's lines are best read with for this writer (``join_shape``),
-        once the first row written has given JOINED's schema; None before, or for JSONL."""
+    def row_types(self, lines: list[bytes]) -> pa.Schema | None:
+        """The types a JSONL log's ``lines`` are best read with for this writer
+        (``join_shape``): JOINED's once the first row written has given its schema, before
+        that as the first of ``lines`` would give it (``first_row_types``); None for JSONL."""
         from horizon_plugins_serving.join_shape import read_types
 
-        return read_types(self._schema) if self.parquet and self._schema is not None else None
+        if not self.parquet:
+            return None
+        return first_row_types(lines) if self._schema is None else read_types(self._schema)
 
     def _shape_lines(
-        self, lines: list[bytes], metrics: pa.MapArray, read: pa.Table | None
+        self,
+        lines: list[bytes],
+        metrics: pa.MapArray,
+        read: pa.Table | None,
+        read_with: pa.Schema | None,
     ) -> pa.Table | None:
         """JSONL decision lines and their metrics as ``joined_schema`` says: read whole by
-        Arrow (``join_shape``) where that gives what ``RowShaper`` gives, else row by row."""
+        Arrow (``join_shape``) where that gives what ``RowShaper`` gives, else row by row.
+        ``read``: the lines as Arrow read them with ``read_with``, taken where those are
+        JOINED's types (the row JOINED's schema came from need not be the one they were
+        guessed from)."""
         from horizon_engine import RowShaper
-        from horizon_plugins_serving.join_shape import shape_lines
+        from horizon_plugins_serving.join_shape import read_types, shape_lines
 
         if not lines:
             return None
         if self._shaper is None:
             layout, self._schema = joined_schema(json.loads(lines[0]) | {"metrics": {}})
             self._shaper = RowShaper(layout)
+        if read_with is None or not read_with.equals(read_types(self._schema)):
+            read = None
         table = shape_lines(lines, metrics, self._shaper.layout, self._schema, read)
         if table is not None:
             return table
@@ -180,6 +192,26 @@ def joined_schema(first: dict[str, Any]) -> tuple[Any, pa.Schema]:
             )
         fields.append(pa.field(name, SCALAR_TYPES[type(value)]))
     return layout, pa.schema(fields, metadata=layout.metadata)
+
+
+def first_row_types(lines: list[bytes]) -> pa.Schema | None:
+    """The types ``JoinedWriter.row_types`` gives once JOINED's first row is the first of
+    these lines: what a JSONL log's chunk is read with before JOINED has its schema, so that
+    the pass that reads its keys reads every field too, and no line is parsed twice. None
+    where that line gives no schema (it is torn, or bad, or has a field JOINED cannot keep)."""
+    from horizon_plugins_serving.join_shape import read_types
+
+    try:
+        row = parse_json_line(lines[0])
+    except BadLine:
+        return None
+    if not isinstance(row, dict):
+        return None
+    try:
+        _, schema = joined_schema(row | {"metrics": {}})
+    except HorizonError:
+        return None
+    return read_types(schema)
 
 
 def _with_metrics(table: pa.Table, metrics: pa.MapArray) -> pa.Table:

@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
@@ -193,9 +194,10 @@ def test_parquet_shaped_by_arrow_is_what_row_by_row_shaping_wrote(
 ):
     """With the keys of every feature map in one order Arrow shapes each chunk; with some
     rows' keys in another order the chunk is shaped row by row (a map keeps its row's
-    order); both write exactly the table that shaping every row wrote. Past the first chunk
-    the second pass reads whole rows with JOINED's types, which the shaping then takes (read
-    once, the kept chunks' good lines are read with them)."""
+    order); both write exactly the table that shaping every row wrote. The pass that writes
+    (read once, the one that reads the keys) reads whole rows with JOINED's types, as the
+    first chunk's first row gives them, which the shaping then takes: each line is parsed
+    once."""
     monkeypatch.setattr(DecisionLogReader.__init__, "__defaults__", (chunk_rows,))
     log, rewards = generated_files(tmp_path, shuffled)
     shaped_by_arrow = []
@@ -209,10 +211,10 @@ def test_parquet_shaped_by_arrow_is_what_row_by_row_shaping_wrote(
     monkeypatch.setattr(join_shape, "shape_lines", counted)
     code, printed = run_join(log, rewards, tmp_path / "arrow.parquet", *options)
     assert code == 0, printed
-    # The write reads whole rows once the first chunk has given JOINED's schema, in chunks
-    # Arrow reads whole: read twice, not the one holding the bad rows 50, 60 and 70; read
-    # once, that chunk's good lines, which the first pass kept.
-    read_whole = [False] if chunk_rows > 200 else [False, not options, True, True, True]
+    # Whole rows are read in every chunk Arrow reads whole: not the one holding the bad rows
+    # 50, 60 and 70 (nor the one chunk of 50,000 holding them), whose good lines the shaping
+    # reads itself.
+    read_whole = [False] if chunk_rows > 200 else [True, False, True, True, True]
     assert shaped_by_arrow == [(not shuffled, whole) for whole in read_whole]
     join_shaped_row_by_row(log, rewards, tmp_path / "rows.parquet", monkeypatch)
     ours, before = (pq.read_table(tmp_path / name) for name in ("arrow.parquet", "rows.parquet"))
@@ -535,3 +537,70 @@ def test_rewards_parsed_by_arrow_in_small_blocks_join_as_in_one(tmp_path, monkey
     }
     assert sums["d0"] == {"click": 3.5, "buy": 3.0}
     assert sums["d29"] == {"click": 1.0}
+
+
+def decision_rows_parsed(monkeypatch) -> list[int]:
+    """The rows of each decision log parse by Arrow's JSON reader (a rewards parse holds
+    ``metrics``; a decision row that holds it is never parsed whole)."""
+    import pyarrow.json as pj
+
+    parsed: list[int] = []
+    read = pj.read_json
+
+    def counted(*arguments: Any, **options: Any) -> Any:
+        table = read(*arguments, **options)
+        if "metrics" not in table.column_names:
+            parsed.append(table.num_rows)
+        return table
+
+    monkeypatch.setattr(pj, "read_json", counted)
+    return parsed
+
+
+@pytest.mark.parametrize("options", [[], READ_TWICE], ids=["read_once", "read_twice"])
+def test_a_jsonl_log_written_as_parquet_parses_each_line_once_a_pass(
+    tmp_path, monkeypatch, options
+):
+    """Read once, the pass that reads the keys reads every field too, with the types JOINED's
+    first row gives, and the write shapes those: each line is parsed once, not once for its
+    keys and again for its fields. Read twice, once a pass."""
+    monkeypatch.setattr(DecisionLogReader.__init__, "__defaults__", (40,))
+    _, rewards = generated_files(tmp_path)
+    rows = [LOGGED | {"decision_id": f"d{number}"} for number in range(120)]
+    log = tmp_path / "clean.jsonl"
+    log.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    parsed = decision_rows_parsed(monkeypatch)
+    code, printed = run_join(log, rewards, tmp_path / "joined.parquet", *options)
+    assert code == 0, printed
+    assert parsed == [40, 40, 40] * (2 if options else 1)
+
+
+def test_rows_read_with_types_a_dropped_first_row_gave_are_shaped_as_joineds(tmp_path, monkeypatch):
+    """The first pass reads a chunk with the types of its first row; JOINED takes its schema
+    from the first row written, here another (the first is unrewarded and dropped), whose
+    field ``note`` is text where the first's is a number. The rows are written as shaping
+    each row writes them."""
+    rows = [
+        LOGGED | {"decision_id": "d1", "note": 5},
+        LOGGED | {"decision_id": "d2", "note": "2026-12-01T12:00:00Z"},
+    ]
+    log = tmp_path / "decisions.jsonl"
+    log.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    rewards = tmp_path / "rewards.jsonl"
+    reward = {"decision_id": "d2", "timestamp": NOON.isoformat(), "metrics": {"click": 1}}
+    rewards.write_text(json.dumps(reward) + "\n", encoding="utf-8")
+
+    def joined(name: str) -> pa.Table:
+        output = tmp_path / name
+        arguments = [log, rewards, "-o", output, "--window", "48h", "--drop-unrewarded"]
+        result = CliRunner().invoke(main, ["join", *map(str, arguments)])
+        assert result.exit_code == 0, result.output
+        return pq.read_table(output)
+
+    ours = joined("arrow.parquet")
+    with monkeypatch.context() as patched:
+        patched.setattr(join_shape, "shape_lines", lambda *arguments: None)
+        before = joined("rows.parquet")
+    assert ours.schema.equals(before.schema, check_metadata=True)
+    assert ours.equals(before)
+    assert ours.column("note").to_pylist() == ["2026-12-01T12:00:00Z"]
