@@ -73,6 +73,7 @@ if TYPE_CHECKING:
     from horizon_engine.normalization import FeatureParameters
     from horizon_engine.plugins import PluginHost
     from horizon_engine.run_context import RunContext, StageRun
+    from horizon_engine.streamed import StreamedTimeline
     from horizon_engine.training import TrainerBase, TrainingProblem
 
 Batch = Mapping[str, "torch.Tensor"]
@@ -350,6 +351,19 @@ def load_split(
     return read_in_memory(RunFolder(run.output_dir).split(split), description).to(device)
 
 
+def evaluation_metrics(
+    trainer: TrainerBase, eval_data: TimelineTensors | StreamedTimeline | None
+) -> dict[str, float]:
+    """The trainer's evaluation on ``eval_data`` as epoch metrics (``Evaluation/<name>``);
+    none when it has no rows."""
+    if eval_data is None or not len(eval_data):
+        return {}
+    from horizon_engine.streamed import evaluate_split
+
+    evaluation = evaluate_split(trainer, eval_data)
+    return {f"Evaluation/{name}": value for name, value in evaluation.items()}
+
+
 def read_check_rows(run_dir: Path, description: ProblemDescription) -> dict[str, torch.Tensor]:
     """The rows a run saved to check its exported model on (``check_rows.pt``): the policy's
     inputs its action type takes (``CHECK_FIELDS``), each a tensor of the shape
@@ -431,13 +445,10 @@ class TrainingDriver:
         self.run = run
         self.config = choice.config
         self.device = distributed.device_for_rank(resolve_device(self.config.device))
+        self._set_up = (choice, description, normalization, plugins or get_plugin_host())
+        """What the trainer was set up from: ``spare_trainer`` sets up another one alike."""
         self.trainer, self.problem = set_up_trainer(
-            choice,
-            description,
-            normalization,
-            plugins or get_plugin_host(),
-            self.device,
-            distributed.world_size(),
+            *self._set_up, self.device, distributed.world_size()
         )
         if distributed.rank() > 0:
             torch.manual_seed(description.seed + distributed.rank())
@@ -476,6 +487,17 @@ class TrainingDriver:
         finally:
             torch.set_num_threads(before)
 
+    def spare_trainer(self) -> TrainerBase:
+        """A second trainer set up as this one is, for one process, leaving torch's generators
+        as they were: ``EpochEnds`` loads an epoch's state into it to evaluate beside the next
+        epoch's updates."""
+        import torch
+
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            trainer, _ = set_up_trainer(*self._set_up, self.device)
+        return trainer
+
     def prepare(self, data: EpochData) -> EpochData:
         """``data`` as epochs train on it: its batches carry the state preprocessor's output,
         computed here once, beside the raw features."""
@@ -507,18 +529,23 @@ class TrainingDriver:
         estimators: EpisodeEvaluation | None = None,
     ) -> list[dict[str, float]]:
         """``[trainer] epochs`` passes over ``data`` (``prepare``d; minibatches shuffled by
-        ``data_order``, seeded with the run's seed), each ended by ``end_epoch``, on
-        ``self.threads`` CPU threads; returns each epoch's metrics. After ``resume`` the epochs
-        after the restored one are trained."""
+        ``data_order``, seeded with the run's seed), each ended as ``end_epoch`` ends one but
+        beside the next epoch's updates (``horizon_engine.epoch_ends``: the same figures and
+        files), on ``self.threads`` CPU threads; returns each epoch's metrics once the last
+        epoch's checkpoint is written. After ``resume`` the epochs after the restored one are
+        trained."""
+        from horizon_engine.epoch_ends import EpochEnds
+
         epochs = self.planned_epochs(data)
         progress = self.run.progress(f"training: {epochs} epochs", total=epochs)
-        with self.torch_threads(), progress as advance:
+        ends = EpochEnds(self, eval_data, estimators)
+        with self.torch_threads(), progress as advance, ends:
             data = self.prepare(data.shard(distributed.rank(), distributed.world_size()))
             advance(self.epoch)
             while self.epoch < epochs:
                 for batch in data.minibatches(self.config.minibatch_size, self.data_order):
                     self.train_batch(batch)
-                self.end_epoch(eval_data=eval_data, estimators=estimators)
+                ends.end_epoch()
                 advance(1)
         return self.history
 
@@ -576,55 +603,68 @@ class TrainingDriver:
         the trainer's state, what resuming needs and ``checkpoint``'s plain data. Returns the
         metrics. With several processes the training metrics are over every rank's batches,
         and the rest is rank 0's alone."""
-        from horizon_engine.training import save_checkpoint
+        found = self.training_metrics(metrics)
+        if not distributed.is_writer():
+            self.history.append(found)
+            return found
+        found |= evaluation_metrics(self.trainer, eval_data)
+        if estimators is not None:
+            found |= estimators.epoch_metrics(self.trainer)
+        self.record_epoch(self.epoch, found, self.trainer.state_dict(), estimators, checkpoint)
+        return found
 
+    def training_metrics(self, metrics: Mapping[str, float] | None = None) -> dict[str, float]:
+        """Count the epoch ended: ``metrics`` followed by the mean of each training metric
+        since the last epoch (over every rank's batches), which start again from none."""
         self.epoch += 1
         found = dict(metrics or {})
         sums, counts = distributed.all_reduce_metrics(self._sums, self._counts)
         for name, total in sums.items():
             found[f"Training/{name}"] = total / counts[name]
         self._sums, self._counts = {}, {}
-        if not distributed.is_writer():
-            self.history.append(found)
-            return found
-        if eval_data is not None and len(eval_data):
-            from horizon_engine.streamed import evaluate_split
-
-            evaluation = evaluate_split(self.trainer, eval_data)
-            found |= {f"Evaluation/{name}": value for name, value in evaluation.items()}
-        if estimators is not None:
-            found |= estimators.epoch_metrics(self.trainer)
-        self.history.append(found)
-        self.run.emit_epoch_metrics(self.epoch, found)
-        state = {
-            "trainer": self.trainer.state_dict(),
-            RESUME_STATE: self._resume_state(estimators),
-            **(checkpoint or {}),
-        }
-        save_checkpoint(self.folder, self.epoch, state)
-        self.checkpoints.append(RunFolder.checkpoint_name(self.epoch))
-        self._list_latest()
         return found
+
+    def record_epoch(
+        self,
+        epoch: int,
+        found: dict[str, float],
+        trainer_state: dict[str, Any],
+        estimators: EpisodeEvaluation | None,
+        checkpoint: Mapping[str, Any] | None = None,
+        generators: dict[str, Any] | None = None,
+    ) -> None:
+        """Epoch ``epoch``'s last acts, rank 0's: its metrics ``found`` join ``history`` and
+        reach ``horizon_on_epoch_end``, then its checkpoint is written with ``trainer_state``,
+        what resuming needs (``generators``: ``generator_state()`` when the epoch ended, taken
+        now when None) and ``checkpoint``'s plain data."""
+        from horizon_engine.training import save_checkpoint
+
+        self.history.append(found)
+        self.run.emit_epoch_metrics(epoch, found)
+        resume = {**(generators or self.generator_state()), "history": json.dumps(self.history)}
+        if estimators is not None:
+            resume["estimators"] = json.dumps(estimators.resume_state())
+        state = {"trainer": trainer_state, RESUME_STATE: resume, **(checkpoint or {})}
+        save_checkpoint(self.folder, epoch, state)
+        self.checkpoints.append(RunFolder.checkpoint_name(epoch))
+        self._list_latest()
 
     def _list_latest(self) -> None:
         if RunFolder.LATEST_CHECKPOINT not in self.outputs:
             self.outputs.append(RunFolder.LATEST_CHECKPOINT)
 
-    def _resume_state(self, estimators: EpisodeEvaluation | None) -> dict[str, Any]:
-        """What the epochs after this one depend on besides the trainer's own state: the
-        generators, the update count, the metrics so far (as JSON: plain data, exact)."""
+    def generator_state(self) -> dict[str, Any]:
+        """What the epochs after this moment draw from besides the trainer's state: torch's
+        generators (the device's too), the data order, the update count."""
         import torch
 
         state: dict[str, Any] = {
             "torch_rng": torch.get_rng_state(),
             "data_order": self.data_order.get_state(),
             "updates": self.updates,
-            "history": json.dumps(self.history),
         }
         if self.device.type == "cuda":
             state["device_rng"] = torch.cuda.get_rng_state(self.device)
-        if estimators is not None:
-            state["estimators"] = json.dumps(estimators.resume_state())
         return state
 
     def resume(self, estimators: EpisodeEvaluation | None = None) -> dict[str, Any] | None:
