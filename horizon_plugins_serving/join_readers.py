@@ -177,6 +177,23 @@ class DecisionChunk:
     row_types: pa.Schema | None = None
     """The types ``rows`` was read with."""
 
+    def kept(self, keep: np.ndarray) -> DecisionChunk:
+        """The chunk's rows where ``keep`` is true: the chunk itself where it keeps them all (as
+        most do), nothing copied."""
+        import pyarrow as pa
+
+        if keep.all():
+            return self
+        mask = pa.array(keep)
+        return DecisionChunk(
+            self.decision_ids.filter(mask),
+            self.timestamps.filter(mask),
+            None if self.lines is None else [self.lines[index] for index in keep.nonzero()[0]],
+            None if self.batch is None else self.batch.filter(mask),
+            None if self.rows is None else self.rows.filter(mask),
+            self.row_types,
+        )
+
     def head(self, count: int) -> DecisionChunk:
         """The chunk's first ``count`` rows."""
         if count >= len(self.decision_ids):

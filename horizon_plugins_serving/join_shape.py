@@ -151,7 +151,7 @@ def _feature_map(
         return None
     flat = np.column_stack([value.to_numpy() for value in values]).ravel() if width else []
     offsets = pa.array(np.arange(rows + 1, dtype=np.int32) * width)
-    names = pa.array(np.tile(np.array(keys, dtype=object), rows), pa.string())
+    names = pa.array(keys, pa.string()).take(pa.array(np.tile(np.arange(width), rows)))
     return pa.MapArray.from_arrays(offsets, names, pa.array(flat, pa.float64())).cast(target)
 
 

@@ -604,3 +604,61 @@ def test_rows_read_with_types_a_dropped_first_row_gave_are_shaped_as_joineds(tmp
     assert ours.schema.equals(before.schema, check_metadata=True)
     assert ours.equals(before)
     assert ours.column("note").to_pylist() == ["2026-12-01T12:00:00Z"]
+
+
+def test_a_chunk_keeps_its_rows_without_a_copy_or_filters_them_all_alike():
+    import numpy as np
+
+    from horizon_plugins_serving.join_readers import DecisionChunk
+
+    lines = [f'{{"n":{number}}}\n'.encode() for number in range(4)]
+    table = pa.table({"n": list(range(4))})
+    chunk = DecisionChunk(pa.array(["a", "b", "c", "d"]), pa.array([1, 2, 3, 4]), lines, rows=table)
+    assert chunk.kept(np.ones(4, dtype=bool)) is chunk
+    kept = chunk.kept(np.array([True, False, False, True]))
+    assert kept.decision_ids.to_pylist() == ["a", "d"]
+    assert kept.timestamps.to_pylist() == [1, 4]
+    assert kept.lines == [lines[0], lines[3]]
+    assert kept.rows.column("n").to_pylist() == [0, 3]
+
+
+@pytest.mark.parametrize("log_form", ["jsonl", "parquet"])
+def test_row_groups_written_on_the_writing_thread_hold_the_rows_in_order(
+    tmp_path, monkeypatch, log_form
+):
+    """Row groups of 30 rows, each written on the writing thread while the next chunks are
+    shaped: the table one row group holds, in the same order."""
+    from horizon_plugins_serving import join_writer
+
+    monkeypatch.setattr(DecisionLogReader.__init__, "__defaults__", (40,))
+    _, rewards = generated_files(tmp_path)
+    log = tmp_path / "decisions.jsonl" if log_form == "jsonl" else parquet_log(tmp_path)
+    written = {}
+    for rows in [join_writer.ROW_GROUP_ROWS, 30]:
+        monkeypatch.setattr(join_writer, "ROW_GROUP_ROWS", rows)
+        output = tmp_path / f"joined-{rows}.parquet"
+        code, printed = run_join(log, rewards, output)
+        assert code == 0, printed
+        written[rows] = pq.read_table(output)
+        groups = pq.ParquetFile(output / "part-00000.parquet").metadata.num_row_groups
+        assert (groups > 1) == (rows == 30)
+    assert written[30].equals(written[join_writer.ROW_GROUP_ROWS])
+
+
+def test_a_full_disk_on_the_writing_thread_fails_the_join_leaving_nothing(tmp_path, monkeypatch):
+    """Arrow's error for a full disk, raised on the writing thread, is the join's one-line
+    error, and no half-written JOINED is left."""
+    import errno
+
+    monkeypatch.setattr(DecisionLogReader.__init__, "__defaults__", (40,))
+    log, rewards = generated_files(tmp_path)
+
+    def disk_full(*arguments: object, **options: object) -> None:
+        raise OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28]")
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", disk_full)
+    output = tmp_path / "joined.parquet"
+    code, printed = run_join(log, rewards, output)
+    assert code == 1
+    assert "No space left on device" in printed
+    assert [path.name for path in tmp_path.iterdir()] == ["decisions.jsonl", "rewards.jsonl"]
