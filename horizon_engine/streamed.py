@@ -11,13 +11,16 @@ next row groups. An epoch holds every row of the split once, and a run is reprod
 resumable from the generator's state alone, which every checkpoint already holds.
 
 Reading and converting the slices, and on the CPU preprocessing them, runs on a background
-thread up to ``READ_AHEAD`` slices ahead of training (``_read_ahead``): Arrow's decoding and the
-conversion mostly release the GIL, so they overlap the updates on another core, and the batches
-are the same, in the same order, as read in line, since the generator is drawn from on the
-training thread alone. The state preprocessor's output (the batch schema's ``*_preprocessed``) is
-computed for each slice read (on a GPU, for each batch there), where the in-memory split computes
-it once;
-batches move to the device one at a time (through pinned memory, without blocking, on a GPU).
+thread up to ``READ_AHEAD`` slices ahead of training (``read_ahead.ReadAhead``): Arrow's decoding
+and the conversion mostly release the GIL, so they overlap the updates on another core, and the
+batches are the same, in the same order, as read in line, since the generator is drawn from on
+the training thread alone. An epoch's first buffer of slices would leave training waiting (most
+of what streaming cost on a split a few buffers long), so the next epoch's reading begins as
+soon as this epoch's last shuffle is drawn: the next row group order is then drawn from a copy
+of the generator, and the next epoch takes that reading if it starts from the same state.
+The state preprocessor's output (the batch schema's ``*_preprocessed``) is computed for each
+slice read (on a GPU, for each batch there), where the in-memory split computes it once; batches
+move to the device one at a time (through pinned memory, without blocking, on a GPU).
 ``shard`` gives row group ``i`` to process ``i % world`` (with fewer row groups than processes,
 a run of every group's rows to each) with the same number of minibatches on every process,
 decided from the Parquet metadata alone. The eval split is read in whole episodes
@@ -28,15 +31,16 @@ torch and pyarrow are imported where they are used.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+import weakref
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, Literal
 
 from horizon_engine.errors import HorizonError
+from horizon_engine.read_ahead import NextReading, ReadAhead
 from horizon_engine.schema import ActionType
 
 if TYPE_CHECKING:
@@ -47,11 +51,13 @@ if TYPE_CHECKING:
     from horizon_engine.driver import Batch, ProblemDescription
     from horizon_engine.training import TrainerBase, TrainerConfig
 
-T = TypeVar("T")
-
 READ_ROWS = 16_384
 """Most rows read from Parquet and converted at once: a row group (the local engine writes
 65,536 rows) is read in slices, so a writer's larger row groups do not raise the peak."""
+
+UNREAD_COLUMNS = frozenset({"ds", "metrics", "sequence_number_ordinal", "time_since_first"})
+"""Timeline columns the conversion (``dataset.timeline_tensors``) never reads, which a streamed
+split therefore does not decode: about a tenth of a CartPole row group's decoding, every epoch."""
 
 READER_OPTIONS = {"buffer_size": 1 << 20, "pre_buffer": False}
 """How a streamed split's files are read: column chunks through 1 MiB buffered streams rather
@@ -75,16 +81,17 @@ EVAL_SHARE = 0.5
 streamed (what is left holds the shuffle buffer): above it the eval split is streamed too."""
 
 READ_AHEAD = 2
-"""Slices converted and waiting for the training thread at most (``_read_ahead``), besides the
+"""Slices converted and waiting for the training thread at most (``ReadAhead``), besides the
 one the background thread is converting: enough to cover a slow slice, few enough that what
 waits is half a shuffle buffer (``READ_AHEAD / READ_SHARE``)."""
 
 BUFFER_COPIES = 6
 """Bytes of the budget per byte of a buffered row: the shuffle buffer holds up to three copies
 of a row at its fullest (the rows read, their permutation, the slices read in); read ahead
-while it drains, the slice being converted takes about one more (``READ_SHARE`` times a slice
-of a ``READ_SHARE``-th of the buffer) and the slices waiting half of one (``READ_AHEAD``); the
-rest is left for the update's tensors."""
+while it drains (the next epoch's first slices while the last drains), the slice being
+converted takes about one more (``READ_SHARE`` times a slice of a ``READ_SHARE``-th of the
+buffer) and the slices waiting half of one (``READ_AHEAD``); the rest is left for the update's
+tensors."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +132,13 @@ class StreamedTimeline:
     preprocessor: torch.nn.Module | None = None
     read_ahead: int = READ_AHEAD
     """Slices an epoch reads ahead on a background thread; 0 reads them on the training thread."""
+    _next_reading: NextReading[dict[str, torch.Tensor]] = field(
+        default_factory=NextReading, init=False, repr=False, compare=False
+    )
+    """The next epoch's reading, begun by this one's end."""
+
+    def __post_init__(self) -> None:
+        weakref.finalize(self, self._next_reading.discard)
 
     @classmethod
     def open(
@@ -194,23 +208,51 @@ class StreamedTimeline:
 
     def minibatches(self, batch_size: int, generator: torch.Generator) -> Iterator[Batch]:
         """One epoch: the row groups in an order drawn from ``generator``, through the shuffle
-        buffer, as minibatches of ``batch_sizes`` rows on the device."""
+        buffer, as minibatches of ``batch_sizes`` rows on the device. Once the last shuffle is
+        drawn, the next epoch's order is known (drawn from a copy of ``generator``) and its
+        first slices are read while this epoch's last batches train (``_next_reading``)."""
         import torch
 
         buffer = _ShuffleBuffer(generator, self.batch_sizes(batch_size)[::-1])
-        order = torch.randperm(len(self.groups), generator=generator).tolist()
-        groups = [self.groups[position] for position in order]
-        parts = _read_ahead(lambda: self._prepared_parts(groups), self.read_ahead)
+        begun = self._next_reading.take(generator)
+        groups = self._epoch_groups(generator)
+        parts = begun or self._reading(groups)
         try:
             for part in parts:
                 buffer.add(part)
                 if buffer.rows >= self.buffer_rows:
-                    for batch in buffer.drain(keep=self.buffer_rows // 2):
+                    buffer.shuffle()
+                    for batch in buffer.take(keep=self.buffer_rows // 2):
                         yield self._on_device(batch)
         finally:
             parts.close()
-        for batch in buffer.drain(keep=0):
-            yield self._on_device(batch)
+        buffer.shuffle()
+        if self.read_ahead > 0:
+            predicted = torch.Generator().set_state(generator.get_state())
+            reading = self._reading(self._epoch_groups(predicted))
+            self._next_reading.begin(generator.get_state(), reading)
+        ended = False
+        try:
+            for batch in buffer.take(keep=0):
+                yield self._on_device(batch)
+            ended = True
+        finally:
+            if not ended:
+                self._next_reading.discard()
+
+    def _epoch_groups(self, generator: torch.Generator) -> list[RowGroup]:
+        """The row groups in an epoch's order: the epoch's first draw from ``generator``."""
+        import torch
+
+        order = torch.randperm(len(self.groups), generator=generator).tolist()
+        return [self.groups[position] for position in order]
+
+    def _reading(self, groups: Sequence[RowGroup]) -> ReadAhead[dict[str, torch.Tensor]]:
+        """``groups``' slices, read ``read_ahead`` ahead from now on by a copy of this split
+        (which the reading thread holds: this one is left to be collected, closing what it
+        began, ``__post_init__``)."""
+        reader = replace(self)
+        return ReadAhead(lambda: reader._prepared_parts(groups), self.read_ahead)
 
     def _prepared_parts(
         self, groups: Sequence[RowGroup]
@@ -354,26 +396,34 @@ class _ShuffleBuffer:
         self.sizes = sizes
         self.parts: list[dict[str, torch.Tensor]] = []
         self.rows = 0
+        self.order: torch.Tensor | None = None
 
     def add(self, tensors: dict[str, torch.Tensor]) -> None:
         self.parts.append(tensors)
         self.rows += len(tensors["reward"])
 
-    def drain(self, keep: int) -> Iterator[Minibatch]:
-        """Draw the rows' order, then yield the next minibatches while at least ``keep`` rows
-        would remain (every one for ``keep = 0``); the rest stay, in the order drawn."""
+    def shuffle(self) -> None:
+        """Draw the order of the rows buffered (the generator's next draw, none when there
+        are none), which ``take`` follows."""
         import torch
 
+        if not self.rows:
+            return
+        self.order = torch.randperm(self.rows, generator=self.generator)
+        if len(self.parts) > 1:
+            names = self.parts[0].keys()
+            self.parts = [{name: torch.cat([part[name] for part in self.parts]) for name in names}]
+
+    def take(self, keep: int) -> Iterator[Minibatch]:
+        """The next minibatches in the order drawn while at least ``keep`` rows would remain
+        (every one for ``keep = 0``); the rest stay, in that order."""
         from horizon_engine.dataset import Minibatch
 
         if not self.rows:
             return
-        order = torch.randperm(self.rows, generator=self.generator)
-        names = self.parts[0].keys()
-        rows = self.parts[0]
-        if len(self.parts) > 1:
-            rows = {name: torch.cat([part[name] for part in self.parts]) for name in names}
-        self.parts = []
+        rows, order = self.parts[0], self.order
+        if order is None:
+            raise ValueError("the buffer's order is taken before it is drawn")
         start = 0
         while self.sizes and self.rows - start - self.sizes[-1] >= keep:
             size = self.sizes.pop()
@@ -564,63 +614,12 @@ def _row_group_batches(group: RowGroup, rows: int) -> Iterator[pa.RecordBatch]:
 
     try:
         file = pq.ParquetFile(group.path, **READER_OPTIONS)
-        yield from file.iter_batches(rows, row_groups=[group.index], use_threads=False)
+        columns = [name for name in file.schema_arrow.names if name not in UNREAD_COLUMNS]
+        yield from file.iter_batches(
+            rows, row_groups=[group.index], columns=columns, use_threads=False
+        )
     except (OSError, ValueError) as exc:
         raise HorizonError(f"{group.path}: cannot read the timeline split: {exc}") from None
-
-
-class _Finished:
-    """What the reading thread sends last: the end of its items, or the error that stopped it."""
-
-    def __init__(self, error: BaseException | None = None) -> None:
-        self.error = error
-
-
-def _read_ahead(
-    produce: Callable[[], Generator[T, None, None]], ahead: int
-) -> Generator[T, None, None]:
-    """``produce()``'s items, made on a background thread at most ``ahead`` items before they
-    are taken (in line, on this thread, for ``ahead = 0``). Its error is raised here; closing
-    this iterator (an epoch abandoned or failed) stops the thread after the item it is making
-    and waits for it, so nothing reads on after the epoch."""
-    import queue
-    import threading
-
-    if ahead <= 0:
-        yield from produce()
-        return
-    waiting: queue.Queue[T | _Finished] = queue.Queue(maxsize=ahead)
-    stopped = threading.Event()
-
-    def make() -> None:
-        finished = _Finished()
-        try:
-            items = produce()
-            try:
-                for item in items:
-                    waiting.put(item)
-                    if stopped.is_set():
-                        return
-            finally:
-                items.close()
-        except BaseException as exc:
-            finished = _Finished(exc)
-        if not stopped.is_set():
-            waiting.put(finished)
-
-    thread = threading.Thread(target=make, name="horizon-read-ahead", daemon=True)
-    thread.start()
-    try:
-        while not isinstance(item := waiting.get(), _Finished):
-            yield item
-        if item.error is not None:
-            raise item.error
-    finally:
-        stopped.set()
-        while thread.is_alive():
-            with contextlib.suppress(queue.Empty):
-                waiting.get(timeout=0.05)
-        thread.join()
 
 
 def _rows_of_groups(groups: Sequence[RowGroup], share: int, shares: int) -> list[RowGroup]:

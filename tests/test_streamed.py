@@ -250,6 +250,71 @@ def test_reading_ahead_gives_the_batches_read_in_line(split):
             assert torch.equal(found[name], tensor), name
 
 
+def epochs(data: StreamedTimeline, generator: torch.Generator, count: int) -> list[list[dict]]:
+    return [[dict(batch) for batch in data.minibatches(32, generator)] for _ in range(count)]
+
+
+def assert_same_batches(found: list[list[dict]], expected: list[list[dict]]) -> None:
+    assert [len(batches) for batches in found] == [len(batches) for batches in expected]
+    for found_epoch, expected_epoch in zip(found, expected, strict=True):
+        for batch, expected_batch in zip(found_epoch, expected_epoch, strict=True):
+            assert set(batch) == set(expected_batch)
+            for name, tensor in expected_batch.items():
+                assert torch.equal(batch[name], tensor), name
+
+
+def test_the_next_epoch_read_while_this_one_ends_gives_the_batches_read_in_line(split):
+    """Each epoch's last shuffle tells the next epoch's row group order: its first slices are
+    read while the last batches train, and the epochs are those read in line."""
+    folder, description = split
+    data = streamed(folder, description)
+    ahead_generator, in_line_generator = torch.Generator(), torch.Generator()
+    ahead_generator.manual_seed(4)
+    in_line_generator.manual_seed(4)
+
+    ahead = epochs(data, ahead_generator, 3)
+
+    assert_same_batches(ahead, epochs(replace(data, read_ahead=0), in_line_generator, 3))
+    assert torch.equal(ahead_generator.get_state(), in_line_generator.get_state())
+
+
+def test_a_generator_set_between_epochs_reads_the_next_epoch_afresh(split):
+    """A run resumed from a checkpoint sets the generator to its state: the reading begun for
+    the state the last epoch left is not used."""
+    folder, description = split
+    data = streamed(folder, description)
+    generator = torch.Generator()
+    epochs(data, generator.manual_seed(0), 1)
+
+    resumed = epochs(data, generator.manual_seed(9), 1)
+
+    assert_same_batches(resumed, epochs(replace(data, read_ahead=0), generator.manual_seed(9), 1))
+
+
+def test_an_epoch_closed_in_its_last_batches_stops_the_next_epochs_reading(split):
+    folder, description = split
+    data = streamed(folder, description)
+    batches = data.minibatches(32, torch.Generator().manual_seed(0))
+    count = len(data.batch_sizes(32))
+    for _ in range(count):
+        next(batches)
+    assert read_ahead_threads()
+
+    batches.close()
+
+    assert not read_ahead_threads()
+
+
+def test_a_split_let_go_stops_the_reading_it_began(split):
+    folder, description = split
+    data = streamed(folder, description)
+    epoch(data, 32, 0)
+
+    del data
+
+    assert not read_ahead_threads()
+
+
 def read_ahead_threads() -> list[threading.Thread]:
     return [thread for thread in threading.enumerate() if thread.name == "horizon-read-ahead"]
 

@@ -1,0 +1,132 @@
+"""Items made on a background thread ahead of the thread that takes them.
+
+A streamed split's epoch (``streamed.StreamedTimeline.minibatches``) reads and converts its
+Parquet slices on a thread of their own while the training thread trains on the slices before
+(Arrow's decoding and most of the conversion release the GIL). ``ReadAhead`` starts making its
+items when it is made, not when the first is taken, so that an epoch's next slices are read
+while its shuffle buffer still drains, and an epoch's first slices while the epoch before
+trains on its last batches (``NextReading``): on a split only a few shuffle buffers long, the
+wait for the first buffer's slices was most of what streaming cost over training in memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Callable, Generator, Iterator
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+if TYPE_CHECKING:
+    import torch
+
+T = TypeVar("T")
+
+
+class _Finished:
+    """What the making thread sends last: the end of its items, or the error that stopped it."""
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        self.error = error
+
+
+class ReadAhead(Generic[T]):
+    """``produce()``'s items, made on a background thread from now on, at most ``ahead``
+    items before they are taken (in line, as they are taken, for ``ahead = 0``). The making's
+    error is raised where the items are taken. ``close`` (an epoch ended, abandoned or failed)
+    stops the thread after the item it is making and waits for it, so nothing reads on after
+    the epoch: whoever makes a ``ReadAhead`` closes it."""
+
+    def __init__(self, produce: Callable[[], Generator[T, None, None]], ahead: int) -> None:
+        self._in_line = produce() if ahead <= 0 else None
+        self._items: queue.Queue[T | _Finished] = queue.Queue(maxsize=max(1, ahead))
+        self._stopped = threading.Event()
+        self._finished: _Finished | None = None
+        self._thread: threading.Thread | None = None
+        if self._in_line is None:
+            self._thread = threading.Thread(
+                target=self._make, args=(produce,), name="horizon-read-ahead", daemon=True
+            )
+            self._thread.start()
+
+    def __iter__(self) -> Iterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        if self._in_line is not None:
+            return next(self._in_line)
+        if self._finished is None:
+            item = self._items.get()
+            if not isinstance(item, _Finished):
+                return item
+            self._finished = item
+        error, self._finished.error = self._finished.error, None
+        if error is not None:
+            raise error
+        raise StopIteration
+
+    def close(self) -> None:
+        """Stop making items and wait for the thread to end (the items made are dropped)."""
+        if self._thread is None:
+            if self._in_line is not None:
+                self._in_line.close()
+            return
+        self._stopped.set()
+        while self._thread.is_alive():
+            with contextlib.suppress(queue.Empty):
+                self._items.get(timeout=0.05)
+        self._thread.join()
+
+    def _make(self, produce: Callable[[], Generator[T, None, None]]) -> None:
+        finished = _Finished()
+        try:
+            items = produce()
+            try:
+                for item in items:
+                    self._items.put(item)
+                    if self._stopped.is_set():
+                        return
+            finally:
+                items.close()
+        except BaseException as exc:
+            finished = _Finished(exc)
+        if not self._stopped.is_set():
+            self._items.put(finished)
+
+
+class NextReading(Generic[T]):
+    """The reading of a streamed split's next epoch, begun before that epoch is asked for,
+    with the data-order generator's state it was drawn for: the next epoch takes it when it
+    starts from that state (its batches then are those of reading afresh), and closes it
+    otherwise (a resumed run's generator, set to a checkpoint's state). One is held per split
+    and closed with it (``discard``), so that a reading no epoch takes reads no further than
+    its ``ahead`` items."""
+
+    def __init__(self) -> None:
+        self._state: torch.Tensor | None = None
+        self._reading: ReadAhead[T] | None = None
+
+    def begin(self, state: torch.Tensor, reading: ReadAhead[T]) -> None:
+        """Hold ``reading``, begun for the generator at ``state``."""
+        self.discard()
+        self._state, self._reading = state, reading
+
+    def take(self, generator: torch.Generator) -> ReadAhead[T] | None:
+        """The reading held, if it was begun for ``generator``'s state (then the caller's to
+        close); none otherwise."""
+        import torch
+
+        state, reading = self._state, self._reading
+        self._state = self._reading = None
+        if reading is None or state is None:
+            return None
+        if torch.equal(state, generator.get_state()):
+            return reading
+        reading.close()
+        return None
+
+    def discard(self) -> None:
+        """Close the reading held, if any."""
+        reading, self._state, self._reading = self._reading, None, None
+        if reading is not None:
+            reading.close()
