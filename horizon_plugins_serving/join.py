@@ -39,8 +39,10 @@ import math
 import re
 from collections import deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from threading import Event
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -353,17 +355,33 @@ def join_local(
     # Read once into Parquet, a JSONL chunk's rows are read with its keys, as JOINED's first
     # row will likely type them (the writer reads them again where it does not).
     row_types = first_row_types if once and to_parquet else None
-    for chunk in log.chunks(keys_only=not once, row_types=row_types):
-        keys.append(pa.table({"decision_id": chunk.decision_ids, "timestamp": chunk.timestamps}))
-        if once:
-            kept.append(chunk)
+    # The rewards are read on a thread of their own while the log is read (most of either
+    # is Arrow's, without the GIL), their bad rows counted apart and after the log's.
+    rewards_counted = JoinReport("local", window_seconds, defaults)
+    failed = Event()
+    with ThreadPoolExecutor(1, thread_name_prefix="join-rewards") as reading:
+        rewards_read = reading.submit(
+            read_rewards, rewards_path, BadRows(skip_bad_rows, rewards_counted), failed
+        )
+        try:
+            for chunk in log.chunks(keys_only=not once, row_types=row_types):
+                keys.append(
+                    pa.table({"decision_id": chunk.decision_ids, "timestamp": chunk.timestamps})
+                )
+                if once:
+                    kept.append(chunk)
+        except BaseException:
+            failed.set()
+            raise
+        rewards = rewards_read.result()
     report.torn_lines, report.torn_line_numbers = log.torn, list(log.torn_lines)
+    bad.add_rewards(rewards_counted)
     key_schema = pa.schema(
         [("decision_id", pa.string()), ("timestamp", pa.timestamp("us", tz="UTC"))]
     )
     keys_table = pa.concat_tables(keys) if keys else key_schema.empty_table()
-    plan = plan_join(keys_table, read_rewards(rewards_path, bad), window_seconds, report, bad)
-    del keys, keys_table
+    plan = plan_join(keys_table, rewards, window_seconds, report, bad)
+    del keys, keys_table, rewards
     quiet = BadRows(True, JoinReport("local", window_seconds, defaults))
     with atomic_output(output) as temporary:
         writer = JoinedWriter(temporary, to_parquet)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from threading import Event
 from typing import TYPE_CHECKING, Any
 
 from horizon_engine import (
@@ -473,8 +474,10 @@ class Rewards:
     """reward_row, metric, value (float64)."""
 
 
-def read_rewards(path: Path, bad: BadRows) -> Rewards:
-    """Every good row of a rewards file (JSONL or Parquet), checked and numbered in order."""
+def read_rewards(path: Path, bad: BadRows, stop: Event | None = None) -> Rewards:
+    """Every good row of a rewards file (JSONL or Parquet), checked and numbered in order.
+    ``stop``: set where the join they are read for has failed, which then takes none of them:
+    the reading stops at the next block."""
     import pyarrow as pa
 
     rows: list[pa.Table] = []
@@ -482,6 +485,8 @@ def read_rewards(path: Path, bad: BadRows) -> Rewards:
     reader = _parquet_rewards if is_parquet(path) else _jsonl_rewards
     first = 0
     for chunk_rows, chunk_metrics in reader(path, bad):
+        if stop is not None and stop.is_set():
+            break
         count = chunk_rows.num_rows
         numbers = pa.array(range(first, first + count), pa.int64())
         rows.append(chunk_rows.append_column("reward_row", numbers))

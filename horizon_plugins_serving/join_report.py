@@ -16,6 +16,9 @@ from horizon_engine import HorizonError
 SHOWN = 5
 """How many example ids, lines or rows the report names for each kind of count."""
 
+NAMED_BAD_ROWS = 2 * SHOWN
+"""How many skipped bad rows the report names (``JoinReport.bad_rows``)."""
+
 
 @dataclass
 class JoinReport:
@@ -131,5 +134,14 @@ class BadRows:
             self.report.bad_decision_rows += 1
         else:
             self.report.bad_reward_rows += 1
-        if len(self.report.bad_rows) < 2 * SHOWN:
+        if len(self.report.bad_rows) < NAMED_BAD_ROWS:
             self.report.bad_rows.append(f"{location}: {reason}")
+
+    def add_rewards(self, counted: JoinReport) -> None:
+        """Counts after those found so far the bad and torn reward rows ``counted`` holds
+        (found apart, on the thread that read the rewards while the log was read): as if
+        they had been found in turn."""
+        self.report.bad_reward_rows += counted.bad_reward_rows
+        self.report.torn_reward_lines += counted.torn_reward_lines
+        room = NAMED_BAD_ROWS - len(self.report.bad_rows)
+        self.report.bad_rows += counted.bad_rows[:room]

@@ -157,3 +157,40 @@ def test_parquet_strings_that_are_not_utf8_are_bad_rows(tmp_path):
     assert [row["metrics"] for row in read_joined(output)] == [{"clicks": 1.0}]
     manifest = run_source(tmp_path / "run", "jsonl", output)
     assert manifest["stages"]["source"]["rows_out"] == 1
+
+
+def test_the_log_is_named_before_the_rewards_read_beside_it(tmp_path):
+    """The rewards are read on their own thread while the log is read: a bad decision row is
+    still the one a join without --skip-bad-rows names, a bad reward row only where the log
+    has none; skipped, the log's bad rows are named first, ten in all, each side counted."""
+    no_key = {"decision_id": "", "timestamp": decision("x")["timestamp"]}
+    rows = [decision("a"), *([no_key] * 8), decision("b")]
+    decisions = write_jsonl(tmp_path / "d.jsonl", rows)
+    bad_reward = reward("a", 1.0, clicks=1) | {"timestamp": "noon"}
+    rewards = write_jsonl(tmp_path / "r.jsonl", [reward("a", 1.0, clicks=1), *[bad_reward] * 4])
+    output = tmp_path / "joined.jsonl"
+    message = failing("join", decisions, rewards, "-o", output, "--window", "48h")
+    assert f"{decisions}:2:" in message and str(rewards) not in message
+    good_log = write_jsonl(tmp_path / "good.jsonl", [decision("a")])
+    message = failing("join", good_log, rewards, "-o", output, "--window", "48h")
+    assert f"{rewards}:2:" in message
+    join(decisions, rewards, output, "--skip-bad-rows")
+    report = report_of(output)
+    assert (report["bad_decision_rows"], report["bad_reward_rows"]) == (8, 4)
+    named = [bad.split(":")[0] for bad in report["bad_rows"]]
+    assert named == [str(decisions)] * 8 + [str(rewards)] * 2
+    assert report["bad_rows"][8].startswith(f"{rewards}:2:")
+
+
+def test_rewards_read_for_a_join_that_failed_stop_at_the_next_block(tmp_path):
+    from threading import Event
+
+    from horizon_plugins_serving.join_readers import read_rewards
+    from horizon_plugins_serving.join_report import BadRows, JoinReport
+
+    rewards = write_jsonl(tmp_path / "r.jsonl", [reward("a", 1.0, clicks=1)] * 3)
+    failed = Event()
+    bad = BadRows(False, JoinReport("local", 1.0, None))
+    assert read_rewards(rewards, bad, failed).rows.num_rows == 3
+    failed.set()
+    assert read_rewards(rewards, bad, failed).rows.num_rows == 0
