@@ -26,7 +26,13 @@ default, as ``[trainer] threads = "auto"`` picks for these networks):
   a checkpoint after each), its updates per second of its wall time, against the bare loop's
   updates per second with the example's settings. Beside them, the same epochs of the
   stage's updates alone (``train_batch`` on the prepared split): where the rest goes, the
-  update's gap to the bare loop or the stage's time outside its updates.
+  update's gap to the bare loop or the stage's time outside its updates. Then the stage again,
+  its phases timed (``stage_phases``): each phase of the training thread as a share of the
+  wall time (loading, setup, the updates, the epochs' ends on that thread, waiting for one),
+  and each part of the epochs' ends (evaluation, estimators, checkpoints, the hook), which run
+  beside the next epoch's updates after the first (``horizon_engine.epoch_ends``).
+- ``stage_streamed``: the same with ``[trainer] data = "streamed"`` (the train split read from
+  its Parquet row groups as it goes), against the same bare loop in memory.
 - ``first_optimizer``: seconds to construct the first optimizer of a fresh process
   (``torch.optim.Adam`` imports ``torch._dynamo`` then), the trainer's against torch's; its
   ratio is of seconds, lower is better.
@@ -52,7 +58,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,11 +67,16 @@ import torch
 import torch.nn.functional as F
 
 from horizon_engine import ForeachAdam
+from horizon_engine import driver as driver_module
+from horizon_engine import streamed as streamed_module
+from horizon_engine import training as training_module
 from horizon_engine.config import build_spec
 from horizon_engine.dataset import TimelineTensors
 from horizon_engine.driver import TrainingDriver, load_split, timeline_problem
+from horizon_engine.epoch_ends import EpochEnds
+from horizon_engine.evaluation import EpisodeEvaluation
 from horizon_engine.pipeline import Engine
-from horizon_engine.run_context import StageRun
+from horizon_engine.run_context import HostedRun, StageRun
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cartpole_dqn.toml"
 GAMMA = 0.99
@@ -292,8 +304,9 @@ def update_row(
     report(name, f"{what} ({rows})", interleaved(sides, blocks), "updates/s", 1.0)
 
 
-def stage_row(engine: Engine, settings: list[str], blocks: int) -> None:
-    """The whole train stage's updates per second of its wall time, against the bare loop."""
+def stage_row(engine: Engine, name: str, settings: list[str], blocks: int) -> None:
+    """The whole train stage's updates per second of its wall time, against the bare loop;
+    then where its time goes (``stage_phases``)."""
     spec = build_spec(EXAMPLE, engine.plugins, settings)
     engine.run(EXAMPLE, settings, stages=["train"])  # then problem.json is the run's to replace
     driver, data = trainer_driver(engine, settings)
@@ -310,12 +323,12 @@ def stage_row(engine: Engine, settings: list[str], blocks: int) -> None:
         sides[side] = timed(bare_loop(driver, data, optimizer).epoch, epochs)
     sides["updates"] = timed(trainer_epoch(driver, data), epochs)
     what = (
-        f"whole train stage, the example's settings ({len(data):,} train rows, "
-        f"{epochs} epochs, batch {config.minibatch_size}, evaluation and "
+        f"whole train stage, the example's settings, data {config.data} ({len(data):,} train "
+        f"rows, {epochs} epochs, batch {config.minibatch_size}, evaluation and "
         f"{len(spec.evaluation)} estimator(s) every epoch), {spec.pipeline.output_dir}"
     )
     rates = interleaved(sides, blocks)
-    report("stage", what, rates, "updates/s", 0.9)
+    report(name, what, rates, "updates/s", 0.95)
     updates = [a / b for a, b in zip(rates["updates"], rates["bare_same_optimizer"], strict=True)]
     outside = [1 - a / b for a, b in zip(rates["ours"], rates["updates"], strict=True)]
     print(
@@ -327,12 +340,85 @@ def stage_row(engine: Engine, settings: list[str], blocks: int) -> None:
         flush=True,
     )
     print(
-        f"RESULT name=stage_updates ours={statistics.median(rates['updates']):.1f} "
+        f"RESULT name={name}_updates ours={statistics.median(rates['updates']):.1f} "
         f"baseline={statistics.median(rates['bare_same_optimizer']):.1f} "
         f"ratio={statistics.median(updates):.3f} outside_updates={statistics.median(outside):.3f} "
         "unit=updates/s",
         flush=True,
     )
+    stage_phases(lambda: engine.run(EXAMPLE, settings, stages=["train"]), blocks)
+
+
+PHASES: dict[str, tuple[object, str]] = {
+    "load the splits": (driver_module, "load_split"),
+    "set up the trainer": (TrainingDriver, "__init__"),
+    "set up the estimators": (EpisodeEvaluation, "__init__"),
+    "the updates (train_batch)": (TrainingDriver, "train_batch"),
+    "epoch ends on the training thread": (EpochEnds, "end_epoch"),
+    "waiting for an epoch's end": (EpochEnds, "wait"),
+}
+"""The stage's phases on its training thread, each timed whole: the callable that runs it."""
+
+PARTS: dict[str, tuple[object, str]] = {
+    "evaluation": (streamed_module, "evaluate_split"),
+    "estimators": (EpisodeEvaluation, "epoch_metrics"),
+    "checkpoints": (training_module, "save_checkpoint"),
+    "horizon_on_epoch_end": (HostedRun, "emit_epoch_metrics"),
+}
+"""The parts of an epoch's end: in line at the first epoch's end (and, for a part that draws
+from torch's generator, at every one), beside the updates on the epoch-end thread otherwise."""
+
+
+@contextmanager
+def phase_clock(phases: dict[str, tuple[object, str]]) -> Iterator[dict[str, list[float]]]:
+    """Inside, each phase's callable records the seconds of each call, by phase."""
+    seconds: dict[str, list[float]] = {name: [] for name in phases}
+    originals = {name: getattr(owner, attribute) for name, (owner, attribute) in phases.items()}
+
+    def clocked(name: str) -> Callable[..., object]:
+        original = originals[name]
+
+        def call(*args: object, **kwargs: object) -> object:
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                seconds[name].append(time.perf_counter() - started)
+
+        return call
+
+    for name, (owner, attribute) in phases.items():
+        setattr(owner, attribute, clocked(name))
+    try:
+        yield seconds
+    finally:
+        for name, (owner, attribute) in phases.items():
+            setattr(owner, attribute, originals[name])
+
+
+def stage_phases(stage: Callable[[], object], runs: int) -> None:
+    """Where the stage's wall time goes, over ``runs`` runs: each phase of its training thread
+    as a share of it (the rest: the minibatches' gathering, the run's own bookkeeping), then
+    each part of the epochs' ends, which runs beside the updates after the first epoch."""
+    walls: list[float] = []
+    with phase_clock({**PHASES, **PARTS}) as seconds:
+        for _ in range(runs):
+            started = time.perf_counter()
+            stage()
+            walls.append(time.perf_counter() - started)
+    wall = sum(walls)
+    lines = [f"  where the stage's time goes ({runs} runs, {wall / runs:.2f} s each):"]
+    phases = {name: sum(seconds[name]) for name in PHASES}
+    phases["the rest (minibatches, run bookkeeping)"] = wall - sum(phases.values())
+    for name, total in phases.items():
+        lines.append(f"    {total / wall:6.1%}  {name}")
+    lines.append("  the epochs' ends, in line at the first and beside the updates after:")
+    for name in PARTS:
+        calls = len(seconds[name])
+        total = sum(seconds[name])
+        each = total / max(1, calls) * 1000
+        lines.append(f"    {total / wall:6.1%}  {name} ({calls // runs} a run, {each:.1f} ms each)")
+    print("\n".join(lines), flush=True)
 
 
 FIRST_OPTIMIZER = """
@@ -489,7 +575,13 @@ def main() -> None:
                 blocks,
             ),
             "stage": lambda: stage_row(
-                engine, staged + overrides_of({}, epochs=stage_epochs), blocks
+                engine, "stage", staged + overrides_of({}, epochs=stage_epochs), blocks
+            ),
+            "stage_streamed": lambda: stage_row(
+                engine,
+                "stage_streamed",
+                staged + overrides_of({}, epochs=stage_epochs, data="streamed"),
+                blocks,
             ),
             "first_optimizer": lambda: first_optimizer_row(blocks),
         }
