@@ -70,10 +70,15 @@ thread would run under the same GIL (measured: docs/measurements.md#inline_scori
 Requests whose bodies arrive in the same turn of the event loop are decided together
 (``DecisionService._decide_waiting``): one model run, one log write and one set of numpy calls
 for all of them, at most ``--max-batch`` rows at a time, the log written before any of them
-answers. POST /decisions bypasses Starlette's routing (``DecisionApp``), and JSON is read and
-written by orjson. With the Predictor's pruned graph and one-row binding, these nearly
-doubled the batch-1 throughput and cut the server's CPU time a request to a third (measured:
-docs/measurements.md#decision_batching).
+answers. POST /decisions bypasses Starlette's routing (``DecisionApp``), and JSON is read by
+orjson. With the Predictor's pruned graph and one-row binding, these nearly doubled the
+batch-1 throughput and cut the server's CPU time a request to a third (measured:
+docs/measurements.md#decision_batching). A JSONL log's lines and a discrete model's answers
+are put together from templates and the batch's values, encoded a column at a time where they
+are numbers: no Python dict per row (``decision_lines``, ``DecisionService.answers``). The
+command freezes its startup objects and has malloc keep freed memory
+(``freeze_startup_objects``, ``keep_freed_memory``), which at batch 64 took the long tail and
+half the server's CPU time.
 
 Send/drop models: ``--target-send-rate R --send-action NAME`` decides a two-action model by
 the paper's rule (``Predictor.send_or_drop``) instead of ``--policy``; a
@@ -85,6 +90,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import ctypes
 import errno
 import gc
 import hmac
@@ -101,7 +107,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-import orjson
+import numpy as np
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -119,14 +125,22 @@ from horizon_plugins_serving.connections import (
     limited_protocol,
     raise_file_limit,
 )
-from horizon_plugins_serving.decision_log import DecisionLog, decision_rows
+from horizon_plugins_serving.decision_log import (
+    DecisionLines,
+    DecisionLog,
+    decision_lines,
+    decision_rows,
+    json_numbers,
+    json_value,
+    json_values,
+)
 from horizon_plugins_serving.request_body import BodyError, decode_body
 
 if TYPE_CHECKING:
     import uvicorn
 
     from horizon_plugins_serving.decision_log import ParquetDecisionLog
-    from horizon_plugins_serving.predictor import Predictor, SendRateController
+    from horizon_plugins_serving.predictor import Predictions, Predictor, SendRateController
     from horizon_plugins_serving.served_policy import PolicyFlags
 
 Headers = Sequence[tuple[bytes, bytes]]
@@ -142,6 +156,15 @@ PASSING_ERRORS = frozenset(
 )
 """A log write failing with one of these may succeed later (files closed, room made): the
 decisions stay in the log's hands and the writer tries again, answering 503 meanwhile."""
+KEPT_FREE_BYTES = 64 << 20
+"""Freed memory glibc's malloc keeps for the next allocations instead of handing it back to
+the kernel (``keep_freed_memory``)."""
+LARGEST_HEAP_ALLOCATION = 4 << 20
+"""Allocations up to this size come from the heap (1 MiB bodies, a 1,024-row batch's log
+lines), larger ones from their own mapping."""
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+"""``mallopt``'s parameters, from glibc's malloc.h."""
 SEND_RATE_WINDOW = 200
 """Decisions per controller update: the batch size its default gains were tuned on."""
 
@@ -168,15 +191,6 @@ def _header(headers: Headers, name: bytes) -> bytes | None:
         if key == name:
             return value
     return None
-
-
-def _json(value: Any) -> bytes:
-    """``value`` as compact JSON: by orjson, or by Python's ``json`` for what orjson refuses
-    (an integer beyond 64 bits)."""
-    try:
-        return orjson.dumps(value)
-    except orjson.JSONEncodeError:
-        return json.dumps(value, separators=(",", ":")).encode()
 
 
 async def _respond(send: Send, status: int, body: bytes, headers: Headers = ()) -> None:
@@ -225,12 +239,14 @@ class LogWriter:
         self._queue = asyncio.Queue(QUEUED_ANSWERS)
         self._task = asyncio.create_task(self._write())
 
-    async def put(self, rows: list[dict[str, Any]]) -> None:
-        """Log an answer's rows: written now (JSONL) or queued, waiting while the queue is
-        full."""
+    async def put(self, rows: DecisionLines | list[dict[str, Any]]) -> None:
+        """Log an answer's rows (a JSONL log's made into lines already, ``decision_lines``):
+        written now (JSONL) or queued, waiting while the queue is full."""
         if self._queue is None:
             raise RuntimeError("the log writer is not running: run the app with its lifespan")
-        if self.inline:
+        if isinstance(rows, DecisionLines):
+            self._count(rows, self._call_now(self.log.append_lines, rows))
+        elif self.inline:
             self._count(rows, self._call_now(self.log.append, rows))
         else:
             await self._queue.put(rows)
@@ -248,7 +264,7 @@ class LogWriter:
             self.lost += self.log.pending
             self.logged -= self.log.pending
 
-    def _count(self, rows: list[dict[str, Any]], handed: bool) -> None:
+    def _count(self, rows: DecisionLines | list[dict[str, Any]], handed: bool) -> None:
         if handed:
             self.logged += len(rows)
         else:
@@ -349,9 +365,14 @@ class DecisionService:
         self.send_drop: tuple[str, str] | None = None
         self._sent: list[bool] = []
         self._waiting: collections.deque[
-            tuple[list[dict[str, Any]], asyncio.Future[list[dict[str, Any]]]]
+            tuple[list[dict[str, Any]], asyncio.Future[list[bytes]]]
         ] = collections.deque()
         self._decider: asyncio.Task[None] | None = None
+        self._action_json = {action: json_value(action) for action in predictor.actions}
+        self._answer_start = b'{"decision_id":"%s","action":%s,"action_probability":%s,"timestamp":'
+        self._answer_scores = b',"scores":{%s}}' % b",".join(
+            json_value(action).replace(b"%", b"%%") + b":%s" for action in predictor.actions
+        )
         if send_rate is not None:
             others = [action for action in predictor.actions if action != send_action]
             if len(predictor.actions) != 2 or len(others) != 1:
@@ -434,11 +455,13 @@ class DecisionService:
             client = "{}:{}".format(*scope["client"]) if scope.get("client") else "a client"
             logger.warning("%s closed before its request arrived whole", client)
             return  # nothing to answer: the connection is gone
-        await _respond(send, 200, _json({"decisions": await self.decided(rows)}))
+        answers = await self.decided(rows)
+        await _respond(send, 200, b'{"decisions":[%s]}' % b",".join(answers))
 
-    async def decided(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The answers to a request's checked rows, once they are decided and handed to the
-        log along with those of the requests that came in with it (``_decide_waiting``)."""
+    async def decided(self, rows: list[dict[str, Any]]) -> list[bytes]:
+        """The answers to a request's checked rows, each as JSON, once they are decided and
+        handed to the log along with those of the requests that came in with it
+        (``_decide_waiting``)."""
         loop = asyncio.get_running_loop()
         answered = loop.create_future()
         self._waiting.append((rows, answered))
@@ -456,7 +479,7 @@ class DecisionService:
         waits for nothing but that one turn. The log is written before any of them answers;
         an error deciding (or a request whose task is gone) fails the batch's requests, each
         answered 500 by uvicorn, and nothing of theirs is logged."""
-        batch: list[tuple[list[dict[str, Any]], asyncio.Future[list[dict[str, Any]]]]] = []
+        batch: list[tuple[list[dict[str, Any]], asyncio.Future[list[bytes]]]] = []
         try:
             while self._waiting:
                 batch = [self._waiting.popleft()]
@@ -465,8 +488,8 @@ class DecisionService:
                     batch.append(self._waiting.popleft())
                     count += len(batch[-1][0])
                 try:
-                    records, answers = self.decide([row for rows, _ in batch for row in rows])
-                    await self.writer.put(records)
+                    logged, answers = self.decide([row for rows, _ in batch for row in rows])
+                    await self.writer.put(logged)
                 except Exception as exc:
                     for _, answered in batch:
                         if not answered.done():
@@ -539,8 +562,9 @@ class DecisionService:
 
     def decide(
         self, rows: Sequence[dict[str, Any]]
-    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """The decision rows to log and the answers, in row order."""
+    ) -> tuple[DecisionLines | list[dict[str, Any]], list[bytes]]:
+        """The decisions to log (a JSONL log's as lines, ``decision_lines``; a Parquet log's as
+        rows) and each row's answer as JSON, in row order."""
         predictor = self.predictor
         states = [row["state_features"] for row in rows]
         if self.send_drop:
@@ -549,36 +573,68 @@ class DecisionService:
             actions, possible = result.actions, [row.get("possible_actions") for row in rows]
         else:
             result, actions, possible = predictor.decide(rows)
-        records = decision_rows(
+        states_only = max(map(len, rows), default=1) == 1  # no row has mdp_id or sequence_number
+        decided = (
             states,
             actions,
             result.propensities,
             predictor.model_id,
             possible,
             predictor.actions,
-            [row.get("mdp_id") for row in rows],
-            [row.get("sequence_number", 0) for row in rows],
-            policy=self.policy_label,
+            None if states_only else [row.get("mdp_id") for row in rows],
+            None if states_only else [row.get("sequence_number", 0) for row in rows],
         )
+        if self.writer.inline:
+            lines = decision_lines(*decided, policy=self.policy_label)
+            return lines, self.answers(lines.ids, lines.timestamp, actions, result, possible)
+        records = decision_rows(*decided, policy=self.policy_label)
+        ids = [record["decision_id"] for record in records]
+        timestamp = records[0]["timestamp"] if records else ""
+        return records, self.answers(ids, timestamp, actions, result, possible)
+
+    def answers(
+        self,
+        ids: list[str],
+        timestamp: str,
+        actions: list[Any],
+        result: Predictions,
+        possible: Sequence[Any] | None,
+    ) -> list[bytes]:
+        """Each decision's answer as JSON: a discrete model's put together from one template
+        (its fields, its scores' action names) and the batch's numbers encoded in two orjson
+        calls, no Python dict per row; a parametric or continuous model's from a dict each."""
+        predictor = self.predictor
+        chances = np.asarray(result.propensities, np.float64).tolist()
+        if not predictor.parametric and not predictor.continuous:
+            template = self._answer_start + json_value(timestamp) + self._answer_scores
+            named = self._action_json
+            scores = json_numbers(result.scores.ravel().tolist())
+            width = len(predictor.actions)
+            return [
+                template % values
+                for values in zip(
+                    [own.encode() for own in ids],
+                    [named[action] for action in actions],
+                    json_numbers(chances),
+                    *(scores[column::width] for column in range(width)),
+                    strict=True,
+                )
+            ]
         answers = [
             {
-                "decision_id": record["decision_id"],
-                "action": record["action"],
-                "action_probability": record["action_probability"],
-                "timestamp": record["timestamp"],
+                "decision_id": own,
+                "action": action,
+                "action_probability": chance,
+                "timestamp": timestamp,
             }
-            for record in records
+            for own, action, chance in zip(ids, actions, chances, strict=True)
         ]
         if predictor.parametric:
             for answer, offered, scores in zip(
                 answers, possible, result.scores.tolist(), strict=True
             ):
                 answer["scores"] = {str(i): scores[i] for i in range(len(offered))}
-        elif not predictor.continuous:
-            names = predictor.actions
-            for answer, scores in zip(answers, result.scores.tolist(), strict=True):
-                answer["scores"] = dict(zip(names, scores, strict=True))
-        return records, answers
+        return json_values(answers)
 
     def _update_send_rate(self, sent: list[bool]) -> None:
         assert self.send_rate is not None
@@ -754,6 +810,26 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
+def keep_freed_memory() -> None:
+    """Have glibc's malloc keep up to ``KEPT_FREE_BYTES`` of freed memory (a no-op where the C
+    library is not glibc).
+
+    A batch of a few hundred rows makes a thousand small ``bytes`` (orjson's output starts in a
+    kilobyte and shrinks), which spread the heap by a megabyte or so; freed together, they left
+    more than glibc's default 128 KiB free at the heap's top, which it handed back to the
+    kernel, only to ask for it again, page faults and all, for the next batch: with the
+    threshold raised, the server's system time at batch 64 fell from 2.2 s to 0.3 s in
+    one measured run of 6,000 requests (measured: docs/measurements.md#kept_freed_memory).
+    Setting it turns off glibc's moving of the threshold between the heap and a mapping of its
+    own, so that is set too (``LARGEST_HEAP_ALLOCATION``)."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError, TypeError):  # no C library by that name, or not glibc
+        return
+    mallopt(M_TRIM_THRESHOLD, KEPT_FREE_BYTES)
+    mallopt(M_MMAP_THRESHOLD, LARGEST_HEAP_ALLOCATION)
+
+
 def serve(
     model: Path,
     flags: PolicyFlags,
@@ -823,6 +899,7 @@ def serve(
     )
     handlers = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     freeze_startup_objects()
+    keep_freed_memory()
     stopped_by = "the server's end"
     try:
         uvicorn_server(app, limits=limits).run(sockets=[listening])

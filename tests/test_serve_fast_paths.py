@@ -260,3 +260,41 @@ def test_the_command_freezes_its_startup_objects_before_serving(model, tmp_path,
     finally:
         gc.unfreeze()
     assert frozen[0] > before + 10_000  # the imports' and the model's objects, walked no more
+
+
+FREED_MEMORY = """
+import re, sys
+from pathlib import Path
+from horizon_plugins_serving.server import keep_freed_memory
+
+def resident_kib():
+    return int(re.search(r"VmRSS:\\s+(\\d+)", Path("/proc/self/status").read_text())[1])
+
+if sys.argv[1] == "kept":
+    keep_freed_memory()
+pieces = [bytes(1000 + i % 7) for i in range(20_000)]  # 20 MB from malloc, not pymalloc
+before = resident_kib()
+del pieces
+print(before - resident_kib())
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmRSS from /proc")
+def test_freed_memory_is_kept_for_the_next_batch_not_handed_back():
+    import subprocess
+    import sys
+
+    handed_back = {
+        how: int(
+            subprocess.run(
+                [sys.executable, "-c", FREED_MEMORY, how],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+        )
+        for how in ("default", "kept")
+    }
+    if handed_back["default"] < 10_000:
+        pytest.skip(f"this C library kept the memory freed anyway: {handed_back}")
+    assert handed_back["kept"] < 1_000, handed_back  # KiB
