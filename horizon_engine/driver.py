@@ -26,8 +26,10 @@ plugin's command with its own source of data drives a trainer as the gym runner 
 - epochs: ``end_epoch`` averages the epoch's metrics (``Training/<name>``), evaluates the
   trainer on the eval data when there is some (``Evaluation/<name>``), runs the per-epoch
   estimators (``CPE/<label>/<estimate>``), writes a checkpoint and calls
-  ``horizon_on_epoch_end``. ``horizon gym train`` ends an "epoch" at each evaluation of its
-  greedy policy, with that evaluation's figures.
+  ``horizon_on_epoch_end``. ``train_epochs`` does all but the training metrics beside the
+  next epoch's updates, on a copy of the trainer's state (``horizon_engine.epoch_ends``: the
+  same figures and files, in epoch order). ``horizon gym train`` ends an "epoch" at each
+  evaluation of its greedy policy, with that evaluation's figures, in line.
 - resuming: an epoch's checkpoint holds everything the epochs after it depend on (the
   trainer's state; torch's CPU generator, and the device's; the data-order generator; the
   epochs' metrics and per-epoch estimates; the host's own plain data), and is written after
