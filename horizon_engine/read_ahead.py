@@ -32,14 +32,20 @@ class _Finished:
 
 class ReadAhead(Generic[T]):
     """``produce()``'s items, made on a background thread from now on, at most ``ahead``
-    items before they are taken (in line, as they are taken, for ``ahead = 0``). The making's
-    error is raised where the items are taken. ``close`` (an epoch ended, abandoned or failed)
-    stops the thread after the item it is making and waits for it, so nothing reads on after
-    the epoch: whoever makes a ``ReadAhead`` closes it."""
+    items before they are taken (in line, as they are taken, for ``ahead = 0``), except that
+    the first ``first`` items may all wait at once: an epoch's reading begun early makes the
+    first shuffle buffer's slices, which the epoch takes at once. The making's error is raised
+    where the items are taken. ``close`` (an epoch ended, abandoned or failed) stops the thread
+    after the item it is making and waits for it, so nothing reads on after the epoch: whoever
+    makes a ``ReadAhead`` closes it."""
 
-    def __init__(self, produce: Callable[[], Generator[T, None, None]], ahead: int) -> None:
+    def __init__(
+        self, produce: Callable[[], Generator[T, None, None]], ahead: int, first: int = 0
+    ) -> None:
         self._in_line = produce() if ahead <= 0 else None
-        self._items: queue.Queue[T | _Finished] = queue.Queue(maxsize=max(1, ahead))
+        self._items: queue.SimpleQueue[T | _Finished] = queue.SimpleQueue()
+        self._room = threading.Semaphore(max(ahead, first))
+        self._kept = max(0, first - ahead)  # room not given back as the first items are taken
         self._stopped = threading.Event()
         self._finished: _Finished | None = None
         self._thread: threading.Thread | None = None
@@ -58,6 +64,10 @@ class ReadAhead(Generic[T]):
         if self._finished is None:
             item = self._items.get()
             if not isinstance(item, _Finished):
+                if self._kept:
+                    self._kept -= 1
+                else:
+                    self._room.release()
                 return item
             self._finished = item
         error, self._finished.error = self._finished.error, None
@@ -66,16 +76,17 @@ class ReadAhead(Generic[T]):
         raise StopIteration
 
     def close(self) -> None:
-        """Stop making items and wait for the thread to end (the items made are dropped)."""
+        """Stop making items, wait for the thread to end and drop the items made."""
         if self._thread is None:
             if self._in_line is not None:
                 self._in_line.close()
             return
         self._stopped.set()
-        while self._thread.is_alive():
-            with contextlib.suppress(queue.Empty):
-                self._items.get(timeout=0.05)
+        self._room.release()
         self._thread.join()
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._items.get_nowait()
 
     def _make(self, produce: Callable[[], Generator[T, None, None]]) -> None:
         finished = _Finished()
@@ -83,15 +94,15 @@ class ReadAhead(Generic[T]):
             items = produce()
             try:
                 for item in items:
-                    self._items.put(item)
+                    self._room.acquire()
                     if self._stopped.is_set():
                         return
+                    self._items.put(item)
             finally:
                 items.close()
         except BaseException as exc:
             finished = _Finished(exc)
-        if not self._stopped.is_set():
-            self._items.put(finished)
+        self._items.put(finished)
 
 
 class NextReading(Generic[T]):

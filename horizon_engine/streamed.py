@@ -248,11 +248,17 @@ class StreamedTimeline:
         return [self.groups[position] for position in order]
 
     def _reading(self, groups: Sequence[RowGroup]) -> ReadAhead[dict[str, torch.Tensor]]:
-        """``groups``' slices, read ``read_ahead`` ahead from now on by a copy of this split
-        (which the reading thread holds: this one is left to be collected, closing what it
-        began, ``__post_init__``)."""
+        """``groups``' slices, read ``read_ahead`` ahead from now on (a shuffle buffer's worth
+        at first: the next epoch's, read while this one ends, takes that many at once) by a copy
+        of this split (which the reading thread holds: this one is left to be collected, closing
+        what it began, ``__post_init__``)."""
         reader = replace(self)
-        return ReadAhead(lambda: reader._prepared_parts(groups), self.read_ahead)
+        first = math.ceil(self.buffer_rows / self._slice_rows())
+        return ReadAhead(lambda: reader._prepared_parts(groups), self.read_ahead, first)
+
+    def _slice_rows(self) -> int:
+        """The rows read and converted at once: ``READ_ROWS``, or fewer for a small buffer."""
+        return min(READ_ROWS, max(1, self.buffer_rows // READ_SHARE))
 
     def _prepared_parts(
         self, groups: Sequence[RowGroup]
@@ -325,8 +331,7 @@ class StreamedTimeline:
         episode = group.first_episode  # the current batch's first row's, then its last's
         previous_last: object = None
         position, stop = 0, group.start + group.rows
-        rows = min(READ_ROWS, max(1, self.buffer_rows // READ_SHARE))
-        for batch in _row_group_batches(group, rows):
+        for batch in _row_group_batches(group, self._slice_rows()):
             skipped = min(max(0, group.start - position), batch.num_rows)
             taken = min(batch.num_rows, stop - position) - skipped
             position += batch.num_rows
