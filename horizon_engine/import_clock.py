@@ -10,6 +10,7 @@ nothing and are counted as such).
 from __future__ import annotations
 
 import builtins
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,14 +28,17 @@ class ImportTime:
 @contextmanager
 def import_clock() -> Iterator[ImportTime]:
     """Time the imports made inside the ``with`` block (``builtins.__import__`` is wrapped for
-    its duration and restored after, also on error)."""
+    its duration and restored after, also on error) by the thread that entered it: another
+    thread's imports (the train stage's epoch ends run on one) overlap its time, and counting
+    them would race on the nesting depth."""
     measured = ImportTime()
     original = builtins.__import__
     depth = 0
+    owner = threading.get_ident()
 
     def timed_import(*args: Any, **kwargs: Any) -> Any:
         nonlocal depth
-        if depth:
+        if depth or threading.get_ident() != owner:
             return original(*args, **kwargs)
         depth += 1
         started = time.perf_counter()

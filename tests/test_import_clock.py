@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import sys
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -46,3 +47,22 @@ def test_a_failing_import_is_still_counted_and_still_fails():
     with import_clock() as imports, pytest.raises(ModuleNotFoundError):
         import horizon_no_such_module  # noqa: F401
     assert imports.seconds > 0
+
+
+def test_another_threads_imports_are_not_counted(tmp_path, monkeypatch):
+    """They overlap the stage's own time (the epochs' ends run on a thread of their own)."""
+    (tmp_path / "clock_elsewhere.py").write_text("import json\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def import_elsewhere() -> None:
+        import clock_elsewhere  # noqa: F401
+
+    try:
+        with import_clock() as imports:
+            thread = threading.Thread(target=import_elsewhere)
+            thread.start()
+            thread.join()
+        assert "clock_elsewhere" in sys.modules
+        assert imports.seconds == 0
+    finally:
+        sys.modules.pop("clock_elsewhere", None)
