@@ -12,14 +12,17 @@ split two ways, in interleaved blocks so that a shared machine's load falls on b
   computed for the whole split), the default for data that fits;
 - ``streamed``: ``StreamedTimeline`` with the shuffle buffer ``[trainer] max_memory_gb``
   allows (``streamed.choose_data``), every epoch reading and converting the Parquet row groups
-  again and preprocessing each slice, on a background thread ``READ_AHEAD`` slices ahead;
+  again and preprocessing each slice, on a background thread ``READ_AHEAD`` slices ahead (the
+  next epoch's first shuffle buffer while this epoch's last batches train);
 - ``streamed_in_line``: the same, read and converted on the training thread (``read_ahead = 0``),
   what reading ahead is measured against.
 
-It prints the medians and ranges of the updates per second, the median of the blocks' ratios
-(each streamed side / in memory: 1 is as fast), the same ratios of updates per CPU second of
-the training thread (what reading ahead gains with a core free for it, which a busy shared
-machine may not have) and a ``RESULT`` line (baseline: in memory).
+It prints the medians and ranges of the updates per second, the share of each side's epoch
+spent getting the next batch (shuffling, waiting for slices) and in the updates (slower than in
+memory when the reading thread holds the GIL), the median of the blocks' ratios (each
+streamed side / in memory: 1 is as fast), the same ratios of updates per CPU second of the
+training thread (what reading ahead gains with a core free for it, which a busy shared machine
+may not have) and a ``RESULT`` line (baseline: in memory).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -45,17 +48,39 @@ from horizon_engine.streamed import StreamedTimeline, choose_data
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cartpole_dqn.toml"
 
 
-def epoch_of(driver: TrainingDriver, data: object) -> Callable[[], tuple[int, float, float]]:
-    """One epoch of the driver's updates on ``data``, as (updates, seconds, the training
-    thread's CPU seconds: what reading ahead takes off it, whether or not a core is free)."""
+@dataclass
+class Epoch:
+    """One timed epoch: its updates, seconds, the training thread's CPU seconds (what reading
+    ahead takes off it, whether or not a core is free) and the seconds it spent getting the
+    next batch (shuffling and waiting for slices) and in the updates (which slow down when the
+    reading thread holds the GIL)."""
+
+    updates: int
+    seconds: float
+    cpu: float
+    batches: float
+    in_updates: float
+
+
+def epoch_of(driver: TrainingDriver, data: object) -> Callable[[], Epoch]:
+    """A function that trains one epoch of the driver's updates on ``data`` and times it."""
     generator = torch.Generator().manual_seed(0)
 
-    def run() -> tuple[int, float, float]:
+    def run() -> Epoch:
         started, used, before = time.perf_counter(), time.thread_time(), driver.updates
-        for batch in data.minibatches(driver.config.minibatch_size, generator):
+        batches = iter(data.minibatches(driver.config.minibatch_size, generator))
+        getting = updating = 0.0
+        while True:
+            asked = time.perf_counter()
+            batch = next(batches, None)
+            got = time.perf_counter()
+            getting += got - asked
+            if batch is None:
+                break
             driver.train_batch(batch)
+            updating += time.perf_counter() - got
         seconds, cpu = time.perf_counter() - started, time.thread_time() - used
-        return driver.updates - before, seconds, cpu
+        return Epoch(driver.updates - before, seconds, cpu, getting, updating)
 
     return run
 
@@ -102,20 +127,23 @@ def main() -> None:
         with driver.torch_threads():
             for side in sides.values():
                 side()
-            rates: dict[str, list[float]] = {name: [] for name in sides}
-            cpu_rates: dict[str, list[float]] = {name: [] for name in sides}
+            epochs: dict[str, list[Epoch]] = {name: [] for name in sides}
             for block in range(options.blocks):
                 turn = block % len(sides)
                 for name in list(sides)[turn:] + list(sides)[:turn]:
-                    updates, seconds, cpu = sides[name]()
-                    rates[name].append(updates / seconds)
-                    cpu_rates[name].append(updates / cpu)
+                    epochs[name].append(sides[name]())
+    rates = {name: [e.updates / e.seconds for e in found] for name, found in epochs.items()}
+    cpu_rates = {name: [e.updates / e.cpu for e in found] for name, found in epochs.items()}
     print(f"{len(memory):,} rows, {choice.reason}")
     for name, found in rates.items():
         print(
             f"  {statistics.median(found):9,.1f} updates/s [{min(found):,.1f} - "
             f"{max(found):,.1f}]  {name}"
         )
+    for name, found in epochs.items():
+        getting = statistics.median(e.batches / e.seconds for e in found)
+        updating = statistics.median(e.in_updates / e.seconds for e in found)
+        print(f"  {name}: {getting:.0%} of the epoch getting batches, {updating:.0%} in updates")
     ratios = {
         name: [s / m for s, m in zip(rates[name], rates["memory"], strict=True)]
         for name in ("streamed", "streamed_in_line")
