@@ -39,8 +39,10 @@ from horizon_engine import distributed
 if TYPE_CHECKING:
     import torch
 
+    from horizon_engine.dataset import TimelineTensors
     from horizon_engine.driver import TrainingDriver
     from horizon_engine.evaluation import EpisodeEvaluation
+    from horizon_engine.streamed import StreamedTimeline
     from horizon_engine.training import TrainerBase
 
 Part = Callable[["TrainerBase"], dict[str, float]]
@@ -54,7 +56,7 @@ class EpochEnds:
     def __init__(
         self,
         driver: TrainingDriver,
-        eval_data: Any = None,
+        eval_data: TimelineTensors | StreamedTimeline | None = None,
         estimators: EpisodeEvaluation | None = None,
     ) -> None:
         from horizon_engine.driver import evaluation_metrics
@@ -104,7 +106,7 @@ class EpochEnds:
             driver.history.append(found)
             return
         self.wait()
-        figures = {}
+        figures: dict[str, dict[str, float]] = {}
         if self.in_line is None:
             self.in_line = []
             for name, part in self.parts.items():
