@@ -260,6 +260,20 @@ def json_value(value: Any) -> bytes:
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def ascii_bytes(texts: Sequence[str]) -> list[bytes]:
+    """ASCII strings without a comma (decision ids) as bytes, in three C calls."""
+    return ",".join(texts).encode().split(b",") if texts else []
+
+
+def json_labels(values: Sequence[Any]) -> list[bytes]:
+    """Each value as compact JSON, by ``json_values``, but a list of strings (action names)
+    with each distinct one encoded once."""
+    if not set(map(type, values)) <= {str}:
+        return json_values(values)
+    encoded = {value: json_value(value) for value in set(values)}
+    return list(map(encoded.__getitem__, values))
+
+
 NUMBER_TYPES = frozenset({int, float, bool, type(None)})
 
 
@@ -311,14 +325,9 @@ def decision_lines(
     batch = _batch(
         len(states), propensities, possible_actions, all_actions, mdp_ids, sequence_numbers, now
     )
-    shared = b'{"ds":%s,"mdp_id":' % orjson.dumps(batch.ds)
-    end = b',"model_id":%s,"timestamp":%s' % (
-        orjson.dumps(model_id),
-        orjson.dumps(batch.timestamp),
-    )
+    end = b',"model_id":%s,"timestamp":%s' % (json_value(model_id), json_value(batch.timestamp))
     if policy is not None:
         end += b',"policy":%s' % json_value(policy)
-    end += b"}\n"
     if not batch.logs_possible:
         possible = [b""] * len(batch.ids)
     else:
@@ -327,21 +336,25 @@ def decision_lines(
             everyone if offered is None else b',"possible_actions":%s' % json_value(list(offered))
             for offered in batch.possible_actions
         ]
+    own_ids = ascii_bytes(batch.ids)
     line = (
-        b'%s%s,"sequence_number":%s,"state_features":%s%s,"action":%s,"action_probability":%s,'
-        b'"decision_id":"%s"%s'
+        b'{"ds":%s,"mdp_id":%%s,"sequence_number":%%s,"state_features":%%s%%s,"action":%%s,'
+        b'"action_probability":%%s,"decision_id":"%%s"%s}\n'
+        % (json_value(batch.ds).replace(b"%", b"%%"), end.replace(b"%", b"%%"))
     )
     data = b"".join(
         [
-            line % (shared, mdp_id, sequence_number, state, offered, action, chance, own, end)
-            for mdp_id, sequence_number, state, offered, action, chance, own in zip(
-                json_values(batch.mdp_ids),
+            line % values
+            for values in zip(
+                [b'"%s"' % own for own in own_ids]
+                if batch.mdp_ids is batch.ids
+                else json_values(batch.mdp_ids),
                 json_numbers(batch.sequence_numbers),
                 json_values(states),
                 possible,
-                json_values(actions),
+                json_labels(actions),
                 json_numbers(batch.chances),
-                [own.encode() for own in batch.ids],
+                own_ids,
                 strict=True,
             )
         ]

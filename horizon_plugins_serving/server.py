@@ -128,6 +128,7 @@ from horizon_plugins_serving.connections import (
 from horizon_plugins_serving.decision_log import (
     DecisionLines,
     DecisionLog,
+    ascii_bytes,
     decision_lines,
     decision_rows,
     json_numbers,
@@ -613,8 +614,8 @@ class DecisionService:
             return [
                 template % values
                 for values in zip(
-                    [own.encode() for own in ids],
-                    [named[action] for action in actions],
+                    ascii_bytes(ids),
+                    list(map(named.__getitem__, actions)),
                     json_numbers(chances),
                     *(scores[column::width] for column in range(width)),
                     strict=True,

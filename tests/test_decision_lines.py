@@ -38,6 +38,7 @@ values = st.one_of(
 )
 states = st.dictionaries(texts, values, max_size=4)
 possible = st.one_of(st.none(), st.lists(texts, max_size=3))
+percents = st.sampled_from(["50%", "%s", "%%d"])  # text a bytes template must not read
 
 
 @st.composite
@@ -48,7 +49,7 @@ def batches(draw: st.DrawFn) -> dict:
         "states": column(states),
         "actions": column(st.one_of(texts, st.dictionaries(texts, values, max_size=2))),
         "propensities": column(st.floats(0.0, 1.0)),
-        "model_id": draw(texts),
+        "model_id": draw(st.one_of(texts, percents)),
         "possible_actions": draw(st.one_of(st.none(), st.just(column(possible)))),
         "all_actions": draw(st.lists(texts, max_size=3)),
         "mdp_ids": draw(st.one_of(st.none(), st.just(column(st.one_of(st.none(), texts))))),
@@ -57,7 +58,7 @@ def batches(draw: st.DrawFn) -> dict:
                 st.none(), st.just(column(st.integers(min_value=-(2**63), max_value=2**63 - 1)))
             )
         ),
-        "policy": draw(st.one_of(st.none(), texts)),
+        "policy": draw(st.one_of(st.none(), texts, percents)),
     }
 
 
