@@ -1,8 +1,8 @@
 """``horizon serve``'s batch-wide paths decide and refuse exactly as the one-value-at-a-time
-paths they stand in front of (issue 24, item 7): feature maps made into dense arrays by one
-``itemgetter`` and ``numpy.fromiter`` equal the arrays filled a feature at a time, bit for bit,
-on rows with missing, unknown, integer and huge values, so scores and propensities are the
-same; a batch's rows are refused with the first bad row's index and reason, as the per-row check
+paths they stand in front of (issue 24, item 7): feature maps made into dense arrays by
+``itemgetter`` and ``numpy.fromiter`` (a column at a time for a tall batch) equal the arrays
+filled a feature at a time, bit for bit, on rows with missing, unknown, integer and huge
+values, so scores and propensities are the same; a batch's rows are refused with the first bad row's index and reason, as the per-row check
 gives them; the prefilter in front of the long-integer regular expression sends every body it
 matches to it; decision ids set the uuid4 bits as ``uuid`` does."""
 
@@ -19,7 +19,12 @@ from test_serve_hostile import tiny_model
 
 from horizon_plugins_serving import decision_log
 from horizon_plugins_serving.decision_log import decision_ids
-from horizon_plugins_serving.predictor import BATCH_CHECK_ROWS, FeatureColumns, Predictor
+from horizon_plugins_serving.predictor import (
+    BATCH_CHECK_ROWS,
+    COLUMN_WISE_ROWS,
+    FeatureColumns,
+    Predictor,
+)
 from horizon_plugins_serving.request_body import LONG_DIGITS, _has_long_integer
 
 IDS = ["0", "1", "2", "3"]
@@ -50,6 +55,17 @@ def test_dense_arrays_equal_those_filled_a_feature_at_a_time(maps):
     columns = FeatureColumns(IDS)
     shape = (len(maps), len(IDS))
     assert same_arrays(columns.arrays(maps), columns._one_at_a_time(maps, shape))
+
+
+@pytest.mark.fuzz
+@given(maps=st.lists(st.one_of(full_maps, full_maps, feature_maps), min_size=1, max_size=8))
+def test_a_tall_batch_read_a_column_at_a_time_equals_the_arrays_filled_a_feature_at_a_time(
+    maps,
+):
+    tall = maps * math.ceil(COLUMN_WISE_ROWS / len(maps))
+    columns = FeatureColumns(IDS)
+    shape = (len(tall), len(IDS))
+    assert same_arrays(columns.arrays(tall), columns._one_at_a_time(tall, shape))
 
 
 @pytest.mark.parametrize("ids", [[], ["a"]])
