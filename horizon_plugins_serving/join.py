@@ -13,11 +13,14 @@ is left out; both are counted.
 Nothing is held as a Python object per row: the local engine keeps the join's keys, the rewards
 and the sums as Arrow arrays. A decision log that fits ``--max-memory-gb`` (``read_once``) is
 read once, its chunks kept from the pass that plans the join to the write; a larger one is
-streamed twice, chunk by chunk (once for the keys, once to write), holding only the keys. A
-chunk of JSON lines is read by Arrow's JSON reader, and line by line only where it holds a torn
-or bad line, to name it; a written line is the logged text with its metrics added. Streamed,
-memory grows with the decisions: about 50 bytes each for the keys, and one hash table of their
-ids and the rewards' (a join of 1M decisions and 500k rewards peaks at about 560 MB).
+streamed twice, chunk by chunk (once for the keys, once to write), holding only the keys. The
+rewards are read on a thread of their own meanwhile. A chunk of JSON lines is read by Arrow's
+JSON reader, and line by line only where it holds a torn or bad line, to name it; a written
+line is the logged text with its metrics added; for a Parquet JOINED a pass reads every field
+with the keys, so that no line is parsed twice in a pass, and row groups are written on a
+thread of their own. Streamed, memory grows with the decisions: about 50 bytes each for the
+keys, and one hash table of their ids and the rewards' (a join of 1M decisions and 500k
+rewards peaks at about 560 MB).
 ``--engine spark`` runs the same join on a SparkSession (``join_spark``) and writes the same
 rows, for logs larger than that.
 
