@@ -373,10 +373,10 @@ def join_local(
                 )
                 if once:
                     kept.append(chunk)
-        except BaseException:
+            rewards = rewards_read.result()
+        except BaseException:  # a bad row, or Ctrl-C: the rewards stop at their next block
             failed.set()
             raise
-        rewards = rewards_read.result()
     report.torn_lines, report.torn_line_numbers = log.torn, list(log.torn_lines)
     bad.add_rewards(rewards_counted)
     key_schema = pa.schema(

@@ -182,15 +182,27 @@ def test_the_log_is_named_before_the_rewards_read_beside_it(tmp_path):
     assert report["bad_rows"][8].startswith(f"{rewards}:2:")
 
 
-def test_rewards_read_for_a_join_that_failed_stop_at_the_next_block(tmp_path):
+def test_rewards_read_for_a_join_that_failed_stop_at_the_next_block(tmp_path, monkeypatch):
+    """A bad decision row fails the join while the rewards are read beside the log: their
+    reading is told to stop, and then takes no more blocks."""
     from threading import Event
 
+    from horizon_plugins_serving import join
     from horizon_plugins_serving.join_readers import read_rewards
     from horizon_plugins_serving.join_report import BadRows, JoinReport
 
     rewards = write_jsonl(tmp_path / "r.jsonl", [reward("a", 1.0, clicks=1)] * 3)
-    failed = Event()
+    told: list[Event] = []
+
+    def reading(path: Path, bad: BadRows, stop: Event) -> object:
+        told.append(stop)
+        return read_rewards(path, bad, stop)
+
+    monkeypatch.setattr(join, "read_rewards", reading)
+    no_key = {"decision_id": "", "timestamp": decision("x")["timestamp"]}
+    decisions = write_jsonl(tmp_path / "d.jsonl", [decision("a"), no_key])
+    failing("join", decisions, rewards, "-o", tmp_path / "joined.jsonl", "--window", "48h")
+    assert told[0].is_set()
     bad = BadRows(False, JoinReport("local", 1.0, None))
-    assert read_rewards(rewards, bad, failed).rows.num_rows == 3
-    failed.set()
-    assert read_rewards(rewards, bad, failed).rows.num_rows == 0
+    assert read_rewards(rewards, bad, Event()).rows.num_rows == 3
+    assert read_rewards(rewards, bad, told[0]).rows.num_rows == 0
