@@ -260,9 +260,10 @@ def json_value(value: Any) -> bytes:
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def ascii_bytes(texts: Sequence[str]) -> list[bytes]:
-    """ASCII strings without a comma (decision ids) as bytes, in three C calls."""
-    return ",".join(texts).encode().split(b",") if texts else []
+def json_ids(ids: Sequence[str]) -> list[bytes]:
+    """Decision ids (hex digits, which JSON writes as they are) as JSON strings, in three C
+    calls."""
+    return ('"' + '","'.join(ids) + '"').encode().split(b",") if ids else []
 
 
 def json_labels(values: Sequence[Any]) -> list[bytes]:
@@ -293,10 +294,11 @@ def json_numbers(numbers: Sequence[Any]) -> list[bytes]:
 class DecisionLines:
     """A batch of decisions as the JSONL log's lines (``data``), what ``json_line`` writes of
     each of ``decision_rows``' rows for the same decisions, and what an answer repeats of them:
-    the ``ids`` and the ``timestamp``."""
+    the ``ids`` (and each as JSON, ``ids_json``) and the ``timestamp``."""
 
     data: bytes
     ids: list[str]
+    ids_json: list[bytes]
     timestamp: str
 
     def __len__(self) -> int:
@@ -325,41 +327,60 @@ def decision_lines(
     batch = _batch(
         len(states), propensities, possible_actions, all_actions, mdp_ids, sequence_numbers, now
     )
-    end = b',"model_id":%s,"timestamp":%s' % (json_value(model_id), json_value(batch.timestamp))
-    if policy is not None:
-        end += b',"policy":%s' % json_value(policy)
-    if not batch.logs_possible:
-        possible = [b""] * len(batch.ids)
-    else:
-        everyone = b',"possible_actions":%s' % json_value(list(all_actions)) if all_actions else b""
-        possible = [
-            everyone if offered is None else b',"possible_actions":%s' % json_value(list(offered))
-            for offered in batch.possible_actions
-        ]
-    own_ids = ascii_bytes(batch.ids)
-    line = (
-        b'{"ds":%s,"mdp_id":%%s,"sequence_number":%%s,"state_features":%%s%%s,"action":%%s,'
-        b'"action_probability":%%s,"decision_id":"%%s"%s}\n'
-        % (json_value(batch.ds).replace(b"%", b"%%"), end.replace(b"%", b"%%"))
-    )
-    data = b"".join(
-        [
-            line % values
-            for values in zip(
-                [b'"%s"' % own for own in own_ids]
-                if batch.mdp_ids is batch.ids
-                else json_values(batch.mdp_ids),
-                json_numbers(batch.sequence_numbers),
-                json_values(states),
-                possible,
-                json_labels(actions),
-                json_numbers(batch.chances),
-                own_ids,
-                strict=True,
+    ids = json_ids(batch.ids)
+    fields: list[tuple[bytes, bytes | list[bytes]]] = [
+        (b'{"ds":', json_value(batch.ds)),
+        (b',"mdp_id":', ids if batch.mdp_ids is batch.ids else json_values(batch.mdp_ids)),
+        (
+            b',"sequence_number":',
+            b"0" if sequence_numbers is None else json_numbers(batch.sequence_numbers),
+        ),
+        (b',"state_features":', json_values(states)),
+    ]
+    if batch.logs_possible:
+        given = [offered for offered in batch.possible_actions if offered is not None]
+        if not given and all_actions:
+            fields.append((b',"possible_actions":', json_value(list(all_actions))))
+        else:
+            everyone = (
+                b',"possible_actions":%s' % json_value(list(all_actions)) if all_actions else b""
             )
-        ]
-    )
-    return DecisionLines(data, batch.ids, batch.timestamp)
+            possible = [
+                everyone
+                if offered is None
+                else b',"possible_actions":%s' % json_value(list(offered))
+                for offered in batch.possible_actions
+            ]
+            fields.append((b"", possible))
+    fields += [
+        (b',"action":', json_labels(actions)),
+        (b',"action_probability":', json_numbers(batch.chances)),
+        (b',"decision_id":', ids),
+        (b',"model_id":', json_value(model_id)),
+        (b',"timestamp":', json_value(batch.timestamp)),
+    ]
+    if policy is not None:
+        fields.append((b',"policy":', json_value(policy)))
+    line, columns = _line_template(fields)
+    data = b"".join([line % values for values in zip(*columns, strict=True)])
+    return DecisionLines(data, batch.ids, ids, batch.timestamp)
+
+
+def _line_template(
+    fields: Sequence[tuple[bytes, bytes | list[bytes]]],
+) -> tuple[bytes, list[list[bytes]]]:
+    """A line as a ``bytes`` template and the columns of values it takes, from its fields in
+    order, each a prefix (``,"action":``) and either its value in every row, written into the
+    template (a ``%`` in it escaped), or a column of each row's, a ``%s`` in the template."""
+    template = b""
+    columns = []
+    for prefix, value in fields:
+        if isinstance(value, bytes):
+            template += (prefix + value).replace(b"%", b"%%")
+        else:
+            template += prefix.replace(b"%", b"%%") + b"%s"
+            columns.append(value)
+    return template + b"}\n", columns
 
 
 class DecisionLog:

@@ -128,9 +128,9 @@ from horizon_plugins_serving.connections import (
 from horizon_plugins_serving.decision_log import (
     DecisionLines,
     DecisionLog,
-    ascii_bytes,
     decision_lines,
     decision_rows,
+    json_ids,
     json_numbers,
     json_value,
     json_values,
@@ -370,7 +370,7 @@ class DecisionService:
         ] = collections.deque()
         self._decider: asyncio.Task[None] | None = None
         self._action_json = {action: json_value(action) for action in predictor.actions}
-        self._answer_start = b'{"decision_id":"%s","action":%s,"action_probability":%s,"timestamp":'
+        self._answer_start = b'{"decision_id":%s,"action":%s,"action_probability":%s,"timestamp":'
         self._answer_scores = b',"scores":{%s}}' % b",".join(
             json_value(action).replace(b"%", b"%%") + b":%s" for action in predictor.actions
         )
@@ -587,15 +587,19 @@ class DecisionService:
         )
         if self.writer.inline:
             lines = decision_lines(*decided, policy=self.policy_label)
-            return lines, self.answers(lines.ids, lines.timestamp, actions, result, possible)
+            answers = self.answers(
+                lines.ids, lines.ids_json, lines.timestamp, actions, result, possible
+            )
+            return lines, answers
         records = decision_rows(*decided, policy=self.policy_label)
         ids = [record["decision_id"] for record in records]
         timestamp = records[0]["timestamp"] if records else ""
-        return records, self.answers(ids, timestamp, actions, result, possible)
+        return records, self.answers(ids, json_ids(ids), timestamp, actions, result, possible)
 
     def answers(
         self,
         ids: list[str],
+        ids_json: list[bytes],
         timestamp: str,
         actions: list[Any],
         result: Predictions,
@@ -614,7 +618,7 @@ class DecisionService:
             return [
                 template % values
                 for values in zip(
-                    ascii_bytes(ids),
+                    ids_json,
                     list(map(named.__getitem__, actions)),
                     json_numbers(chances),
                     *(scores[column::width] for column in range(width)),
