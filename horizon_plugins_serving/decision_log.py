@@ -294,11 +294,10 @@ def json_numbers(numbers: Sequence[Any]) -> list[bytes]:
 class DecisionLines:
     """A batch of decisions as the JSONL log's lines (``data``), what ``json_line`` writes of
     each of ``decision_rows``' rows for the same decisions, and what an answer repeats of them:
-    the ``ids`` (and each as JSON, ``ids_json``) and the ``timestamp``."""
+    the ``ids`` and the ``timestamp``."""
 
     data: bytes
     ids: list[str]
-    ids_json: list[bytes]
     timestamp: str
 
     def __len__(self) -> int:
@@ -363,7 +362,7 @@ def decision_lines(
         fields.append((b',"policy":', json_value(policy)))
     line, columns = _line_template(fields)
     data = b"".join([line % values for values in zip(*columns, strict=True)])
-    return DecisionLines(data, batch.ids, ids, batch.timestamp)
+    return DecisionLines(data, batch.ids, batch.timestamp)
 
 
 def _line_template(

@@ -2,8 +2,9 @@
 ``json_line`` makes of ``decision_rows``' rows for the same decisions (Hypothesis, marker
 ``fuzz``): the same bytes whenever orjson writes every value, and the same JSON values in the
 same order when Python's ``json`` writes one that orjson refuses (an integer beyond 64 bits);
-and ``horizon serve``'s answers, put together from a template, are the JSON of the dicts they
-replaced, for action names that need escaping and a ``%`` that the template must not read."""
+and ``horizon serve``'s answers, put together from a template from ``LINES_ROWS`` rows, are
+the JSON of the dicts they replaced, for action names that need escaping and a ``%`` that the
+template must not read."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from horizon_plugins_serving.decision_log import (
     read_decisions,
 )
 from horizon_plugins_serving.predictor import Predictor
-from horizon_plugins_serving.server import build_app
+from horizon_plugins_serving.server import LINES_ROWS, build_app
 
 NOW = datetime(2026, 12, 2, 7, 35, 1, 123456, tzinfo=UTC)
 
@@ -91,7 +92,8 @@ def test_decision_lines_are_json_line_of_decision_rows(batch):
     assert lines.timestamp == NOW.isoformat()
 
 
-def test_answers_put_together_from_a_template_are_the_json_of_their_dicts(tmp_path, monkeypatch):
+@pytest.mark.parametrize("count", [2, LINES_ROWS])
+def test_answers_put_together_from_a_template_are_the_json_of_their_dicts(tmp_path, count):
     model = tiny_model(tmp_path / "model.onnx")
     predictor = Predictor(model)
     names = ['50% "off"', "\u00e9\\n"]  # a quote, a backslash, a non-ASCII letter and a %
@@ -99,6 +101,7 @@ def test_answers_put_together_from_a_template_are_the_json_of_their_dicts(tmp_pa
     predictor.action_index = {name: index for index, name in enumerate(names)}
     predictor.action_names = np.array(names, dtype=object)
     rows = [{"state_features": {"0": 0.5, "1": -1e-5}}, {"state_features": {"2": 3e20}}]
+    rows = (rows * count)[:count]
     with TestClient(build_app(predictor, DecisionLog(tmp_path / "d.jsonl"))) as client:
         answer = client.post("/decisions", json={"rows": rows})
     assert answer.status_code == 200, answer.text
@@ -115,4 +118,4 @@ def test_answers_put_together_from_a_template_are_the_json_of_their_dicts(tmp_pa
         }
         for row, row_scores in zip(logged, scores, strict=True)
     ]
-    assert [row["possible_actions"] for row in logged] == [names, names]
+    assert [row["possible_actions"] for row in logged] == [names] * count
