@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/scaling.py --quick                  # 10^4 and 10^5 rows
     .venv/bin/python benchmarks/scaling.py                          # 10^4 to 10^6 rows
     .venv/bin/python benchmarks/scaling.py --sizes 1e4 1e5 1e6 1e7  # the issue's whole range
+    .venv/bin/python benchmarks/scaling.py --sizes 1e6 1e7 --skip timeline_spark
 
 Generates logged decisions with ``spark_timeline_baseline.generate_rows`` (pre-timeline rows in a
 Parquet file, written in chunks: episodes of 50 steps, ``--features`` continuous state
@@ -31,8 +32,11 @@ every stage grows at most 11x per 10x rows; streamed training's peak memory at 1
 1.2x of its peak at 10^6; streamed throughput at least 0.8x in-memory; two processes at least
 1.6x one on the same cores where the model is compute-bound.
 
-The rows of a size are generated once; 10^7 rows of 100 features take about 8 GB on disk for
-the rows and as much again for the timeline: the script refuses a size the free disk cannot hold.
+The rows of a size are generated once and deleted when the source stage has copied them. At 10^7
+rows of 100 features the source's copy takes about 8 GB of disk, the timeline with next states
+and 3-step windows about 30 GB, and Spark's shuffle about 10 GB more while it builds its
+timeline: the script refuses a size the free disk cannot hold, and ``--skip timeline_spark``
+measures the rest on a smaller disk.
 """
 
 from __future__ import annotations
@@ -52,9 +56,13 @@ from pathlib import Path
 from spark_timeline_baseline import ACTIONS, generate_rows
 
 EPISODE_STEPS = 50
-BYTES_PER_VALUE_ON_DISK = 25
-"""Free disk needed per row and feature (rows, timeline with next states, a second timeline
-for the other engine): the size check before generating."""
+BYTES_PER_VALUE_ON_DISK = 40
+"""Free disk needed per row and feature at the peak: the source stage's copy of the rows
+(about 8 bytes a value; the generated file is deleted once it is made) and the timeline with
+next states and 3-step windows (about 30: 24 GB were written at 10^7 rows of 100 features when
+Spark's had not finished); the timeline stage of each engine replaces the other's."""
+SPARK_SHUFFLE_BYTES_PER_VALUE = 10
+"""Spark's shuffle files on top of that, while its timeline is built (8.7 GB at 10^7)."""
 STAGES = (
     "timeline_spark",
     "timeline_local",
@@ -181,7 +189,12 @@ class Row:
 
 
 def run_size(
-    rows: int, features: int, folder: Path, table: dict[str, Row], streamed_memory_gb: float
+    rows: int,
+    features: int,
+    folder: Path,
+    table: dict[str, Row],
+    streamed_memory_gb: float,
+    stages: list[str],
 ) -> None:
     """Generate ``rows`` rows and time every stage on them; streamed training within
     ``streamed_memory_gb`` at every size (its peak should not grow with the rows)."""
@@ -189,7 +202,8 @@ def run_size(
     generate_rows(data, rows, EPISODE_STEPS, features=features)
     pipeline = pipeline_file(folder / f"size-{rows}", data, [128, 64])
     subprocess.run(horizon(pipeline, "source"), check=True, capture_output=True)
-    for stage in STAGES:
+    data.unlink()
+    for stage in stages:
         expected_mb = expected_peak_mb(table.get(stage), rows)
         if stage == "train_memory" and expected_mb > available_mb():
             print(
@@ -220,7 +234,6 @@ def run_size(
             f"{figures['peak_mb']:8.0f} MB",
             flush=True,
         )
-    data.unlink()
     shutil.rmtree(pipeline.parent)
 
 
@@ -282,7 +295,15 @@ def main() -> None:
     parser.add_argument("--large-layers", type=int, nargs="+", default=[1024, 1024])
     parser.add_argument("--image", type=Path, default=Path("scaling.png"))
     parser.add_argument("--work-dir", type=Path, help="where to write rows and runs")
+    parser.add_argument(
+        "--skip",
+        nargs="+",
+        choices=STAGES,
+        default=[],
+        help="stages not to run (the Spark timeline needs the most disk and time)",
+    )
     args = parser.parse_args()
+    stages = [stage for stage in STAGES if stage not in args.skip]
     sizes = sorted({int(size) for size in ([1e4, 1e5] if args.quick else args.sizes)})
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     table: dict[str, Row] = {}
@@ -294,7 +315,10 @@ def main() -> None:
             flush=True,
         )
         for rows in sizes:
-            needed = rows * args.features * BYTES_PER_VALUE_ON_DISK
+            per_value = BYTES_PER_VALUE_ON_DISK
+            if "timeline_spark" in stages:
+                per_value += SPARK_SHUFFLE_BYTES_PER_VALUE
+            needed = rows * args.features * per_value
             free = shutil.disk_usage(folder).free
             if needed > free:
                 print(
@@ -303,7 +327,7 @@ def main() -> None:
                 )
                 continue
             started = time.perf_counter()
-            run_size(rows, args.features, folder, table, args.streamed_memory_gb)
+            run_size(rows, args.features, folder, table, args.streamed_memory_gb, stages)
             print(f"{rows:,} rows done in {time.perf_counter() - started:.0f} s", flush=True)
         rates = {
             "default": throughput(int(args.throughput_rows), args.features, folder, [128, 64]),
