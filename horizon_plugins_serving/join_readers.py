@@ -94,8 +94,6 @@ def read_json_text(
 ) -> pa.Table | None:
     """``read_json_block`` of the ``rows`` lines joined in ``block``: None also where Arrow
     reads another number of rows (a blank line, which the line reader passes over)."""
-    import io
-
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.json as pj
@@ -110,8 +108,11 @@ def read_json_text(
         unexpected_field_behavior="infer" if infer or types is not None else "ignore",
     )
     try:
+        # Arrow reads the text where it lies: a Python file would hand it over in new bytes
+        # objects, each a fresh allocation the kernel maps in (measured: 3,400 page faults
+        # and a tenth more CPU time for 14 MB of rewards).
         table = pj.read_json(
-            io.BytesIO(block),
+            pa.BufferReader(block),
             read_options=pj.ReadOptions(use_threads=True, block_size=ARROW_BLOCK_BYTES),
             parse_options=options,
         )
@@ -707,17 +708,21 @@ def _metric_entries(column: pa.Array, where: str) -> tuple[np.ndarray, pa.Array,
     if pa.types.is_struct(column.type) and all(
         _numeric(column.type.field(i).type) for i in range(column.type.num_fields)
     ):
-        parents, names, values = [], [], []
+        parents, fields, values = [], [], []
         for index, child in enumerate(column.flatten()):
             present = np.flatnonzero(child.is_valid().to_numpy(zero_copy_only=False))
             parents.append(present)
-            names.append(np.full(len(present), column.type.field(index).name, object))
+            fields.append(np.full(len(present), index))
             values.append(child.cast(pa.float64()).take(pa.array(present)))
-        order = np.argsort(np.concatenate(parents) if parents else np.zeros(0), kind="stable")
+        if not parents:
+            return np.zeros(0, np.int64), pa.array([], pa.string()), pa.array([], pa.float64())
+        order = np.argsort(np.concatenate(parents), kind="stable")
+        # Each entry's name taken from the struct's names: no Python string per entry.
+        names = pa.array([field.name for field in column.type], pa.string())
         return (
-            np.concatenate(parents)[order] if parents else np.zeros(0, np.int64),
-            pa.array(np.concatenate(names)[order] if names else [], pa.string()),
-            pa.concat_arrays(values).take(pa.array(order)) if values else pa.array([], "f8"),
+            np.concatenate(parents)[order],
+            names.take(pa.array(np.concatenate(fields)[order])),
+            pa.concat_arrays(values).take(pa.array(order)),
         )
     raise HorizonError(
         f"{where}: metrics column has type {column.type}, expected a map of metric names to numbers"

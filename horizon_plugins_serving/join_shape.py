@@ -10,7 +10,6 @@ are not in the same order on every row, ...) is answered None, and shaped row by
 
 from __future__ import annotations
 
-import io
 import re
 from typing import TYPE_CHECKING
 
@@ -59,7 +58,7 @@ def shape_lines(
     if table is None:
         try:
             table = pj.read_json(
-                io.BytesIO(block),
+                pa.BufferReader(block),
                 read_options=pj.ReadOptions(use_threads=False, block_size=len(block) + 1),
                 parse_options=options,
             )
