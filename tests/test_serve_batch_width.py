@@ -1,10 +1,11 @@
 """``horizon serve``'s batch-wide paths decide and refuse exactly as the one-value-at-a-time
-paths they stand in front of (issue 24, item 7): feature maps made into dense arrays by
-``itemgetter`` and ``numpy.fromiter`` (a column at a time for a tall batch) equal the arrays
-filled a feature at a time, bit for bit, on rows with missing, unknown, integer and huge
-values, so scores and propensities are the same; a batch's rows are refused with the first bad row's index and reason, as the per-row check
-gives them; the prefilter in front of the long-integer regular expression sends every body it
-matches to it; decision ids set the uuid4 bits as ``uuid`` does."""
+paths they stand in front of: feature maps made into dense arrays by ``itemgetter`` and
+``numpy.fromiter`` (a column at a time for a tall batch) equal the arrays filled a feature at a
+time, bit for bit, on rows with missing, unknown, integer and huge values, so scores and
+propensities are the same; a batch's rows are refused with the first bad row's index and
+reason, as the per-row check gives them; the prefilter in front of the long-integer regular
+expression sends every body it matches to it; decision ids set the uuid4 bits as ``uuid``
+does."""
 
 from __future__ import annotations
 
