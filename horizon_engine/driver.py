@@ -540,7 +540,7 @@ class TrainingDriver:
 
         epochs = self.planned_epochs(data)
         progress = self.run.progress(f"training: {epochs} epochs", total=epochs)
-        ends = EpochEnds(self, eval_data, estimators)
+        ends = EpochEnds(self, epochs, eval_data, estimators)
         with self.torch_threads(), progress as advance, ends:
             data = self.prepare(data.shard(distributed.rank(), distributed.world_size()))
             advance(self.epoch)

@@ -13,14 +13,16 @@ The result is the in-line one, figure for figure and file for file:
   generators' states of that moment for the checkpoint;
 - the epochs' metrics reach ``history``, ``horizon_on_epoch_end`` and the checkpoints in epoch
   order: one thread, and an epoch's end starts only once the previous one has finished;
-- the first epoch's evaluation and estimators run in line, and a part that drew from torch's
-  generators there (SAC's and TD3's evaluations sample actions) stays in line for good, where
-  its draws come between the same updates as always. A part running beside training must not
-  touch torch's generators at all (nor seed or fork them): the built-in estimators draw from
-  their own, seeded with the run's seed;
+- the first epoch's end runs in line, and a part that drew from torch's generators there
+  (SAC's and TD3's evaluations sample actions) stays in line for good, where its draws come
+  between the same updates as always. A part running beside training must not touch torch's
+  generators at all (nor seed or fork them): the built-in estimators draw from their own,
+  seeded with the run's seed. The last epoch's end runs in line too: training waits for it;
 - an error in the background is raised again, the same exception, by the next epoch's end or
   by the end of training; training returns only once the last epoch's checkpoint is written,
-  and a training that stops on an error of its own first lets the epoch being ended finish.
+  and a training that stops on an error of its own (Ctrl-C too) first lets the epoch being
+  ended finish. A kill (SIGKILL) early in an epoch can find the previous epoch's checkpoint
+  not yet written: resuming then continues from the one before, to the same result.
 
 With several processes only rank 0 ends epochs this way; the others have nothing to do beyond
 the training metrics, which every rank adds up in line.
@@ -56,12 +58,15 @@ class EpochEnds:
     def __init__(
         self,
         driver: TrainingDriver,
+        epochs: int,
         eval_data: TimelineTensors | StreamedTimeline | None = None,
         estimators: EpisodeEvaluation | None = None,
     ) -> None:
         from horizon_engine.driver import evaluation_metrics
 
         self.driver = driver
+        self.epochs = epochs
+        """The epochs of the training: the last one's end runs in line."""
         self.estimators = estimators
         self.parts: dict[str, Part] = {}
         """The parts in the order their figures join an epoch's metrics."""
@@ -99,31 +104,43 @@ class EpochEnds:
 
     def end_epoch(self) -> None:
         """End the epoch the driver just trained: its training metrics now; on rank 0 the
-        parts that stay in line, then the rest of its end on the background thread."""
+        parts that stay in line, then the rest of its end on the background thread. The first
+        epoch's end runs in line whole (it finds the parts that draw from torch's generators,
+        and does the first-time work, such as the hook's imports and files, on the training
+        thread), and so does the last, which training waits for anyway."""
         driver = self.driver
         found = driver.training_metrics()
         if not distributed.is_writer():
             driver.history.append(found)
             return
         self.wait()
-        figures: dict[str, dict[str, float]] = {}
-        if self.in_line is None:
-            self.in_line = []
-            for name, part in self.parts.items():
-                before = generator_states(driver.device)
-                figures[name] = part(driver.trainer)
-                if not same_states(before, generator_states(driver.device)):
-                    self.in_line.append(name)
-        else:
-            figures = {name: self.parts[name](driver.trainer) for name in self.in_line}
+        if self.in_line is None or driver.epoch == self.epochs:
+            self._end_in_line(found)
+            return
+        figures = {name: self.parts[name](driver.trainer) for name in self.in_line}
         beside = [name for name in self.parts if name not in figures]
         if beside and self._spare is None:
             self._spare = driver.spare_trainer()
-        state = copied_state(driver.trainer.state_dict())
+        # deepcopy keeps tensors that share storage sharing it: the checkpoint's bytes are
+        # those of one written in line (a clone per tensor is faster, but writes other bytes).
+        state = copy.deepcopy(driver.trainer.state_dict())
         generators = driver.generator_state()
         self._pending = self._worker.submit(
             self._finish, driver.epoch, found, figures, beside, state, generators
         )
+
+    def _end_in_line(self, found: dict[str, float]) -> None:
+        """The epoch's end as ``end_epoch`` makes it; at the first, each part's draws from
+        torch's generators are looked for."""
+        driver = self.driver
+        first = self.in_line is None
+        self.in_line = self.in_line or []
+        for name, part in self.parts.items():
+            before = generator_states(driver.device) if first else []
+            found |= part(driver.trainer)
+            if first and not same_states(before, generator_states(driver.device)):
+                self.in_line.append(name)
+        driver.record_epoch(driver.epoch, found, driver.trainer.state_dict(), self.estimators)
 
     def _finish(
         self,
@@ -143,26 +160,6 @@ class EpochEnds:
         for name in self.parts:
             found |= figures[name]
         self.driver.record_epoch(epoch, found, state, self.estimators, generators=generators)
-
-
-def copied_state(value: Any) -> Any:
-    """``value`` (a trainer's ``state_dict``) with its own copy of every tensor: what the
-    background reads and the checkpoint holds while the next epoch's updates change the
-    trainer's tensors. A container is copied as it is (an ``OrderedDict``'s ``_metadata``
-    kept) and anything else deep-copied: five times faster than ``copy.deepcopy`` on the dqn
-    trainer's state (0.1 ms against 0.5 ms an epoch)."""
-    import torch
-
-    if isinstance(value, torch.Tensor) and not value.requires_grad:
-        return value.clone()
-    if isinstance(value, dict):
-        copied = copy.copy(value)
-        for key, item in value.items():
-            copied[key] = copied_state(item)
-        return copied
-    if type(value) in (list, tuple):
-        return type(value)(copied_state(item) for item in value)
-    return copy.deepcopy(value)
 
 
 def generator_states(device: torch.device) -> list[torch.Tensor]:
