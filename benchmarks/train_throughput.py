@@ -30,7 +30,9 @@ default, as ``[trainer] threads = "auto"`` picks for these networks):
   its phases timed (``stage_phases``): each phase of the training thread as a share of the
   wall time (loading, setup, the updates, the epochs' ends on that thread, waiting for one),
   and each part of the epochs' ends (evaluation, estimators, checkpoints, the hook), which run
-  beside the next epoch's updates after the first (``horizon_engine.epoch_ends``).
+  beside the next epoch's updates after the first (``horizon_engine.epoch_ends``), and the rate
+  of the updates inside the stage against the updates alone: what the work beside them costs
+  the training thread (the GIL, or a core the machine does not have free).
 - ``stage_streamed``: the same with ``[trainer] data = "streamed"`` (the train split read from
   its Parquet row groups as it goes), against the same bare loop in memory.
 - ``first_optimizer``: seconds to construct the first optimizer of a fresh process
@@ -346,7 +348,13 @@ def stage_row(engine: Engine, name: str, settings: list[str], blocks: int) -> No
         "unit=updates/s",
         flush=True,
     )
-    stage_phases(lambda: engine.run(EXAMPLE, settings, stages=["train"]), blocks)
+    inside = stage_phases(lambda: engine.run(EXAMPLE, settings, stages=["train"]), blocks)
+    alone = statistics.median(rates["updates"])
+    print(
+        f"  the updates inside the stage ran at {epochs * batches / inside / alone:.2f} of the "
+        "updates alone (below 1: slowed by the epochs' ends beside them, for the GIL or a core)",
+        flush=True,
+    )
 
 
 PHASES: dict[str, tuple[object, str]] = {
@@ -396,10 +404,11 @@ def phase_clock(phases: dict[str, tuple[object, str]]) -> Iterator[dict[str, lis
             setattr(owner, attribute, originals[name])
 
 
-def stage_phases(stage: Callable[[], object], runs: int) -> None:
+def stage_phases(stage: Callable[[], object], runs: int) -> float:
     """Where the stage's wall time goes, over ``runs`` runs: each phase of its training thread
     as a share of it (the rest: the minibatches' gathering, the run's own bookkeeping), then
-    each part of the epochs' ends, which runs beside the updates after the first epoch."""
+    each part of the epochs' ends, which runs beside the updates after the first epoch.
+    Returns the seconds of a run's updates."""
     walls: list[float] = []
     with phase_clock({**PHASES, **PARTS}) as seconds:
         for _ in range(runs):
@@ -419,6 +428,7 @@ def stage_phases(stage: Callable[[], object], runs: int) -> None:
         each = total / max(1, calls) * 1000
         lines.append(f"    {total / wall:6.1%}  {name} ({calls // runs} a run, {each:.1f} ms each)")
     print("\n".join(lines), flush=True)
+    return sum(seconds["the updates (train_batch)"]) / runs
 
 
 FIRST_OPTIMIZER = """
