@@ -216,7 +216,7 @@ class StreamedTimeline:
         buffer = _ShuffleBuffer(generator, self.batch_sizes(batch_size)[::-1])
         begun = self._next_reading.take(generator)
         groups = self._epoch_groups(generator)
-        parts = begun or self._reading(groups)
+        parts = begun or self._reading(groups, whole_buffer=True)
         try:
             for part in parts:
                 buffer.add(part)
@@ -229,7 +229,7 @@ class StreamedTimeline:
         buffer.shuffle()
         if self.read_ahead > 0:
             predicted = torch.Generator().set_state(generator.get_state())
-            reading = self._reading(self._epoch_groups(predicted))
+            reading = self._reading(self._epoch_groups(predicted), whole_buffer=False)
             self._next_reading.begin(generator.get_state(), reading)
         ended = False
         try:
@@ -247,13 +247,18 @@ class StreamedTimeline:
         order = torch.randperm(len(self.groups), generator=generator).tolist()
         return [self.groups[position] for position in order]
 
-    def _reading(self, groups: Sequence[RowGroup]) -> ReadAhead[dict[str, torch.Tensor]]:
-        """``groups``' slices, read ``read_ahead`` ahead from now on (a shuffle buffer's worth
-        at first: the next epoch's, read while this one ends, takes that many at once) by a copy
-        of this split (which the reading thread holds: this one is left to be collected, closing
-        what it began, ``__post_init__``)."""
+    def _reading(
+        self, groups: Sequence[RowGroup], whole_buffer: bool
+    ) -> ReadAhead[dict[str, torch.Tensor]]:
+        """``groups``' slices, read ``read_ahead`` ahead from now on by a copy of this split
+        (which the reading thread holds: this one is left to be collected, closing what it
+        began, ``__post_init__``). With ``whole_buffer``, a shuffle buffer's worth at first:
+        an epoch that starts reading takes that many at once. Not for the next epoch's reading
+        begun while this epoch's buffer drains: a whole second buffer beside the draining one
+        took the stage's peak past its budget (tests/test_streamed.py's memory bound, 3 runs
+        in 8), and an epoch that is the last reads it for nothing."""
         reader = replace(self)
-        first = math.ceil(self.buffer_rows / self._slice_rows())
+        first = math.ceil(self.buffer_rows / self._slice_rows()) if whole_buffer else 0
         return ReadAhead(lambda: reader._prepared_parts(groups), self.read_ahead, first)
 
     def _slice_rows(self) -> int:
