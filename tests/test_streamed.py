@@ -142,17 +142,23 @@ def test_the_buffer_mixes_row_groups_into_every_batch(split):
     assert len(groups) > 2
 
 
+def sharded_epochs(data, world: int) -> tuple[list, list[list[dict]]]:
+    """``data``'s shards for ``world`` processes and an epoch of each, checked to make as many
+    batches each, none empty, and to hold ``data``'s rows between them."""
+    shards = [data.shard(rank, world) for rank in range(world)]
+    epochs = [epoch(shard, 64, 0) for shard in shards]
+    assert len({len(batches) for batches in epochs}) == 1
+    assert all(len(batch["reward"]) > 0 for batches in epochs for batch in batches)
+    assert sum(len(shard) for shard in shards) == len(data)
+    return shards, epochs
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_shards_cover_every_row_once_with_as_many_nonempty_batches_each(split, world):
     folder, description = split
     data = streamed(folder, description)
-    shards = [data.shard(rank, world) for rank in range(world)]
+    _, epochs = sharded_epochs(data, world)
 
-    epochs = [epoch(shard, 64, 0) for shard in shards]
-
-    assert len({len(batches) for batches in epochs}) == 1
-    assert all(len(batch["reward"]) > 0 for batches in epochs for batch in batches)
-    assert sum(len(shard) for shard in shards) == len(data)
     keys = torch.cat(
         [batch["episode_id"] * 1_000_000 + batch["step"] for batches in epochs for batch in batches]
     )
@@ -168,13 +174,8 @@ def test_fewer_row_groups_than_processes_share_each_groups_rows(split, tmp_path,
     memory = in_memory(folder, description)
     grouped = small_row_groups(folder, tmp_path / "two_groups", rows_per_group=len(memory))
     data = streamed(grouped, description)
-    shards = [data.shard(rank, world) for rank in range(world)]
+    shards, _ = sharded_epochs(data, world)
 
-    epochs = [epoch(shard, 64, 0) for shard in shards]
-
-    assert len({len(batches) for batches in epochs}) == 1
-    assert all(len(batch["reward"]) > 0 for batches in epochs for batch in batches)
-    assert sum(len(shard) for shard in shards) == len(data)
     runs = sorted(
         (run.path.name, run.start, part)
         for shard in shards
