@@ -77,6 +77,7 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from horizon_engine import arrow_memory  # noqa: F401  (first: it picks Arrow's allocator)
 from horizon_engine.analysis_stage import analysis_problems, analyze_timeline
 from horizon_engine.batch_schema import BATCH_SCHEMA, BatchField, batch_fields, check_batch
 from horizon_engine.capabilities import (

@@ -68,7 +68,7 @@ READ_SHARE = 4
 """A slice read is at most the shuffle buffer's rows over this: converting rows from Parquet
 takes several times their tensors' memory at its peak (Arrow's columns, the sparse maps'
 entries, numpy's intermediates; measured: loading a 156,000-row CartPole split in memory grew
-the process's peak by about 285 MiB for 41 MiB of tensors, Arrow's own pools included)."""
+the process's peak by 73 to 82 MiB for 41 MiB of tensors, Arrow's memory included)."""
 
 MEMORY_SHARE = 4
 """``[trainer] max_memory_gb = "auto"`` is the machine's memory over this: in memory, loading a
