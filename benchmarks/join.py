@@ -28,15 +28,19 @@ reward came):
 
 Each run is a fresh Python process (as ``horizon join`` runs), which imports pyarrow, pandas
 and our join modules alike before its clock starts; its time runs from reading the files to
-the output written. The sides take turns, A B, B A, ...; the median is reported with the range,
-the process's CPU seconds, and its peak resident memory (Linux's ``VmHWM``, imports included,
-the same in both). The first round's outputs are checked outside the timing: the same
-decisions with the same click sums on both sides, and the sums the generator meant.
+the output written. Both sides run with the same Arrow memory pool: the one ``horizon join``
+gets (``horizon_engine.arrow_memory``: the C allocator's, unless ``ARROW_DEFAULT_MEMORY_POOL``
+names another), or ``--pool``'s. It is named in each process's environment, as the process
+imports pyarrow before the engine, and each side reports the pool it ran with. The sides take
+turns, A B, B A, ...; the median is reported with the range, the process's CPU seconds, and
+its peak resident memory (Linux's ``VmHWM``, imports included, the same in both). The first
+round's outputs are checked outside the timing: the same decisions with the same click sums
+on both sides, and the sums the generator meant.
 
 Last, one line per case for ``run_all.py``:
 
     RESULT name=join_jsonl rows=1000000 ours_rows_per_s=... baseline=plain_arrow
-    baseline_rows_per_s=... ratio=... ours_peak_mb=... baseline_peak_mb=...
+    baseline_rows_per_s=... ratio=... ours_peak_mb=... baseline_peak_mb=... pool=system
 
 ``ratio``: ours over the baseline's rows (decisions) per second (above 1, ours is faster). The
 JSONL-to-Parquet line also gives ``over_jsonl_output``: our seconds for it over our seconds for
@@ -81,6 +85,9 @@ CASES = {
 }
 """Each case's log (a key of ``LOGS``) and output name (``.parquet``: a folder of parts)."""
 QUICK = {"rows": 200_000, "rounds": 2}
+POOLS = ("system", "mimalloc", "jemalloc")
+"""Arrow's memory pools (``ARROW_DEFAULT_MEMORY_POOL``); jemalloc where pyarrow was built
+with it."""
 
 
 @dataclass
@@ -194,12 +201,14 @@ def join_plain_arrow(log: Path, rewards: Path, output: Path) -> None:
         result.to_pandas().to_json(output, orient="records", lines=True)
 
 
-def run_side(side: str, log: Path, rewards: Path, output: Path) -> dict[str, float]:
-    """One join by ``side``, timed in this process: seconds, CPU seconds, peak memory."""
+def run_side(side: str, log: Path, rewards: Path, output: Path) -> dict[str, float | str]:
+    """One join by ``side``, timed in this process: seconds, CPU seconds, peak memory, and
+    the Arrow memory pool it ran with."""
     import pandas  # noqa: F401 (both sides import the same before the clock)
+    import pyarrow as pa
     import pyarrow.compute
     import pyarrow.json
-    import pyarrow.parquet  # noqa: F401
+    import pyarrow.parquet
 
     import horizon_plugins_serving.join  # noqa: F401
 
@@ -210,6 +219,7 @@ def run_side(side: str, log: Path, rewards: Path, output: Path) -> dict[str, flo
         "seconds": time.perf_counter() - started,
         "cpu_s": time.process_time() - cpu_started,
         "peak_mb": peak_memory_mb(),
+        "pool": pa.default_memory_pool().backend_name,
     }
 
 
@@ -224,14 +234,32 @@ def peak_memory_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def measure_fresh(side: str, log: Path, rewards: Path, output: Path) -> dict[str, float]:
-    """One join by ``side`` in a fresh Python process."""
+def engine_pool() -> str:
+    """The Arrow memory pool ``horizon join`` runs with: importing the engine before pyarrow
+    names it in the environment, where the user has not named one."""
+    if "pyarrow" in sys.modules:
+        sys.exit("engine_pool must run before pyarrow is imported")
+    from horizon_engine.arrow_memory import ARROW_POOL_VARIABLE
+
+    return os.environ[ARROW_POOL_VARIABLE]
+
+
+def measure_fresh(
+    side: str, log: Path, rewards: Path, output: Path, pool: str
+) -> dict[str, float | str]:
+    """One join by ``side`` in a fresh Python process whose Arrow memory pool is ``pool``."""
+    from horizon_engine.arrow_memory import ARROW_POOL_VARIABLE
+
     command = [sys.executable, __file__, "--measure", side]
     command += ["--log", str(log), "--rewards", str(rewards), "--output", str(output)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    environment = os.environ | {ARROW_POOL_VARIABLE: pool}
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=environment)
     if done.returncode:
         sys.exit(f"{side} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    run = json.loads(done.stdout.strip().splitlines()[-1])
+    if run["pool"] != pool:
+        sys.exit(f"{side} ran with Arrow's {run['pool']} memory pool, not {pool}")
+    return run
 
 
 # --- the check --------------------------------------------------------------------------------
@@ -287,7 +315,7 @@ class Figures:
         return statistics.median(self.seconds)
 
 
-def report(figures: dict[tuple[str, str], Figures], rows: int, rounds: int) -> None:
+def report(figures: dict[tuple[str, str], Figures], rows: int, rounds: int, pool: str) -> None:
     print(
         f"\n{'case':<13} {'side':<12} {'seconds (median, range)':>26} {'rows/s':>11} "
         f"{'CPU s':>6} {'peak MB':>8}"
@@ -310,6 +338,7 @@ def report(figures: dict[tuple[str, str], Figures], rows: int, rounds: int) -> N
             "ratio": f"{theirs.median / ours.median:.2f}",
             "ours_peak_mb": f"{max(ours.peak_mb):.0f}",
             "baseline_peak_mb": f"{max(theirs.peak_mb):.0f}",
+            "pool": pool,
         }
         if case == "jsonl_parquet" and ("jsonl", "ours") in figures:
             fields["over_jsonl_output"] = f"{ours.median / figures[('jsonl', 'ours')].median:.2f}"
@@ -324,6 +353,11 @@ def main() -> None:
     parser.add_argument(
         "--cases", nargs="+", choices=list(CASES), default=list(CASES), help="cases to run"
     )
+    parser.add_argument(
+        "--pool",
+        choices=POOLS,
+        help="Arrow memory pool of both sides (default: the one horizon join gets)",
+    )
     parser.add_argument("--measure", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--log", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--rewards", type=Path, help=argparse.SUPPRESS)
@@ -334,10 +368,11 @@ def main() -> None:
         return
     if args.quick:
         args.rows, args.rounds = QUICK["rows"], QUICK["rounds"]
+    pool = args.pool or engine_pool()
     print(
         f"horizon join of {args.rows:,} decisions ({FEATURES} features, {len(ACTIONS)} "
         f"actions), --window {WINDOW}, {os.cpu_count()} cores, "
-        f"load average {os.getloadavg()[0]:.1f}"
+        f"load average {os.getloadavg()[0]:.1f}, Arrow's {pool} memory pool on both sides"
     )
     figures: dict[tuple[str, str], Figures] = {}
     with tempfile.TemporaryDirectory() as name:
@@ -354,7 +389,7 @@ def main() -> None:
                 outputs = {}
                 for side in SIDES if turn % 2 == 0 else SIDES[::-1]:
                     outputs[side] = folder / f"{side}-{output_name}"
-                    run = measure_fresh(side, files.logs[log], files.rewards, outputs[side])
+                    run = measure_fresh(side, files.logs[log], files.rewards, outputs[side], pool)
                     runs = figures.setdefault((case, side), Figures())
                     runs.seconds.append(run["seconds"])
                     runs.cpu_s.append(run["cpu_s"])
@@ -370,7 +405,7 @@ def main() -> None:
                     else:
                         output.unlink()
                     output.with_name(f"_{output.name}.report.json").unlink(missing_ok=True)
-    report(figures, args.rows, args.rounds)
+    report(figures, args.rows, args.rounds, pool)
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
 
 
