@@ -14,13 +14,14 @@ Nothing is held as a Python object per row: the local engine keeps the join's ke
 and the sums as Arrow arrays. A decision log that fits ``--max-memory-gb`` (``read_once``) is
 read once, its chunks kept from the pass that plans the join to the write; a larger one is
 streamed twice, chunk by chunk (once for the keys, once to write), holding only the keys. The
-rewards are read on a thread of their own meanwhile. A chunk of JSON lines is read by Arrow's
+rewards are read meanwhile on a thread of their own, where the process may run on three cores
+or more (``threads_help``; on two, after the log). A chunk of JSON lines is read by Arrow's
 JSON reader, and line by line only where it holds a torn or bad line, to name it; a written
 line is the logged text with its metrics added; for a Parquet JOINED a pass reads every field
 with the keys, so that no line is parsed twice in a pass, and row groups are written on a
-thread of their own. Streamed, memory grows with the decisions: about 50 bytes each for the
-keys, and one hash table of their ids and the rewards' (a join of 1M decisions and 500k
-rewards peaks at about 560 MB).
+thread of their own where the rewards are read on one. Streamed, memory grows with the
+decisions: about 50 bytes each for the keys, and one hash table of their ids and the
+rewards' (a join of 1M decisions and 500k rewards peaks at about 560 MB).
 ``--engine spark`` runs the same join on a SparkSession (``join_spark``) and writes the same
 rows, for logs larger than that.
 
@@ -41,9 +42,10 @@ import json
 import math
 import re
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from threading import Event
 from typing import TYPE_CHECKING, Any
@@ -61,7 +63,7 @@ from horizon_plugins_serving.join_readers import (
     read_rewards,
 )
 from horizon_plugins_serving.join_report import SHOWN, BadRows, JoinReport, report_path
-from horizon_plugins_serving.join_writer import JoinedWriter, first_row_types
+from horizon_plugins_serving.join_writer import JoinedWriter, first_row_types, threads_help
 
 if TYPE_CHECKING:
     import numpy as np
@@ -335,6 +337,25 @@ def _drained(kept: deque[DecisionChunk]) -> Iterator[DecisionChunk]:
         yield kept.popleft()
 
 
+def _first_pass(
+    log: DecisionLogReader,
+    once: bool,
+    row_types: Callable[[list[bytes]], pa.Schema | None] | None,
+    rewards: Callable[[], Rewards],
+) -> tuple[list[pa.Table], deque[DecisionChunk], Rewards]:
+    """The log's keys, a table a chunk, and (``once``) its chunks; then ``rewards``' rewards,
+    so that the log's bad rows fail the join before theirs."""
+    import pyarrow as pa
+
+    keys = []
+    kept: deque[DecisionChunk] = deque()
+    for chunk in log.chunks(keys_only=not once, row_types=row_types):
+        keys.append(pa.table({"decision_id": chunk.decision_ids, "timestamp": chunk.timestamps}))
+        if once:
+            kept.append(chunk)
+    return keys, kept, rewards()
+
+
 def join_local(
     decisions: Path,
     rewards_path: Path,
@@ -353,30 +374,26 @@ def join_local(
     log = DecisionLogReader(decisions, bad)
     to_parquet = is_parquet(output)
     once = read_once(decisions, memory_budget(max_memory_gb), with_rows=to_parquet)
-    kept: deque[DecisionChunk] = deque()
-    keys = []
     # Read once into Parquet, a JSONL chunk's rows are read with its keys, as JOINED's first
     # row will likely type them (the writer reads them again where it does not).
     row_types = first_row_types if once and to_parquet else None
-    # The rewards are read on a thread of their own while the log is read (most of either
-    # is Arrow's, without the GIL), their bad rows counted apart and after the log's.
+    # The rewards' bad rows are counted apart and after the log's; where threads help, the
+    # rewards are read on a thread of their own while the log is read (most of either is
+    # Arrow's, without the GIL), else once the log is read.
     rewards_counted = JoinReport("local", window_seconds, defaults)
-    failed = Event()
-    with ThreadPoolExecutor(1, thread_name_prefix="join-rewards") as reading:
-        rewards_read = reading.submit(
-            read_rewards, rewards_path, BadRows(skip_bad_rows, rewards_counted), failed
-        )
-        try:
-            for chunk in log.chunks(keys_only=not once, row_types=row_types):
-                keys.append(
-                    pa.table({"decision_id": chunk.decision_ids, "timestamp": chunk.timestamps})
-                )
-                if once:
-                    kept.append(chunk)
-            rewards = rewards_read.result()
-        except BaseException:  # a bad row, or Ctrl-C: the rewards stop at their next block
-            failed.set()
-            raise
+    rewards_bad = BadRows(skip_bad_rows, rewards_counted)
+    if threads_help():
+        failed = Event()
+        with ThreadPoolExecutor(1, thread_name_prefix="join-rewards") as reading:
+            rewards_read = reading.submit(read_rewards, rewards_path, rewards_bad, failed)
+            try:
+                keys, kept, rewards = _first_pass(log, once, row_types, rewards_read.result)
+            except BaseException:  # a bad row, or Ctrl-C: the rewards stop at their next block
+                failed.set()
+                raise
+    else:
+        rewards_now = partial(read_rewards, rewards_path, rewards_bad)
+        keys, kept, rewards = _first_pass(log, once, row_types, rewards_now)
     report.torn_lines, report.torn_line_numbers = log.torn, list(log.torn_lines)
     bad.add_rewards(rewards_counted)
     key_schema = pa.schema(

@@ -9,6 +9,7 @@ one by one by ``RowShaper``.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -21,6 +22,24 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from horizon_plugins_serving.join_readers import DecisionChunk
+
+
+THREADED_CORES = 3
+"""The cores a process must be let run on for the join to read its rewards and write JOINED's
+row groups on threads of their own (``threads_help``)."""
+
+
+def threads_help() -> bool:
+    """Whether the join's threads of its own (the rewards' reading, the Parquet row groups'
+    writing) let it finish sooner: where the process may run on ``THREADED_CORES`` or more.
+    On two, Arrow's readers already run on both (its pool has a thread a core), and the
+    threads only added work: a Parquet log of 200,000 decisions joined into Parquet took 0.84
+    s of CPU with them against 0.73 without, and 1.20 s against 1.06 (medians of 8
+    interleaved fresh processes on a shared 2-core machine), with 6,000 more page faults
+    (each thread's allocations come from a fresh C allocator arena)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) >= THREADED_CORES
+    return (os.cpu_count() or 1) >= THREADED_CORES
 
 
 ROW_GROUP_ROWS = 131_072
@@ -44,7 +63,8 @@ class JoinedWriter:
         self.written = 0
         if self.parquet:
             path.mkdir()
-            self._thread = ThreadPoolExecutor(1, thread_name_prefix="joined-parquet")
+            if threads_help():
+                self._thread = ThreadPoolExecutor(1, thread_name_prefix="joined-parquet")
         else:
             self._handle = open(path, "wb")  # noqa: SIM115 (closed by close())
 
@@ -160,13 +180,17 @@ class JoinedWriter:
     def _flush(self) -> None:
         """Hands the gathered rows to the writing thread as a row group, once the one before
         is written: Arrow encodes and compresses it without holding the GIL, while the next
-        chunks are read and shaped (measured: a fifth of a JSONL log's join into Parquet)."""
+        chunks are read and shaped (measured: a fifth of a JSONL log's join into Parquet).
+        Where threads do not help (``threads_help``), writes them here."""
         import pyarrow as pa
 
         if self._pending:
             table = pa.concat_tables(self._pending)
-            self._written()
-            self._writing = self._thread.submit(self._writer.write_table, table, ROW_GROUP_ROWS)
+            if self._thread is None:
+                self._writer.write_table(table, ROW_GROUP_ROWS)
+            else:
+                self._written()
+                self._writing = self._thread.submit(self._writer.write_table, table, ROW_GROUP_ROWS)
         self._pending, self._pending_rows = [], 0
 
     def _written(self) -> None:

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.test_join import decision, failing, horizon, read_joined, reward, write_jsonl
+from tests.test_join_threads import with_threads
 from tests.test_sources import run_source
 
 
@@ -159,10 +160,13 @@ def test_parquet_strings_that_are_not_utf8_are_bad_rows(tmp_path):
     assert manifest["stages"]["source"]["rows_out"] == 1
 
 
-def test_the_log_is_named_before_the_rewards_read_beside_it(tmp_path):
-    """The rewards are read on their own thread while the log is read: a bad decision row is
-    still the one a join without --skip-bad-rows names, a bad reward row only where the log
-    has none; skipped, the log's bad rows are named first, ten in all, each side counted."""
+@pytest.mark.parametrize("threaded", [True, False])
+def test_the_log_is_named_before_the_rewards_read_beside_it(tmp_path, monkeypatch, threaded):
+    """The rewards read on their own thread while the log is read, or after it: a bad
+    decision row is still the one a join without --skip-bad-rows names, a bad reward row only
+    where the log has none; skipped, the log's bad rows are named first, ten in all, each side
+    counted."""
+    with_threads(monkeypatch, threaded)
     no_key = {"decision_id": "", "timestamp": decision("x")["timestamp"]}
     rows = [decision("a"), *([no_key] * 8), decision("b")]
     decisions = write_jsonl(tmp_path / "d.jsonl", rows)
@@ -199,6 +203,7 @@ def test_rewards_read_for_a_join_that_failed_stop_at_the_next_block(tmp_path, mo
         return read_rewards(path, bad, stop)
 
     monkeypatch.setattr(join, "read_rewards", reading)
+    with_threads(monkeypatch, True)
     no_key = {"decision_id": "", "timestamp": decision("x")["timestamp"]}
     decisions = write_jsonl(tmp_path / "d.jsonl", [decision("a"), no_key])
     failing("join", decisions, rewards, "-o", tmp_path / "joined.jsonl", "--window", "48h")

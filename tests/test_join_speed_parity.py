@@ -622,14 +622,18 @@ def test_a_chunk_keeps_its_rows_without_a_copy_or_filters_them_all_alike():
     assert kept.rows.column("n").to_pylist() == [0, 3]
 
 
+@pytest.mark.parametrize("threaded", [True, False])
 @pytest.mark.parametrize("log_form", ["jsonl", "parquet"])
 def test_row_groups_written_on_the_writing_thread_hold_the_rows_in_order(
-    tmp_path, monkeypatch, log_form
+    tmp_path, monkeypatch, log_form, threaded
 ):
     """Row groups of 30 rows, each written on the writing thread while the next chunks are
-    shaped: the table one row group holds, in the same order."""
+    shaped (or, where threads do not help, as they gather): the table one row group holds,
+    in the same order."""
     from horizon_plugins_serving import join_writer
+    from tests.test_join_threads import with_threads
 
+    with_threads(monkeypatch, threaded)
     monkeypatch.setattr(DecisionLogReader.__init__, "__defaults__", (40,))
     _, rewards = generated_files(tmp_path)
     log = tmp_path / "decisions.jsonl" if log_form == "jsonl" else parquet_log(tmp_path)
@@ -645,11 +649,17 @@ def test_row_groups_written_on_the_writing_thread_hold_the_rows_in_order(
     assert written[30].equals(written[join_writer.ROW_GROUP_ROWS])
 
 
-def test_a_full_disk_on_the_writing_thread_fails_the_join_leaving_nothing(tmp_path, monkeypatch):
-    """Arrow's error for a full disk, raised on the writing thread, is the join's one-line
-    error, and no half-written JOINED is left."""
+@pytest.mark.parametrize("threaded", [True, False])
+def test_a_full_disk_on_the_writing_thread_fails_the_join_leaving_nothing(
+    tmp_path, monkeypatch, threaded
+):
+    """Arrow's error for a full disk, raised on the writing thread (or where threads do not
+    help, on the join's), is the join's one-line error, and no half-written JOINED is left."""
     import errno
 
+    from tests.test_join_threads import with_threads
+
+    with_threads(monkeypatch, threaded)
     monkeypatch.setattr(DecisionLogReader.__init__, "__defaults__", (40,))
     log, rewards = generated_files(tmp_path)
 
