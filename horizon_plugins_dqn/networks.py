@@ -26,6 +26,14 @@ _ACTIVATIONS: dict[str, type[nn.Module]] = {
 }
 
 
+def frozen_copy(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` in eval mode without gradients: a snapshot that later updates of
+    ``module`` leave as it is."""
+    import copy
+
+    return copy.deepcopy(module).eval().requires_grad_(False)
+
+
 def mlp(inputs: int, layers: Sequence[int], activations: Sequence[str]) -> nn.Sequential:
     """Hidden layers ``Linear -> activation`` of the given widths (the head is added apart)."""
     modules: list[nn.Module] = []

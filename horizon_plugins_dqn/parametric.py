@@ -12,7 +12,6 @@ torch is imported inside the methods, so that listing the plugin's options does 
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar
 
@@ -208,7 +207,10 @@ class ParametricDqnTrainer(QLearningTrainer):
     def policy(self) -> ParametricDqnPolicy:
         """A frozen copy of the trained model in eval mode: raw state and candidate action
         features -> Q scores ``[B, K]``."""
-        from horizon_plugins_dqn.networks import ParametricDqnPolicy
+        from horizon_plugins_dqn.networks import ParametricDqnPolicy, frozen_copy
 
-        live = ParametricDqnPolicy(self.preprocessor, self.action_preprocessor, self.q_network)
-        return copy.deepcopy(live).eval().requires_grad_(False)
+        policy = ParametricDqnPolicy(
+            self.preprocessor, self.action_preprocessor, frozen_copy(self.q_network)
+        )
+        policy.training = False
+        return policy

@@ -120,34 +120,43 @@ class QLearningTrainer(TrainerBase, Discounts):
         logged: torch.Tensor,
         batch: Mapping[str, torch.Tensor],
         metrics: dict[str, float],
-    ) -> torch.Tensor:
+        keep_unweighted: bool = True,
+    ) -> torch.Tensor | None:
         """CQL's penalty of ``scores`` (Q of every possible action) against the ``logged``
         action's Q, weighted by ``cql_alpha``, less as the batch's logs cover the actions more
         (``targets.logged_coverage``, ``cql_covered``) unless ``cql_weighting = "constant"``;
         records ``cql_loss`` (the penalty before its weight), ``logged_coverage`` and
-        ``cql_weight`` in ``metrics``."""
+        ``cql_weight`` in ``metrics``.
+
+        Without ``keep_unweighted``, a weight of 0 (logs that cover the actions evenly, as
+        random play's) returns None and computes the penalty for its metric alone, without a
+        gradient: adding ``0 * penalty`` to the loss changes no gradient by a bit, and its
+        backward pass was about a tenth of the example's update. Keep it where the scores
+        come from a forward of their own that must reach the backward (a data-parallel
+        module's)."""
         import torch
 
         from horizon_plugins_dqn.targets import cql_gaps, logged_coverage
 
         config = self.config
         possible = batch["possible_actions"]
-        gaps = cql_gaps(scores, logged, possible)
         # A batch built without propensities (by hand, by a host of its own) has a logger
         # believed deterministic: plain CQL's assumption.
         if "action_probability" in batch:
             propensity = batch["action_probability"]
         else:
-            propensity = torch.ones_like(gaps)
+            propensity = torch.ones(len(logged), dtype=logged.dtype, device=logged.device)
         coverage = float(logged_coverage(propensity, possible))
         weight = config.cql_alpha
         if config.cql_weighting == "coverage":
             weight *= max(0.0, 1.0 - coverage / config.cql_covered)
-        penalty = gaps.mean()
+        weighted = keep_unweighted or weight > 0
+        with torch.set_grad_enabled(weighted and torch.is_grad_enabled()):
+            penalty = cql_gaps(scores, logged, possible).mean()
         metrics["cql_loss"] = float(penalty.detach())
         metrics["logged_coverage"] = coverage
         metrics["cql_weight"] = weight
-        return weight * penalty
+        return weight * penalty if weighted else None
 
     def update(self, loss: torch.Tensor) -> None:
         """One optimizer step on ``loss``, the soft target update, and the learning-rate decay."""

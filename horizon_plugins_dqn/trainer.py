@@ -10,7 +10,6 @@ plugin's options does not load it.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -113,7 +112,9 @@ class DqnTrainer(QLearningTrainer, OffersEvaluationModels):
         td_loss = self.td_loss(logged, target)
         loss = td_loss
         if config.cql_alpha > 0:
-            loss = loss + self.conservatism(scores, logged, batch, metrics)
+            penalty = self.conservatism(scores, logged, batch, metrics, keep_unweighted=False)
+            if penalty is not None:
+                loss = loss + penalty
         self.update(loss)
         metrics["td_loss"] = float(td_loss.detach())
         return metrics
@@ -208,13 +209,17 @@ class DqnTrainer(QLearningTrainer, OffersEvaluationModels):
     def policy(self) -> DqnPolicy:
         """A frozen copy of the trained model in eval mode: raw ``(values, presence)`` ->
         Q scores ``[B, A]``, BCQ-filtered actions scored ``IMPOSSIBLE``, so that
-        ``horizon_engine.policies`` (greedy, softmax) leave them out as training did."""
-        from horizon_plugins_dqn.networks import DqnPolicy
+        ``horizon_engine.policies`` (greedy, softmax) leave them out as training did. The
+        preprocessor, fixed while training and without parameters, is shared rather than
+        copied (``frozen_copy``: 0.9 against 0.4 ms a call on the example, every epoch)."""
+        from horizon_plugins_dqn.networks import DqnPolicy, frozen_copy
 
-        live = DqnPolicy(
-            self.preprocessor, self.q_network, self.behaviour, self.config.bcq_threshold
+        behaviour = None if self.behaviour is None else frozen_copy(self.behaviour)
+        policy = DqnPolicy(
+            self.preprocessor, frozen_copy(self.q_network), behaviour, self.config.bcq_threshold
         )
-        return copy.deepcopy(live).eval().requires_grad_(False)
+        policy.training = False
+        return policy
 
     def evaluation_models(self) -> EvaluationModels:
         """``q_features``: a frozen copy of the Q-network's last hidden layer on raw states.
@@ -223,10 +228,10 @@ class DqnTrainer(QLearningTrainer, OffersEvaluationModels):
         the scores as Q: the scores of 20 epochs of conservative Q-learning from logs sit far
         below the greedy policy's value (mean Q about 13 on random CartPole, where the
         policy's discounted return is about 84)."""
-        from horizon_plugins_dqn.networks import HiddenFeatures
+        from horizon_plugins_dqn.networks import HiddenFeatures, frozen_copy
 
         # The preprocessor is fixed while training: shared, only the layers are copied.
-        body = copy.deepcopy(self.q_network.body).eval().requires_grad_(False)
+        body = frozen_copy(self.q_network.body)
         return EvaluationModels(q_features=HiddenFeatures(self.preprocessor, body))
 
     def state_dict(self) -> dict[str, Any]:

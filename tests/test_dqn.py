@@ -311,6 +311,55 @@ def test_the_conservative_weight_falls_to_zero_as_the_logs_cover_every_action():
     assert constant["cql_weight"] == DqnConfig().cql_alpha
 
 
+class KeepsUnweightedPenalty(DqnTrainer):
+    """A dqn trainer that adds CQL's penalty to the loss at weight 0 too."""
+
+    def conservatism(self, *args: object, keep_unweighted: bool = True) -> torch.Tensor | None:
+        return super().conservatism(*args, keep_unweighted=True)
+
+
+def test_a_penalty_of_weight_zero_left_out_of_the_loss_changes_no_bit_of_the_training():
+    """Logs covering every action (weight 0): the update without the penalty's gradient
+    leaves the same bytes of state and the same metrics as one adding ``0 * penalty``."""
+    torch.manual_seed(0)
+    states = torch.randn(64, 1)
+    rows = batch(
+        reward=torch.rand(64).tolist(),
+        state=states.tolist(),
+        next_state=(states + 0.1).tolist(),
+        action=torch.randint(0, 3, (64,)).tolist(),
+    )
+    kept = KeepsUnweightedPenalty(DqnConfig())
+    kept.setup(problem())
+    skipped = trainer()
+    for _ in range(5):
+        assert skipped.train_step(rows) == kept.train_step(rows)
+    assert skipped.train_step(rows)["cql_weight"] == 0.0
+    kept.train_step(rows)
+    for mine, theirs in zip(
+        torch.utils._pytree.tree_leaves(skipped.state_dict()),
+        torch.utils._pytree.tree_leaves(kept.state_dict()),
+        strict=True,
+    ):
+        if isinstance(mine, torch.Tensor):
+            assert torch.equal(mine, theirs) and mine.signbit().equal(theirs.signbit())
+        else:
+            assert mine == theirs
+
+
+def test_the_policy_is_a_frozen_snapshot_sharing_the_fixed_preprocessor():
+    dqn = trainer()
+    policy = dqn.policy()
+    inputs = (torch.tensor([[0.5]]), torch.ones(1, 1))
+    before = policy(*inputs)
+    dqn.train_step(batch(reward=[1.0, 0.0], state=[[0.0], [1.0]], action=[0, 2]))
+    assert torch.equal(policy(*inputs), before)
+    assert not torch.equal(dqn.policy()(*inputs), before)
+    assert policy.preprocessor is dqn.preprocessor
+    assert not policy.training and not policy.q_network.training
+    assert not any(parameter.requires_grad for parameter in policy.parameters())
+
+
 def test_train_step_reports_the_losses_of_the_options_in_use():
     rows = batch(reward=[1.0, 0.0], state=[[0.0], [1.0]], action=[0, 2])
     assert set(trainer(cql_alpha=0.0).train_step(rows)) == {"td_loss"}
