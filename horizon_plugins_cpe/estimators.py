@@ -38,7 +38,7 @@ numpy, scipy and torch are imported where they are used, so listing plugins stay
 from __future__ import annotations
 
 import weakref
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field
@@ -55,6 +55,7 @@ from horizon_engine import (
 
 if TYPE_CHECKING:
     import numpy as np
+    import torch
 
     from horizon_plugins_cpe.formulas import CpeInputs, CpeOptions, MetricEstimate, ModelValues
 
@@ -158,36 +159,74 @@ def metric_columns(episodes: EvaluationEpisodes) -> tuple[tuple[str, ...], list[
 def cpe_inputs(episodes: EvaluationEpisodes) -> tuple[CpeInputs, str | None]:
     """The formulas' inputs from the core's episodes (discrete or parametric actions), and a
     note every estimate on them carries (parametric rows that offered no candidates)."""
+    return split_inputs(episodes).with_policy(episodes.policy.probabilities)
+
+
+@dataclass(eq=False)
+class _SplitInputs:
+    """The formulas' inputs that depend on the eval split alone: all but the evaluated
+    policy's probabilities, which ``with_policy`` adds. Held by weak reference to the
+    split's data, as ``_Prepared``: built once for a training's epochs, whose split does not
+    change (rebuilding them was about 1 ms of every epoch's end on the example)."""
+
+    data: weakref.ref
+    metrics: int
+    """``id()`` of the episodes' metrics dict (alive as long as the data it comes with)."""
+    inputs: CpeInputs
+    """The inputs, ``target_probabilities`` empty."""
+    no_choice: np.ndarray | None
+    """Parametric rows that offered no candidates (their logged action is the only one)."""
+    note: str | None
+
+    def matches(self, episodes: EvaluationEpisodes) -> bool:
+        return self.data() is episodes.data and self.metrics == id(episodes.metrics)
+
+    def with_policy(self, probabilities: torch.Tensor) -> tuple[CpeInputs, str | None]:
+        """The inputs with the evaluated policy's ``probabilities`` ``[N, A]``, and the note."""
+        target = _numpy(probabilities)
+        if self.no_choice is not None:
+            target = target.copy()
+            target[self.no_choice] = 0.0
+            target[self.no_choice, 0] = 1.0
+        return replace(self.inputs, target_probabilities=target), self.note
+
+
+_SPLITS: list[_SplitInputs] = []
+"""The last eval splits' inputs (the newest last), found by the identity of their data and
+metrics; at most ``PREPARED_KEPT``."""
+
+
+def split_inputs(episodes: EvaluationEpisodes) -> _SplitInputs:
+    """What the formulas' inputs take from the episodes' split, built on first use; on
+    continuous actions (or a policy without probabilities) ``NotApplicable``."""
     import numpy as np
 
     from horizon_plugins_cpe.formulas import CpeInputs
 
     if episodes.action_type is ActionType.CONTINUOUS or episodes.policy.probabilities is None:
         raise NotApplicable(CONTINUOUS_REASON)
+    for entry in _SPLITS:
+        if entry.matches(episodes):
+            return entry
     data = episodes.data
     names, columns = metric_columns(episodes)
     rewards = np.stack([_numpy(column) for column in columns], axis=1)
     possible = data.possible_actions.detach().cpu().numpy() > 0
     steps = data.step.detach().cpu().numpy()
     logged_propensity = _numpy(data.action_probability)
-    target_probabilities = _numpy(episodes.policy.probabilities)
-    note = None
+    no_choice, note = None, None
     if episodes.action_type is ActionType.DISCRETE:
         action = data.action.detach().cpu().numpy().astype(np.int64)
         # A row that recorded no possible actions has all of them possible (as the policy's).
         possible = np.where(possible.any(axis=1, keepdims=True), possible, True)
     else:
-        action, no_choice = _logged_slots(data, steps)
-        if no_choice.any():
+        action, offered_none = _logged_slots(data, steps)
+        if offered_none.any():
             # No choice was made: the logged action is the only one, under either policy.
+            no_choice = offered_none
             possible[no_choice, 0] = True
-            logged_propensity, target_probabilities = (
-                logged_propensity.copy(),
-                target_probabilities.copy(),
-            )
+            logged_propensity = logged_propensity.copy()
             logged_propensity[no_choice] = 1.0
-            target_probabilities[no_choice] = 0.0
-            target_probabilities[no_choice, 0] = 1.0
             note = NO_CANDIDATES_NOTE.format(count=int(no_choice.sum()), rows=len(no_choice))
     features = np.concatenate([_numpy(data.state), _numpy(data.state_presence)], axis=1)
     inputs = CpeInputs(
@@ -196,12 +235,15 @@ def cpe_inputs(episodes: EvaluationEpisodes) -> tuple[CpeInputs, str | None]:
         metric_names=names,
         action=action,
         logged_propensity=logged_propensity,
-        target_probabilities=target_probabilities,
+        target_probabilities=np.empty((len(action), 0)),
         possible=possible,
         features=features,
         row_label=lambda row: f"sequence_number {int(steps[row])}",
     )
-    return inputs, note
+    entry = _SplitInputs(weakref.ref(data), id(episodes.metrics), inputs, no_choice, note)
+    _SPLITS.append(entry)
+    del _SPLITS[:-PREPARED_KEPT]
+    return entry
 
 
 @dataclass(eq=False)

@@ -459,3 +459,24 @@ def test_the_shared_inputs_go_with_the_epochs_policy_output():
     del episodes
     gc.collect()
     assert not any(entry.policy is not None for entry in cpe._PREPARED)
+
+
+def test_an_epochs_inputs_take_the_splits_part_built_once_and_their_own_policy():
+    episodes = episodes_of(ActionType.PARAMETRIC)
+    first, note = cpe_inputs(episodes)
+    probabilities = target(len(episodes.data), 3).flip(1)
+    next_epoch = dataclasses.replace(
+        episodes,
+        policy=PolicyOutput(
+            episodes.action_type, probabilities.argmax(dim=1), probabilities, probabilities
+        ),
+    )
+    second, second_note = cpe_inputs(next_epoch)
+    assert second.rewards is first.rewards and second.features is first.features
+    assert second.logged_propensity is first.logged_propensity and second_note == note
+    cpe._SPLITS.clear()
+    fresh, _ = cpe_inputs(next_epoch)
+    assert fresh.rewards is not first.rewards
+    for name in ("rewards", "features", "logged_propensity", "possible", "target_probabilities"):
+        assert np.array_equal(getattr(fresh, name), getattr(second, name))
+    assert not np.array_equal(first.target_probabilities, second.target_probabilities)
