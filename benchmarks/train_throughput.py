@@ -123,13 +123,19 @@ def trainer_driver(engine: Engine, settings: list[str]) -> tuple[TrainingDriver,
 class BareLoop:
     """A double-DQN update written directly on the split, its states normalized once: the
     baseline. ``n_step`` bootstraps from the timeline's 3-step windows, ``cql_alpha`` adds the
-    conservative penalty, as the example's trainer does."""
+    conservative penalty with the trainer's default weighting: ``cql_alpha * max(0, 1 -
+    coverage / cql_covered)``, the coverage each minibatch's logged propensities show (the
+    least probability the logger gave any possible action, times their count; 0 for a row
+    without a valid propensity). Random play covers the actions evenly, so the weight is 0 and,
+    as in the trainer, the penalty's backward is left out: a bare loop adding it at the full
+    ``cql_alpha`` did work the trainer does not."""
 
     data: TimelineTensors
     states: dict[str, torch.Tensor]
     batch_size: int
     n_step: bool
     cql_alpha: float
+    cql_covered: float = 1.0
     optimizer_kind: str = "torch"
     """"torch": ``torch.optim.Adam(foreach=True)``; "trainer": the trainer's ``ForeachAdam``."""
 
@@ -176,6 +182,19 @@ class BareLoop:
         best = torch.where(possible > 0, online, -1e9).argmax(dim=1, keepdim=True)
         return returns + discount * self.target(following).gather(1, best).squeeze(1)
 
+    def cql_weight(self, rows: torch.Tensor) -> float:
+        """The conservative penalty's weight on ``rows``: 0 where the logs cover every
+        possible action as evenly as ``cql_covered`` asks."""
+        if not self.cql_alpha:
+            return 0.0
+        possible = self.data.possible_actions[rows]
+        propensity = self.data.action_probability[rows]
+        count = possible.sum(dim=1)
+        floor = torch.minimum(propensity, (1 - propensity) / (count - 1).clamp(min=1))
+        known = (propensity > 0) & (propensity <= 1) & (count > 1)
+        coverage = float(torch.where(known, (count * floor).clamp(0, 1), 0.0).mean())
+        return self.cql_alpha * max(0.0, 1.0 - coverage / self.cql_covered)
+
     def epoch(self) -> int:
         """One pass of shuffled minibatches; returns the updates made."""
         order = torch.randperm(len(self.data), generator=self.generator)
@@ -188,10 +207,11 @@ class BareLoop:
             action = self.data.action[rows].unsqueeze(1)
             chosen = scores.gather(1, action).squeeze(1)
             loss = F.smooth_l1_loss(chosen, wanted)
-            if self.cql_alpha:
+            weight = self.cql_weight(rows)
+            if weight > 0:
                 possible = self.data.possible_actions[rows] > 0
                 penalty = torch.logsumexp(torch.where(possible, scores, -1e9), dim=1) - chosen
-                loss = loss + self.cql_alpha * penalty.mean()
+                loss = loss + weight * penalty.mean()
             self.optimizer.zero_grad()
             loss.backward()
             self.optimizer.step()
@@ -215,7 +235,9 @@ def bare_loop(driver: TrainingDriver, data: TimelineTensors, optimizer: str) -> 
     config = driver.trainer.config
     n_step = config.n_step != 1 and data.next_n_rewards is not None
     batch_size = config.minibatch_size
-    return BareLoop(data, states, batch_size, n_step, config.cql_alpha, optimizer)
+    return BareLoop(
+        data, states, batch_size, n_step, config.cql_alpha, config.cql_covered, optimizer
+    )
 
 
 def trainer_epoch(driver: TrainingDriver, data: TimelineTensors) -> Callable[[], int]:

@@ -479,13 +479,17 @@ class TrainingDriver:
 
     @contextmanager
     def torch_threads(self) -> Iterator[None]:
-        """torch computes on ``self.threads`` CPU threads inside, on as many as before after."""
+        """torch computes on ``self.threads`` CPU threads inside, on as many as before after;
+        so do numpy's and scipy's BLAS (``evaluation.blas_threads``)."""
         import torch
+
+        from horizon_engine.evaluation import blas_threads
 
         before = torch.get_num_threads()
         torch.set_num_threads(self.threads)
         try:
-            yield
+            with blas_threads():
+                yield
         finally:
             torch.set_num_threads(before)
 

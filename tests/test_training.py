@@ -230,6 +230,27 @@ def test_trainer_threads_hold_while_epochs_train_and_are_restored_after(trainer_
         torch.set_num_threads(before)
 
 
+def test_numpy_blas_threads_follow_the_trainers_while_epochs_train(trainer_host, tmp_path):
+    """numpy's BLAS computes on ``[trainer] threads`` threads while training (an OpenBLAS
+    thread of its own took the training thread's core from the estimators' numpy beside it),
+    and on as many as before after."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    def blas_threads() -> set[int]:
+        return {pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"}
+
+    seen: list[set[int]] = []
+    driver, description = driven(
+        trainer_host, tmp_path, callbacks=[lambda batch: seen.append(blas_threads())], threads=1
+    )
+    with threadpool_limits(limits=2, user_api="blas"):
+        before = blas_threads()
+        driver.train_epochs(load_split(driver.run, description, "train", driver.device))
+        assert blas_threads() == before
+    assert seen
+    assert all(threads == {1} for threads in seen)
+
+
 def test_automatic_threads_are_one_for_small_updates_and_on_a_gpu(trainer_host, tmp_path):
     """``threads = "auto"``: one thread unless an update's rows times parameters reach
     ``PARALLEL_UPDATE_WORK`` on the CPU; a number is taken as it is."""
