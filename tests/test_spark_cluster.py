@@ -35,6 +35,7 @@ from test_timeline_parity import (
     read_timeline,
 )
 
+from tests.conftest import TEST_JVM_OPTIONS
 from tests.reliability.conftest import toml_text
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -127,6 +128,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     folder = tmp_path_factory.mktemp("spark-cluster")
     spark_home = Path(pyspark.__file__).parent
     (folder / "conf").mkdir()
+    # The executors' JVMs run with the suite's other test JVMs' options.
+    (folder / "conf" / "spark-defaults.conf").write_text(
+        f"spark.executor.extraJavaOptions {TEST_JVM_OPTIONS}\n"
+    )
     environment = {
         **os.environ,
         "SPARK_HOME": str(spark_home),
