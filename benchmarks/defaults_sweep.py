@@ -148,6 +148,11 @@ SETTINGS = {
             ("_e300", {"epochs": 300}),
         )
     },
+    **{
+        f"{kind}_layers{width}": Setting({"kind": kind, "layers": [width, width]})
+        for kind in ("sac", "td3", "ddpg")
+        for width in (64, 128)
+    },
     "sac_entropy-3": Setting({"kind": "sac", "target_entropy": -3.0}),
     **{
         f"sac_bc{weight}_e300": Setting({"kind": "sac", "bc_weight": weight, "epochs": 300})
