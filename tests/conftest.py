@@ -80,18 +80,6 @@ def plugin_site(
     importlib.invalidate_caches()
 
 
-# --- Order --------------------------------------------------------------------------------------
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The learning tests (``slow``, tens of seconds each) first, then the rest in their order.
-
-    ``make test`` shares the tests between two processes as they finish; a minute-long test
-    taken last keeps one process busy while the other has nothing left. Longest first is the
-    usual remedy, and ``slow`` marks the longest. No test depends on another's order."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 # --- Spark --------------------------------------------------------------------------------------
 
 TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
