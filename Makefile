@@ -3,9 +3,11 @@
 
 PYTHON ?= python3
 # Test processes (pytest-xdist): the suite's learning tests train on one thread each, so two
-# workers use a two-core machine's second core: 6 to 8 minutes, as the machine's speed drifts.
+# workers use a two-core machine's second core: 6 to 15 minutes, as the machine's speed drifts.
 # Measured on one tree: 358 s with two workers against 450 s with Spark's tests grouped on one
-# of them (--dist loadgroup; its worker finished last); three workers took longer still.
+# of them (--dist loadgroup; its worker finished last); three workers took longer still (1,127 s
+# against 1,005 s on a slower day). Two matmul-bound tests side by side slow each other by a
+# quarter here, so the learning tests are left spread through the files' order.
 TEST_WORKERS ?= 2
 VENV := .venv
 BIN := $(VENV)/bin
