@@ -13,7 +13,8 @@ plugin's options does not load it.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from horizon_engine import (
@@ -42,6 +43,24 @@ if TYPE_CHECKING:
 
 EVAL_CHUNK_ROWS = 65_536
 """Rows evaluated at once on the eval split, bounding its memory."""
+
+
+@contextmanager
+def parameters_frozen(module: torch.nn.Module) -> Iterator[None]:
+    """``module``'s parameters without gradients for the duration: the actor's loss passes
+    through the critics, and their weights' gradients there would be computed only to be
+    zeroed before the critics' next step. Without them ddpg's train stage on Horizon's
+    Pendulum rows (3,000 updates, one thread) took 32.4-33.8 s rather than 35.3-35.5 s. The
+    actor's gradients, which flow through the critics' inputs, are the same to the bit: so are
+    the checkpoints of td3, sac and ddpg after 4 epochs."""
+    frozen = [parameter for parameter in module.parameters() if parameter.requires_grad]
+    for parameter in frozen:
+        parameter.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for parameter in frozen:
+            parameter.requires_grad_(True)
 
 
 class ActorCriticTrainer(TrainerBase, Discounts, ExploresOnline):
@@ -225,9 +244,10 @@ class ActorCriticTrainer(TrainerBase, Discounts, ExploresOnline):
         loss.backward()
         self.critic_optimizer.step()
         if self.actor_updates_now():
-            actor_loss, actor_metrics = self.actor_loss(state, logged)
-            self.actor_optimizer.zero_grad()
-            actor_loss.backward()
+            with parameters_frozen(self.critics):
+                actor_loss, actor_metrics = self.actor_loss(state, logged)
+                self.actor_optimizer.zero_grad()
+                actor_loss.backward()
             self.actor_optimizer.step()
             metrics.update(actor_metrics)
             metrics["actor_loss"] = float(actor_loss.detach())
