@@ -70,13 +70,16 @@ def free_port() -> int:
 
 
 def alive_workers(web_ui_port: int) -> int:
-    """How many workers the master's JSON view says are ALIVE (0 while it is not up yet)."""
+    """How many workers the master's JSON view says are ALIVE (0 while it is not up yet).
+
+    Not up yet includes a master whose UI has started before it became the leader: it was
+    seen answering ``/json/`` with its HTML page then, the workers registering meanwhile."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{web_ui_port}/json/", timeout=2) as reply:
             state = json.load(reply)
-    except OSError:
+    except (OSError, ValueError):
         return 0
-    return sum(worker["state"] == "ALIVE" for worker in state["workers"])
+    return sum(worker.get("state") == "ALIVE" for worker in state.get("workers", []))
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
