@@ -66,6 +66,10 @@ names, and an import-linter contract run by ``make test`` holds them to it.
 - commands: ``command``, which builds a ``horizon`` command (a click command) run under the
   error-to-exit wrapper every ``horizon`` command runs under; for a command that runs long,
   ``sigterm_as_interrupt``, ``INTERRUPTED_EXIT_STATUS`` and ``progress_bar``;
+- report sections (``horizon_report_sections``): ``ReportSection``, the HTML helpers
+  ``html_table``, ``html_paragraph``, ``html_heading``, ``html_folded``, and the charts,
+  drawn by matplotlib (``Chart``, ``Series``, ``count_bars``, ``interval_bars``,
+  ``grouped_bars``, ``histograms``, ``histogram_pairs``, ``small_multiples``);
 - users: ``Engine`` and ``run_pipeline`` (imported on first use).
 
 ``import horizon_engine`` stays cheap for the command line: torch is imported only where a
@@ -127,6 +131,16 @@ from horizon_engine.evaluation_stage import evaluate_run
 from horizon_engine.exploration import Exploration
 from horizon_engine.export import ExportConfig, ExporterBase, PolicyBundle
 from horizon_engine.export_stage import export_policy
+from horizon_engine.figures import (
+    Chart,
+    Series,
+    count_bars,
+    grouped_bars,
+    histogram_pairs,
+    histograms,
+    interval_bars,
+    small_multiples,
+)
 from horizon_engine.files import WRITE_REFUSED, atomic_output, remove_path
 from horizon_engine.hookspecs import hookimpl
 from horizon_engine.json_lines import BadLine, parse_json_line, strip_bom
@@ -162,6 +176,13 @@ from horizon_engine.policies import (
 )
 from horizon_engine.preprocessor import FeatureType, feature_module
 from horizon_engine.progress import progress_bar
+from horizon_engine.report_page import (
+    ReportSection,
+    html_folded,
+    html_heading,
+    html_paragraph,
+    html_table,
+)
 from horizon_engine.reservoir import Reservoir
 from horizon_engine.row_values import (
     FLOAT32_MAX,
@@ -224,6 +245,7 @@ __all__ = [
     "BadLine",
     "BadRow",
     "BatchField",
+    "Chart",
     "Choice",
     "Component",
     "ComponentConfig",
@@ -270,6 +292,7 @@ __all__ = [
     "PolicyBundle",
     "PolicyOutput",
     "ProblemDescription",
+    "ReportSection",
     "Reservoir",
     "RowFormat",
     "RowLayout",
@@ -278,6 +301,7 @@ __all__ = [
     "RunFolder",
     "SampledData",
     "SectionRule",
+    "Series",
     "SourceBatch",
     "SourceConfig",
     "Stage",
@@ -302,6 +326,7 @@ __all__ = [
     "card_if_exported",
     "check_batch",
     "command",
+    "count_bars",
     "detect_layout",
     "estimates_table",
     "eval_episodes",
@@ -313,9 +338,17 @@ __all__ = [
     "feature_module",
     "get_plugin_host",
     "group_map_values",
+    "grouped_bars",
+    "histogram_pairs",
+    "histograms",
     "hookimpl",
+    "html_folded",
+    "html_heading",
+    "html_paragraph",
+    "html_table",
     "identify_feature_sets",
     "integer_problem",
+    "interval_bars",
     "invalid_text_rows",
     "load_config_sections",
     "majority_layout",
@@ -335,6 +368,7 @@ __all__ = [
     "remove_path",
     "run_pipeline",
     "sigterm_as_interrupt",
+    "small_multiples",
     "sort_episodes",
     "strip_bom",
     "text_problem",

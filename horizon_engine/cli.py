@@ -167,6 +167,9 @@ def run(
             stale = f", stale: {report['stale']}" if report.get("stale") else ""
             click.echo(f"{name}: not run, outputs of run {report['run_id']}{stale}")
             continue
+        if "page" in report["details"]:
+            click.echo(f"{name}: {report['details']['page']}, {report['seconds']:.2f} s")
+            continue
         dropped = sum(report["dropped"].values())
         importing = report.get("import_seconds", 0.0)
         click.echo(
@@ -301,6 +304,31 @@ def _echo_options(options: list[dict[str, Any]], indent: str) -> None:
     for option in options:
         default = "required" if option["required"] else f"default {option['default']!r}"
         click.echo(f"{indent}{option['name']}: {option['type']} ({default})  {option['help']}")
+
+
+@command_errors.command(group=main)
+@click.argument(
+    "run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path)
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("report.html"),
+    show_default=True,
+    help="Where to write the page.",
+)
+@click.option("--title", help="The page's title (the run's name or folder by default).")
+def report(run_dirs: tuple[Path, ...], output: Path, title: str | None) -> None:
+    """Write one self-contained HTML page about RUN_DIRS: the run, its rows, normalization,
+    training, counterfactual evaluation, actions and export. With several runs (oldest first),
+    each section shows them side by side, and every run's policy is evaluated on the last
+    run's eval data. `horizon run` writes the page of each run into its folder
+    (report.html)."""
+    from horizon_engine.report import write_report
+
+    written = write_report(list(run_dirs), output, _plugin_host(), title)
+    click.echo(f"wrote {written} ({written.stat().st_size:,} bytes)")
 
 
 @command_errors.command(group=main)

@@ -59,6 +59,7 @@ DEFAULT_BODIES: dict[str, dict[str, Any]] = {
     "timeline": {},
     "normalization": {},
     "export": {"kind": "onnx"},
+    "report": {},
 }
 """The sections a pipeline may leave out though its stages need them, and what each runs with
 when left out (``implied_sections`` says when): its defaults, and for ``[export]`` the one
@@ -646,7 +647,7 @@ def _option_problems(
 def implied_sections(spec: PipelineSpec) -> list[str]:
     """The sections of ``DEFAULT_BODIES`` that ``spec`` leaves out though its stages need them:
     the data stages (timeline, normalization) between ``[source]`` and any later section, and
-    the export of a trainer whose model is a policy.
+    the export of a trainer whose model is a policy, and the report of any pipeline.
 
     Without ``[source]`` the data stages are not implied: such a pipeline trains on the
     timeline and normalization its output folder already holds (a user's own), and the
@@ -666,6 +667,8 @@ def implied_sections(spec: PipelineSpec) -> list[str]:
     trainer = spec.sections.get("trainer")
     if "export" not in configured and trainer and trainer.component.cls.trains_policy:
         implied.append("export")
+    if "report" not in configured and configured:
+        implied.append("report")
     return implied
 
 

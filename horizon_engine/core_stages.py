@@ -4,7 +4,7 @@ A core module, not a built-in plugin: the stages' run functions are the core's o
 (``pipeline``, ``evaluation_stage``), so the plugin manager loads this module by name
 (``plugins.DEFAULT_PLUGINS``) and the built-in plugins stay held to the public API.
 
-Source, timeline, normalization, train, evaluation and export: each with the section that
+Source, timeline, normalization, train, evaluation, export and report: each with the section that
 configures it, how that section picks its component, what it reads and what it writes (the
 run folder's names, ``RunFolder``). The run order is not written here: it follows from the
 reads (``horizon_engine.stages.order_stages``), ties in this order.
@@ -23,6 +23,7 @@ from horizon_engine.pipeline import (
     run_timeline_stage,
     run_train_stage,
 )
+from horizon_engine.report import ReportConfig, run_report_stage
 
 CORE_STAGES: tuple[Stage, ...] = (
     Stage(
@@ -64,6 +65,7 @@ CORE_STAGES: tuple[Stage, ...] = (
             RunFolder.PROBLEM,
             RunFolder.CHECK_ROWS,
             RunFolder.CPE_EPOCHS,
+            RunFolder.TRAINING_EPOCHS,
             RunFolder.TENSORBOARD_EVENTS,
         ),
         run=run_train_stage,
@@ -93,6 +95,15 @@ CORE_STAGES: tuple[Stage, ...] = (
         ),
         claims=(RunFolder.MODEL,),
         run=run_export_stage,
+    ),
+    Stage(
+        "report",
+        "report",
+        SectionRule(None, options=ReportConfig),
+        reads=(),
+        claims=(RunFolder.REPORT,),
+        run=run_report_stage,
+        reads_all=True,
     ),
 )
 """The core's stages, in registration order."""

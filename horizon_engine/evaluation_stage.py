@@ -109,7 +109,6 @@ def evaluate_run(
     Returns what ``cpe.json`` holds but the epochs, with ``run_dir`` and ``data``; writes
     nothing.
     """
-    import copy
     import uuid
 
     from horizon_engine.config import build_spec
@@ -119,21 +118,7 @@ def evaluate_run(
     run_dir = Path(run_dir)
     folder = RunFolder(run_dir)
     plugins = plugins or get_plugin_host()
-    manifest = folder.manifest()
-    config = copy.deepcopy(manifest["config"])
-    if "pipeline" not in config or "trainer" not in config:
-        raise HorizonError(
-            f"{run_dir}: not the folder of a `horizon run` that trained a policy (its manifest "
-            "has no [pipeline] and [trainer])"
-        )
-    incomplete = EarlierRun(manifest).incomplete_stages().get("train")
-    if incomplete:
-        raise HorizonError(
-            f"{run_dir}: its training is incomplete ({incomplete}), so its latest checkpoint "
-            "is no finished policy; run the train stage again (--stages train)"
-        )
-    config["pipeline"]["output_dir"] = str(run_dir)
-    config["pipeline"]["stages"] = None
+    config = trained_run_config(run_dir)
     if not config.get("evaluation"):
         config["evaluation"] = [dict(entry) for entry in default_evaluation]
     if not config["evaluation"]:
@@ -160,6 +145,33 @@ def evaluate_run(
         "final": results_json(results),
         **({"warnings": warnings} if warnings else {}),
     }
+
+
+def trained_run_config(run_dir: Path) -> dict[str, Any]:
+    """The config a finished ``horizon run`` resolved (its manifest's), pointed at ``run_dir``
+    with every stage selected: what its trained policy is restored with. An error where the
+    folder trained no policy or its training is incomplete."""
+    import copy
+
+    manifest = RunFolder(run_dir).manifest()
+    config = manifest.get("config")
+    if not isinstance(config, dict) or "pipeline" not in config or "trainer" not in config:
+        raise HorizonError(
+            f"{run_dir}: not the folder of a `horizon run` that trained a policy (its manifest "
+            "has no [pipeline] and [trainer])"
+        )
+    incomplete = EarlierRun(manifest).incomplete_stages().get("train")
+    if incomplete:
+        raise HorizonError(
+            f"{run_dir}: its training is incomplete ({incomplete}), so its latest checkpoint "
+            "is no finished policy; run the train stage again (--stages train)"
+        )
+    config = copy.deepcopy(config)
+    if not isinstance(config["pipeline"], dict):
+        raise HorizonError(f"{run_dir}: its manifest's config has no [pipeline] table")
+    config["pipeline"]["output_dir"] = str(run_dir)
+    config["pipeline"]["stages"] = None
+    return config
 
 
 def _split_folder(path: Path) -> Path:

@@ -23,7 +23,9 @@ if TYPE_CHECKING:
     import click
 
     from horizon_engine.components import Component
+    from horizon_engine.report_page import ReportSection
     from horizon_engine.run_context import RunContext, StageReport
+    from horizon_engine.run_folder import RunFolder
     from horizon_engine.stages import Stage
 
 Register = Callable[[type["Component"]], None]
@@ -137,6 +139,18 @@ def horizon_register_commands(cli: click.Group) -> None:
     with ``cli.add_command(command)`` or ``@cli.command()``. A command whose name the core or
     an earlier plugin already uses is refused, and the refusal is reported as a plugin failure
     by ``horizon plugins``; the plugin's other commands are kept. Returns nothing.
+    """
+
+
+@hookspec
+def horizon_report_sections(folder: RunFolder) -> list[ReportSection] | None:
+    """Sections a plugin adds to a run's report page (``horizon report``, the report stage).
+
+    ``folder`` is the run's ``RunFolder``; return ``ReportSection`` objects (their bodies
+    built with ``horizon_engine.report_page``'s helpers and ``horizon_engine.figures``'
+    charts), one absent with its reason where the run has nothing for it. They follow the
+    core's sections. A plugin whose hook raises gets a section saying so, naming the plugin;
+    the rest of the page is still written. Returns the sections, or None to add nothing.
     """
 
 

@@ -49,7 +49,9 @@ if TYPE_CHECKING:
     import click
 
     from horizon_engine.preprocessor import FeatureType
+    from horizon_engine.report_page import ReportSection
     from horizon_engine.run_context import RunContext, StageReport
+    from horizon_engine.run_folder import RunFolder
     from horizon_engine.stages import SectionRule, Stage
 
 ENTRY_POINT_GROUP = "horizon"
@@ -571,6 +573,30 @@ class PluginHost:
     def on_run_end(self, run: RunContext, manifest: dict[str, Any]) -> None:
         """Tell plugins the run ended, successfully or not, with its manifest."""
         self.pm.hook.horizon_on_run_end(run=run, manifest=manifest)
+
+    def report_sections(self, folder: RunFolder) -> list[ReportSection]:
+        """The sections plugins add to ``folder``'s report, each plugin called on its own: one
+        that raises gets an absent section naming it and the error, not a failed page."""
+        from horizon_engine.report_page import ReportSection
+
+        sections: list[ReportSection] = []
+        for impl in self.pm.hook.horizon_report_sections.get_hookimpls():
+            try:
+                found = impl.function(folder=folder) or []
+                if not all(isinstance(section, ReportSection) for section in found):
+                    raise TypeError("returned something other than ReportSection objects")
+            except Exception as exc:  # a plugin's own failure, whatever it is
+                sections.append(
+                    ReportSection(
+                        f"plugin-{impl.plugin_name}",
+                        f"Plugin {impl.plugin_name}",
+                        absent=f"plugin '{impl.plugin_name}' failed to build its sections: "
+                        f"{type(exc).__name__}: {exc}",
+                    )
+                )
+                continue
+            sections.extend(found)
+        return sections
 
 
 def _stage_registered(stages: list[Stage], stage: object) -> None:

@@ -78,6 +78,9 @@ class RunFolder:
     CHECK_ROWS: ClassVar[str] = "check_rows.pt"
     CPE: ClassVar[str] = "cpe.json"
     CPE_EPOCHS: ClassVar[str] = "cpe_epochs.json"
+    TRAINING_EPOCHS: ClassVar[str] = "training_epochs.json"
+    """Every epoch's training metrics (losses, mean Q per action), as the train stage ended."""
+    REPORT: ClassVar[str] = "report.html"
     CPE_EVALUATE: ClassVar[str] = "cpe_evaluate.json"
     """``horizon evaluate``'s estimates without ``-o``: beside (never over) ``cpe.json``."""
     MANIFEST: ClassVar[str] = "manifest.json"
@@ -258,9 +261,33 @@ class RunFolder:
         epochs = self._json(self.CPE_EPOCHS).get("epochs", [])
         return epochs if isinstance(epochs, list) else []
 
+    def training_epochs(self) -> list[dict[str, Any]]:
+        """Each epoch's training metrics (``training_epochs.json``): ``{"epoch", "metrics"}``
+        records whose metrics are numbers; none where the file is absent (a run from before
+        the file, or one that did not train). Anything else in the file is an error naming it."""
+        path = self.file(self.TRAINING_EPOCHS)
+        if not path.is_file():
+            return []
+        epochs = self._json(self.TRAINING_EPOCHS).get("epochs")
+        valid = isinstance(epochs, list) and all(
+            isinstance(entry, dict)
+            and isinstance(entry.get("epoch"), int)
+            and isinstance(entry.get("metrics"), dict)
+            and all(
+                isinstance(value, int | float) and not isinstance(value, bool)
+                for value in entry["metrics"].values()
+            )
+            for entry in epochs
+        )
+        if not valid:
+            raise HorizonError(
+                f'{path}: expected {{"epochs": [{{"epoch": N, "metrics": {{name: number}}}}]}}'
+            )
+        return epochs
+
     def write_json(self, name: str, record: dict[str, Any]) -> str:
-        """Write one of the run's JSON files (``CPE``, ``CPE_EPOCHS``) atomically; return
-        ``name``."""
+        """Write one of the run's JSON files (``CPE``, ``CPE_EPOCHS``, ``TRAINING_EPOCHS``)
+        atomically; return ``name``."""
         write_json(self.file(name), record)
         return name
 

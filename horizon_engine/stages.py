@@ -64,6 +64,9 @@ class Stage:
     resumes_from: tuple[str, ...] = ()
     """Outputs (claims) an interrupted run of the stage leaves for ``--resume`` to continue
     from, rather than to remove: the train stage's epoch checkpoints and their event files."""
+    reads_all: bool = False
+    """The stage reads every other stage's outputs (the report): it runs after all of them,
+    and a new run of any of them makes it stale. ``reads`` may then stay empty."""
     check: Callable[[PipelineSpec, str], list[str]] | None = None
     """Problems with the stage's section that its config model cannot see (a trainer chosen
     that cannot do the stage's work), found before any stage runs: called with the validated
@@ -71,8 +74,12 @@ class Stage:
     reports them."""
 
     def configured(self, spec: PipelineSpec) -> bool:
-        """Whether ``spec`` configures the stage (written, or run at its defaults)."""
-        return bool(spec.evaluation) if self.rule.many else self.section in spec.sections
+        """Whether ``spec`` configures the stage (written, or run at its defaults). A section
+        whose options have ``enabled = false`` (``[report]``'s) configures none."""
+        if self.rule.many:
+            return bool(spec.evaluation)
+        choice = spec.sections.get(self.section)
+        return choice is not None and getattr(choice.config, "enabled", True) is not False
 
     def choice(self, spec: PipelineSpec) -> Choice | list[Choice]:
         """The section's choice the stage runs with."""
@@ -168,7 +175,9 @@ def readers_of(stage: Stage, stages: Sequence[Stage]) -> list[str]:
     while replaced:
         producer = replaced.pop()
         for reader in stages:
-            reads_it = any(matches(path, producer.claims) for path in reader.reads)
+            reads_it = reader.reads_all or any(
+                matches(path, producer.claims) for path in reader.reads
+            )
             if reads_it and reader.name not in readers and reader is not stage:
                 readers.append(reader.name)
                 replaced.append(reader)
@@ -176,7 +185,10 @@ def readers_of(stage: Stage, stages: Sequence[Stage]) -> list[str]:
 
 
 def _producers(stage: Stage, stages: Sequence[Stage]) -> set[str]:
-    """The stages whose claims ``stage`` reads."""
+    """The stages whose claims ``stage`` reads (every other one, for a ``reads_all``
+    stage)."""
+    if stage.reads_all:
+        return {other.name for other in stages if other is not stage}
     found = set()
     for needed in stage.reads:
         writers = [other.name for other in stages if matches(needed, other.claims)]

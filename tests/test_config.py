@@ -78,7 +78,7 @@ def test_unknown_section_suggests_the_right_one(problems):
     path, found = problems(GOOD + '\n[trainr]\nkind = "dqn"\n')
     assert found == [
         f"{path}:9: unknown section [trainr]; did you mean [trainer]? Valid sections: "
-        "[pipeline], [source], [timeline], [normalization], [trainer], [[evaluation]], [export]."
+        "[pipeline], [source], [timeline], [normalization], [trainer], [[evaluation]], [export], [report]."
     ]
 
 
@@ -245,7 +245,8 @@ def test_cli_validate_good_file(tmp_path):
     result = CliRunner().invoke(main, ["validate", str(path)])
     assert result.exit_code == 0, result.output
     assert result.stdout == (
-        f"{path}: valid; a run executes 1 stage:\n  source  gym  [source] in {path} line 5\n"
+        f"{path}: valid; a run executes 2 stages:\n  source  gym  [source] in {path} line 5\n"
+        "  report  -    defaults (no [report] section)\n"
     )
 
 
@@ -364,7 +365,7 @@ def test_unknown_stage_names_file_line_and_the_nearest_stage(problems):
     path, found = problems(GOOD.replace("seed = 0", 'seed = 0\nstages = ["source", "trian"]'))
     assert found == [
         f"{path}:4: [pipeline] key 'stages': unknown stage 'trian'; did you mean 'train'? "
-        "Stages: source, timeline, normalization, train, evaluation, export."
+        "Stages: source, timeline, normalization, train, evaluation, export, report."
     ]
 
 

@@ -145,7 +145,7 @@ def test_hook_is_called_by_the_core(hook, hook_calls):
 
 
 def test_the_lifecycle_hooks_are_called_once_per_stage_epoch_and_run(hook_calls):
-    stages = ["source", "timeline", "normalization", "train", "evaluation", "export"]
+    stages = ["source", "timeline", "normalization", "train", "evaluation", "export", "report"]
     assert len(hook_calls["horizon_on_stage_start"]) == len(stages)
     assert len(hook_calls["horizon_on_stage_end"]) == len(stages)
     assert len(hook_calls["horizon_on_epoch_end"]) == 1

@@ -74,8 +74,15 @@ def test_source_and_trainer_alone_run_end_to_end_and_export_a_model(engine, tmp_
     writes") and, before that, at the timeline for want of [timeline] actions."""
     manifest = engine.run(source_and_trainer(tmp_path))
     assert manifest["status"] == "succeeded"
-    assert manifest["executed"] == ["source", "timeline", "normalization", "train", "export"]
-    assert manifest["sections_at_defaults"] == ["timeline", "normalization", "export"]
+    assert manifest["executed"] == [
+        "source",
+        "timeline",
+        "normalization",
+        "train",
+        "export",
+        "report",
+    ]
+    assert manifest["sections_at_defaults"] == ["timeline", "normalization", "export", "report"]
     # Every value that applied is on record, the defaulted sections' as the written ones'.
     assert manifest["config"]["timeline"]["eval_fraction"] == 0.1
     assert manifest["config"]["normalization"]["engine"] == "local"
@@ -106,7 +113,7 @@ def test_a_trainer_whose_model_is_no_policy_exports_nothing_unasked(tmp_path):
     """The world model learns the environment, not a policy: exporting it is an error."""
     pipeline = source_and_trainer(tmp_path, 'kind = "world_model"')
     spec = build_spec(pipeline, get_plugin_host())
-    assert spec.at_defaults == ["timeline", "normalization"]
+    assert spec.at_defaults == ["timeline", "normalization", "report"]
     assert "export" not in spec.sections
 
 
@@ -119,13 +126,14 @@ def test_horizon_validate_lists_each_stage_and_where_its_settings_come_from(tmp_
     result = CliRunner().invoke(main, ["validate", str(pipeline)])
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == [
-        f"{pipeline}: valid; a run executes 6 stages:",
+        f"{pipeline}: valid; a run executes 7 stages:",
         f"  source         jsonl         [source] in {pipeline} line 5",
         f"  timeline       engine local  [timeline] in {pipeline} line 13",
         "  normalization  engine local  defaults (no [normalization] section)",
         f"  train          dqn           [trainer] in {pipeline} line 9",
         f"  evaluation     fqe           [[evaluation]] in {pipeline} line 16",
         "  export         onnx          defaults (no [export] section)",
+        "  report         -             defaults (no [report] section)",
     ]
     overridden = CliRunner().invoke(
         main, ["validate", str(pipeline), "--set", "normalization.num_samples=50"]
@@ -168,7 +176,14 @@ def test_dqn_on_horizons_timeline_rows_needs_neither_timeline_nor_normalization(
         "trainer": {"kind": "dqn", "epochs": 1},
     }
     manifest = engine.run(config)
-    assert manifest["executed"] == ["source", "timeline", "normalization", "train", "export"]
+    assert manifest["executed"] == [
+        "source",
+        "timeline",
+        "normalization",
+        "train",
+        "export",
+        "report",
+    ]
     timeline = manifest["stages"]["timeline"]["details"]
     assert timeline["actions"] == ["0", "1"]
     assert timeline["actions_from"] == "the entries of the rows' possible_actions masks"

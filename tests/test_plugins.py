@@ -217,7 +217,10 @@ def test_third_party_source_runs_by_name_in_a_pipeline(site, tmp_path):
     }
     assert manifest["stages"]["source"]["rows_out"] == 20
     ends = [args for hook, args in recorded_calls() if hook == "horizon_on_stage_end"]
-    assert [(args["stage"], args["report"].rows_out) for args in ends] == [("source", 20)]
+    assert [(args["stage"], args["report"].rows_out) for args in ends] == [
+        ("source", 20),
+        ("report", 0),
+    ]
 
 
 def test_third_party_source_options_are_validated_by_its_config_model(site, tmp_path):
@@ -865,9 +868,12 @@ def test_stage_and_run_hooks_observe_a_run_in_order(site, tmp_path):
     assert [hook for hook, _ in calls] == [
         "horizon_on_stage_start",
         "horizon_on_stage_end",
+        "horizon_on_stage_start",
+        "horizon_on_stage_end",
         "horizon_on_run_end",
     ]
-    started, ended, finished = (args for _, args in calls)
+    assert [args["stage"] for hook, args in calls[2:4]] == ["report", "report"]
+    started, ended, _, _, finished = (args for _, args in calls)
     assert started["stage"] == "source"
     assert started["run"].output_dir == output_dir
     assert started["run"] is ended["run"] is finished["run"]
@@ -939,7 +945,10 @@ def test_documented_example_plugins_work(plugin_site, tmp_path, capsys):
     manifest = Engine(plugins=host, show_progress=False).run(config)
 
     assert manifest["stages"]["source"]["rows_out"] == 50
-    assert re.fullmatch(r"source: 50 rows out in \d+\.\d\d s\n", capsys.readouterr().out)
+    assert re.fullmatch(
+        r"source: 50 rows out in \d+\.\d\d s\nreport: 0 rows out in \d+\.\d\d s\n",
+        capsys.readouterr().out,
+    )
 
 
 def test_a_gym_runs_manifest_records_plugins_that_failed_to_load(site, tmp_path):

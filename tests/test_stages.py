@@ -34,6 +34,7 @@ def test_the_core_and_the_world_model_register_the_stages_in_their_run_order():
         "evaluation",
         "export",
         "analysis",
+        "report",
     ]
     assert host.plugins["core_stages"].source == "builtin"
     assert names(host.plugins["worldmodel"].stages) == ["analysis"]

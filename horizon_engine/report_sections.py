@@ -1,0 +1,565 @@
+"""The report's sections for one run folder: what each shows, read from the folder's files.
+
+Each builder reads the files it needs through ``RunFolder`` and returns a ``ReportSection``:
+shown, or absent with the reason (the stage did not run, the file is missing). A folder may
+come from anywhere: a file that cannot be read or holds the wrong shapes makes its section
+say so (``guarded``), never the page fail.
+
+- run: the config as resolved, plugins and versions, each stage's seconds and import time;
+- rows: the funnel from rows in to the train and eval splits, every reason rows were dropped;
+- normalization: each feature's type and parameters, the worst-behaved features' samples
+  before and after their transform (``feature_badness`` says what worst means), the rest
+  listed under a fold;
+- training: every epoch's metrics (``training_epochs.json``);
+- counterfactual evaluation: each estimator's estimate per epoch relative to the logged
+  policy, with its interval, and the final table (``cpe.json``, ``cpe_epochs.json``);
+- actions: the logged against the trained policy's actions on the eval split;
+- export: the model's inputs and outputs, its card, the check's tolerance and rows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from horizon_engine import figures
+from horizon_engine.errors import HorizonError
+from horizon_engine.report_page import (
+    ReportSection,
+    html_charts,
+    html_folded,
+    html_heading,
+    html_paragraph,
+    html_preformatted,
+    html_table,
+    number,
+)
+from horizon_engine.run_folder import RunFolder
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from horizon_engine.plugins import PluginHost
+
+SAMPLE_ROWS = 5_000
+"""Training rows the normalization section draws its histograms from."""
+DRAWN_FEATURES = 12
+"""Features whose samples the normalization section draws, the worst-behaved first."""
+READ_ERRORS = (HorizonError, OSError, ValueError, KeyError, TypeError, AttributeError, IndexError)
+"""What a section's reading of a folder from elsewhere can raise: the section is then absent
+with the error, and the other sections are still built."""
+
+
+def guarded(
+    key: str, title: str, build: Callable[[], ReportSection], folder: RunFolder
+) -> ReportSection:
+    """``build()``, or the section absent with why it could not be built."""
+    try:
+        return build()
+    except READ_ERRORS as exc:
+        return ReportSection(
+            key,
+            title,
+            absent=f"{folder.path} could not be read for it: {type(exc).__name__}: {exc}",
+        )
+
+
+def run_section(folder: RunFolder, manifest: Mapping[str, Any]) -> ReportSection:
+    """The run: when and where, the plugins, each stage's time, the config as resolved."""
+    facts = [
+        ("run id", manifest.get("run_id")),
+        ("status", manifest.get("status")),
+        ("started", manifest.get("started_at")),
+        ("finished", manifest.get("finished_at")),
+        ("host", manifest.get("host")),
+        ("seed", manifest.get("seed")),
+        ("config file", manifest.get("config_file")),
+        ("Horizon Engine", manifest.get("horizon_version")),
+    ]
+    body = [html_table(("", ""), [(name, _text(value)) for name, value in facts])]
+    if manifest.get("error"):
+        body.append(html_paragraph(f"The run failed: {manifest['error']}", "warning"))
+    stages = _mapping(manifest.get("stages"))
+    executed = set(manifest.get("executed") or [])
+    rows = []
+    for name, record in stages.items():
+        record = _mapping(record)
+        seconds = _float(record.get("seconds"))
+        imports = _float(record.get("import_seconds"))
+        rows.append(
+            (
+                name,
+                "this run" if name in executed else "an earlier run",
+                seconds,
+                imports,
+                None if seconds is None or imports is None else seconds - imports,
+                len(record.get("warnings") or []),
+                "stale: " + str(record["stale"]) if record.get("stale") else "",
+            )
+        )
+    body.append(html_heading("Stages"))
+    body.append(
+        html_table(("stage", "run by", "seconds", "importing", "working", "warnings", ""), rows)
+        if rows
+        else html_paragraph("No stage ran.", "absent")
+    )
+    warnings = [*(manifest.get("warnings") or [])]
+    for name, record in stages.items():
+        warnings += [f"{name}: {text}" for text in _mapping(record).get("warnings") or []]
+    if warnings:
+        body.append(html_heading("Warnings"))
+        body.append("<ul>" + "".join(f"<li>{_escaped(text)}</li>" for text in warnings) + "</ul>")
+    plugins = _mapping(manifest.get("plugins"))
+    body.append(html_heading("Plugins"))
+    body.append(
+        html_table(("plugin", "version"), sorted((str(k), _text(v)) for k, v in plugins.items()))
+    )
+    for failure in manifest.get("plugin_failures") or []:
+        body.append(html_paragraph(f"Left out: {_text(failure)}", "warning"))
+    config = manifest.get("config")
+    body.append(
+        html_folded("The config as resolved", html_preformatted(json.dumps(config, indent=2)))
+    )
+    return ReportSection("run", "The run", "".join(body))
+
+
+def rows_section(manifest: Mapping[str, Any]) -> ReportSection:
+    """The funnel: rows in per stage, each reason rows were dropped, the splits."""
+    stages = _mapping(manifest.get("stages"))
+    if not stages:
+        return ReportSection("rows", "Rows", absent="no stage ran")
+    labels: list[str] = []
+    counts: list[float] = []
+    rows = []
+    for name in ("source", "timeline", "normalization", "train", "evaluation"):
+        record = _mapping(stages.get(name))
+        if not record:
+            continue
+        rows_in = _float(record.get("rows_in"))
+        if name in ("source", "timeline") and rows_in is not None:
+            labels.append(f"{name}: rows in")
+            counts.append(rows_in)
+        for reason, count in _mapping(record.get("dropped")).items():
+            labels.append(f"{name}: dropped, {reason}")
+            counts.append(_float(count) or 0.0)
+            rows.append((name, reason, _float(count)))
+    details = _mapping(_mapping(stages.get("timeline")).get("details"))
+    for split in ("train", "eval"):
+        value = _float(details.get(f"{split}_rows"))
+        if value is not None:
+            labels.append(f"timeline: {split} split")
+            counts.append(value)
+    if not labels:
+        return ReportSection("rows", "Rows", absent="the stages recorded no row counts")
+    body = [figures.count_bars(labels, counts, title="Rows through the pipeline").html()]
+    if rows:
+        body.append(html_table(("stage", "dropped because", "rows"), rows))
+    else:
+        body.append(html_paragraph("No row was dropped or quarantined."))
+    episodes = [
+        (split, _float(details.get(f"{split}_episodes")), _float(details.get(f"{split}_rows")))
+        for split in ("train", "eval")
+    ]
+    if any(value is not None for _, value, _ in episodes):
+        body.append(html_table(("split", "episodes", "rows"), episodes))
+    return ReportSection("rows", "Rows", "".join(body))
+
+
+def normalization_section(folder: RunFolder, plugins: PluginHost) -> ReportSection:
+    """Each feature's type and parameters; the worst-behaved features' samples before and
+    after their transform, drawn; the rest in a folded table."""
+    if not folder.file(RunFolder.NORMALIZATION).is_file():
+        return ReportSection(
+            "normalization", "Normalization", absent="the run has no normalization.json"
+        )
+    normalization = folder.normalization(plugins)
+    body = []
+    for feature_set, parameters in normalization.items():
+        column = "state_features" if feature_set == "state_features" else "action"
+        found = _feature_samples(folder, column, parameters, plugins)
+        order = sorted(parameters, key=lambda feature: -found[feature]["badness"])
+        drawn = order[:DRAWN_FEATURES]
+        title = f"{feature_set}: {len(parameters)} features"
+        body.append(html_heading(title))
+        if any(found[feature]["before"].size for feature in drawn):
+            pairs = {
+                f"{feature} ({parameters[feature].feature_type})": (
+                    found[feature]["before"],
+                    found[feature]["after"],
+                )
+                for feature in drawn
+            }
+            body.append(
+                figures.histogram_pairs(
+                    pairs, title=f"The {len(drawn)} worst-behaved, as logged and normalized"
+                ).html()
+            )
+        else:
+            body.append(html_paragraph("The training split holds no rows to draw.", "absent"))
+        rows = [_feature_row(feature, parameters[feature], found[feature]) for feature in order]
+        header = ("feature", "type", "parameters", "missing", "at a bound", "skewness")
+        shown, rest = rows[:DRAWN_FEATURES], rows[DRAWN_FEATURES:]
+        body.append(html_table(header, shown))
+        if rest:
+            body.append(html_folded(f"The other {len(rest)} features", html_table(header, rest)))
+    return ReportSection("normalization", "Normalization", "".join(body))
+
+
+def feature_badness(missing: float, at_bound: float, skewness: float | None) -> float:
+    """How far a feature's normalized sample is from what a network learns from best: present
+    (``missing``, the share of rows without it), inside the transform's range (``at_bound``,
+    the share clipped to its bound or matching no enum value) and symmetric (|skewness|,
+    capped at 10 and counted a tenth). Shares add: a feature missing from half the rows ranks
+    above one clipped in a tenth of them."""
+    skew = 0.0 if skewness is None or not math.isfinite(skewness) else min(abs(skewness), 10.0)
+    return missing + at_bound + skew / 10.0
+
+
+def _feature_samples(
+    folder: RunFolder, column: str, parameters: Mapping[str, Any], plugins: PluginHost
+) -> dict[str, dict[str, Any]]:
+    """Per feature: its logged values (present rows), normalized values, and how it behaves."""
+    import numpy as np
+    import pyarrow.dataset as ds
+    import torch
+
+    from horizon_engine.dataset import dense_features
+    from horizon_engine.preprocessor import build_preprocessor
+
+    feature_ids = list(parameters)
+    split = folder.split("train")
+    rows = 0
+    if any(split.glob("*.parquet")):
+        sample = ds.dataset(split, format="parquet").head(SAMPLE_ROWS, columns=[column])
+        rows = sample.num_rows
+    found: dict[str, dict[str, Any]] = {}
+    if not rows:
+        for feature in feature_ids:
+            found[feature] = {"before": np.zeros(0), "after": np.zeros(0), "missing": 0.0}
+            found[feature].update(at_bound=0.0, skewness=None, badness=0.0)
+        return found
+    values, presence = dense_features(sample[column].combine_chunks(), feature_ids)
+    preprocessor = build_preprocessor(feature_ids, parameters, plugins=plugins)
+    with torch.no_grad():
+        output = preprocessor(torch.from_numpy(values), torch.from_numpy(presence)).numpy()
+    sources = preprocessor.output_features.numpy()
+    limit = 6.0
+    for index, feature in enumerate(feature_ids):
+        present = presence[:, index] > 0
+        columns = output[present][:, sources == index]
+        if columns.shape[1] == 1:
+            after = columns[:, 0].astype(np.float64)
+            bounded = np.abs(after) >= limit * (1 - 1e-6)
+        else:
+            after = columns.argmax(axis=1).astype(np.float64) if columns.size else np.zeros(0)
+            bounded = columns.sum(axis=1) == 0 if columns.size else np.zeros(0, bool)
+        share = float(present.mean())
+        at_bound = float(bounded.mean()) if len(after) else 0.0
+        skewness = _skewness(after) if columns.shape[1] == 1 else None
+        found[feature] = {
+            "before": values[present, index].astype(np.float64),
+            "after": after,
+            "missing": 1.0 - share,
+            "at_bound": at_bound,
+            "skewness": skewness,
+            "badness": feature_badness(1.0 - share, at_bound, skewness),
+        }
+    return found
+
+
+def _skewness(values: np.ndarray) -> float | None:
+    import numpy as np
+
+    if len(values) < 3:
+        return None
+    spread = float(values.std())
+    if spread == 0 or not math.isfinite(spread):
+        return None
+    return float(np.mean(((values - values.mean()) / spread) ** 3))
+
+
+def _feature_row(feature: str, parameters: Any, found: Mapping[str, Any]) -> tuple[object, ...]:
+    fields = parameters.model_dump(exclude_none=True, exclude={"feature_type"})
+    shown = ", ".join(f"{name}={_compact(value)}" for name, value in fields.items())
+    return (
+        feature,
+        parameters.feature_type,
+        shown,
+        f"{found['missing']:.1%}",
+        f"{found['at_bound']:.1%}",
+        None if found["skewness"] is None else round(found["skewness"], 3),
+    )
+
+
+def training_section(folder: RunFolder, manifest: Mapping[str, Any]) -> ReportSection:
+    """Every epoch's training metrics, one small chart each (mean Q per action together); the
+    metrics that never changed are listed instead (a coverage of 1, a weight of 0)."""
+    if "train" not in _mapping(manifest.get("stages")):
+        return ReportSection("training", "Training", absent="the run did not train")
+    epochs = folder.training_epochs()
+    if not epochs:
+        return ReportSection(
+            "training",
+            "Training",
+            absent=f"the run has no {RunFolder.TRAINING_EPOCHS} (written since this report "
+            "was added: train again to see the curves)",
+        )
+    x = [entry["epoch"] for entry in epochs]
+    names: list[str] = []
+    for entry in epochs:
+        names += [name for name in entry["metrics"] if name not in names]
+    panels: dict[str, list[figures.Series]] = {}
+    constant = []
+    for name in names:
+        values = [entry["metrics"].get(name) for entry in epochs]
+        if name.startswith("CPE/"):
+            continue
+        if len(epochs) > 1 and len(set(values)) == 1:
+            constant.append(name)
+            continue
+        group, _, action = name.rpartition("/")
+        if group.endswith("mean_q"):
+            panels.setdefault(f"{group} per action", []).append(figures.Series(action, values))
+        else:
+            panels[name] = [figures.Series(name.rpartition("/")[2], values)]
+    last = epochs[-1]["metrics"]
+    body = (
+        []
+        if not constant
+        else [
+            html_paragraph(
+                "The same at every epoch (not drawn): "
+                + ", ".join(f"{name} = {number(_float(last.get(name)))}" for name in constant)
+            )
+        ]
+    )
+    body += [
+        figures.small_multiples(
+            x, panels, title=f"Training metrics over {len(epochs)} epochs", xlabel="epoch"
+        ).html(),
+        html_folded(
+            f"Epoch {x[-1]}'s metrics",
+            html_table(("metric", "value"), [(name, _float(last.get(name))) for name in names]),
+        ),
+    ]
+    return ReportSection("training", "Training", "".join(body))
+
+
+def cpe_section(folder: RunFolder) -> ReportSection:
+    """Each estimator's estimate per epoch relative to the logged policy, with its interval,
+    and the final estimates."""
+    final: Mapping[str, Any] = {}
+    epochs: Sequence[Any] = []
+    if folder.file(RunFolder.CPE).is_file():
+        record = folder.cpe()
+        final = _mapping(record.get("final"))
+        epochs = record.get("epochs") or []
+    elif folder.file(RunFolder.CPE_EPOCHS).is_file():
+        epochs = folder.cpe_epochs()
+    if not final and not epochs:
+        return ReportSection(
+            "cpe",
+            "Counterfactual evaluation",
+            absent="the run has no [[evaluation]] estimators (cpe.json)",
+        )
+    body = []
+    panels: dict[str, list[figures.Series]] = {}
+    x = [_float(_mapping(entry).get("epoch")) for entry in epochs]
+    for label, metric in _estimates(final, epochs):
+        values = [_estimate(entry, label, metric) for entry in epochs]
+        panels[f"{label}: {metric}"] = [
+            figures.Series(
+                "relative",
+                [value.get("relative") for value in values],
+                [value.get("relative_low") for value in values],
+                [value.get("relative_high") for value in values],
+            )
+        ]
+    if panels and epochs:
+        body.append(
+            figures.small_multiples(
+                x,
+                panels,
+                title="Estimated value relative to the logged policy, per epoch",
+                xlabel="epoch",
+                reference=(1.0, "logged policy"),
+            ).html()
+        )
+    if final:
+        rows = []
+        for label, estimates in final.items():
+            for metric, value in _mapping(estimates).items():
+                if isinstance(value, Mapping):
+                    rows.append(
+                        (
+                            label,
+                            metric,
+                            _interval(value, "relative"),
+                            _interval(value, "value", "low", "high"),
+                            _float(value.get("logged_value")),
+                            _float(value.get("effective_sample_size")),
+                            value.get("note") or "",
+                        )
+                    )
+                else:
+                    rows.append((label, metric, "", number(_float(value)), None, None, ""))
+        body.append(html_heading("After training"))
+        header = ("estimator", "metric", "relative [interval]", "value [interval]")
+        body.append(html_table((*header, "logged", "ESS", "note"), rows))
+    return ReportSection("cpe", "Counterfactual evaluation", "".join(body))
+
+
+def actions_section(folder: RunFolder, plugins: PluginHost) -> ReportSection:
+    """The logged against the trained policy's actions on the eval split."""
+    from horizon_engine.policy_actions import compare_actions
+
+    if not folder.file(RunFolder.LATEST_CHECKPOINT).is_file():
+        return ReportSection("actions", "Actions", absent="the run trained no policy")
+    found = compare_actions(folder.path, plugins)
+    intro = html_paragraph(
+        f"On the first {found.rows:,} eval rows; the trained policy as exported ({found.policy})."
+    )
+    if found.action_type == "continuous":
+        drawn = [
+            figures.histograms(
+                {"logged": found.logged[:, index], "trained": found.trained[:, index]},
+                title=f"action {name}",
+                xlabel="value",
+            ).html()
+            for index, name in enumerate(found.names)
+        ]
+        return ReportSection("actions", "Actions", intro + html_charts(drawn))
+    chart = figures.grouped_bars(
+        found.names,
+        {"logged": list(found.logged), "trained": list(found.trained)},
+        title="Share of each action",
+        ylabel="share of rows",
+    )
+    rows = [
+        (name, float(logged), float(trained))
+        for name, logged, trained in zip(found.names, found.logged, found.trained, strict=True)
+    ]
+    return ReportSection(
+        "actions",
+        "Actions",
+        intro + chart.html() + html_table(("action", "logged", "trained"), rows),
+    )
+
+
+def export_section(folder: RunFolder, manifest: Mapping[str, Any]) -> ReportSection:
+    """The exported model's inputs, outputs and card, and the check against torch."""
+    from horizon_engine.model_card import read_model_card
+
+    record = _mapping(_mapping(manifest.get("stages")).get("export"))
+    path = folder.file(RunFolder.MODEL)
+    if not record or not path.is_file():
+        return ReportSection("export", "Export", absent="the run exported no model")
+    details = _mapping(record.get("details"))
+    tolerance = _mapping(details.get("score_tolerance"))
+    checks = [
+        ("file", f"{RunFolder.MODEL}, {number(_float(details.get('bytes')))} bytes"),
+        ("policy", _text(details.get("policy"))),
+        ("rows compared with torch", _float(details.get("verified_rows"))),
+        ("largest difference", _float(details.get("max_abs_difference"))),
+        (
+            "tolerance (rtol, atol)",
+            f"{_text(tolerance.get('rtol'))}, {_text(tolerance.get('atol'))}",
+        ),
+        ("rows whose action was compared", _float(details.get("compared_action_rows"))),
+        ("rows with tied scores", _float(details.get("tied_rows"))),
+    ]
+    body = [html_table(("", ""), checks)]
+    inputs, outputs = _model_signature(path)
+    body.append(html_heading("Inputs and outputs"))
+    body.append(html_table(("", "name", "type", "shape"), [*inputs, *outputs]))
+    card = read_model_card(path)
+    facts = [
+        ("action type", card.action_type),
+        ("actions", ", ".join(card.actions) or "-"),
+        ("state features", len(card.feature_ids)),
+        ("action features", ", ".join(card.action_feature_ids) or "-"),
+        ("policy", json.dumps(card.policy) if card.policy else "-"),
+        ("run id", card.run_id),
+        ("Horizon Engine", card.horizon_version),
+    ]
+    body.append(html_heading("Model card"))
+    body.append(html_table(("", ""), facts))
+    return ReportSection("export", "Export", "".join(body))
+
+
+def _model_signature(path: Path) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+
+    def described(kind: str, value: Any) -> tuple[str, ...]:
+        tensor = value.type.tensor_type
+        shape = [dim.dim_param or str(dim.dim_value) for dim in tensor.shape.dim]
+        element = onnx.TensorProto.DataType.Name(tensor.elem_type).lower()
+        return (kind, value.name, element, f"[{', '.join(shape)}]")
+
+    return (
+        [described("input", value) for value in model.graph.input],
+        [described("output", value) for value in model.graph.output],
+    )
+
+
+def _estimates(final: Mapping[str, Any], epochs: Sequence[Any]) -> list[tuple[str, str]]:
+    """(estimator, metric) pairs that carry an interval, in the order first seen."""
+    pairs: list[tuple[str, str]] = []
+    sources = [final, *(_mapping(_mapping(entry).get("estimates")) for entry in epochs)]
+    for estimates in sources:
+        for label, metrics in _mapping(estimates).items():
+            for metric, value in _mapping(metrics).items():
+                if isinstance(value, Mapping) and (label, metric) not in pairs:
+                    pairs.append((label, metric))
+    return pairs
+
+
+def _estimate(entry: Any, label: str, metric: str) -> Mapping[str, Any]:
+    return _mapping(_mapping(_mapping(_mapping(entry).get("estimates")).get(label)).get(metric))
+
+
+def _interval(value: Mapping[str, Any], key: str, low: str = "", high: str = "") -> str:
+    low, high = low or f"{key}_low", high or f"{key}_high"
+    middle, bottom, top = (_float(value.get(name)) for name in (key, low, high))
+    if middle is None:
+        return "-"
+    if bottom is None or top is None:
+        return number(middle)
+    return f"{number(middle)} [{number(bottom)}, {number(top)}]"
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    """``value`` where it is a JSON object, else an empty one (a field of the wrong type in a
+    file from elsewhere reads as missing)."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def _float(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _text(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _escaped(text: Any) -> str:
+    from html import escape
+
+    return escape(str(text))
+
+
+def _compact(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, list) and len(value) > 6:
+        return f"[{', '.join(_compact(item) for item in value[:3])}, ... {len(value)} values]"
+    if isinstance(value, list):
+        return f"[{', '.join(_compact(item) for item in value)}]"
+    return str(value)
