@@ -22,6 +22,7 @@ from horizon_engine.run_folder import RunFolder
 if TYPE_CHECKING:
     import numpy as np
 
+    from horizon_engine.dataset import TimelineTensors
     from horizon_engine.plugins import PluginHost
 
 ACTION_ROWS = 20_000
@@ -32,9 +33,11 @@ ACTION_ROWS = 20_000
 class ActionComparison:
     """The logged and the trained policy's actions on ``rows`` eval rows.
 
-    ``names`` are the discrete actions, the parametric candidates' positions, or the continuous
-    action's dimensions; ``logged`` and ``trained`` are shares per name (discrete, parametric)
-    or ``[rows, dimensions]`` values (continuous). ``policy`` says which policy was applied.
+    ``names`` are the discrete actions, the parametric candidates' positions (a logged action
+    is the candidate with its features; one that matches none counts in no share), or the
+    continuous action's dimensions; ``logged`` and ``trained`` are shares per name (discrete,
+    parametric) or ``[rows, dimensions]`` values (continuous). ``policy`` says which policy was
+    applied.
     """
 
     action_type: str
@@ -105,8 +108,23 @@ def compare_actions(
     count = int(output.probabilities.shape[1])
     if action_type is ActionType.PARAMETRIC:
         names = [f"candidate {index}" for index in range(count)]
+        chosen = _logged_candidates(table)
     else:
         names = list(description.actions)
-    logged = np.bincount(table.action.long().numpy(), minlength=count)[:count] / len(table)
+        chosen = table.action.long().numpy()
+    chosen = chosen[chosen >= 0]
+    logged = np.bincount(chosen, minlength=count)[:count] / len(table)
     trained = output.probabilities.double().mean(dim=0).numpy()
     return ActionComparison(action_type.value, names, len(table), logged, trained, label)
+
+
+def _logged_candidates(table: TimelineTensors) -> np.ndarray:
+    """Each row's logged action as the position of the candidate with its features (the first
+    such), -1 where none of the row's candidates has them."""
+    import torch
+
+    same = (table.possible_action_features == table.action.unsqueeze(1)).all(dim=2)
+    if table.possible_actions is not None:
+        same &= table.possible_actions.bool()
+    first = same.int().argmax(dim=1)
+    return torch.where(same.any(dim=1), first, -1).numpy()

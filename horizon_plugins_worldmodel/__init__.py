@@ -6,7 +6,7 @@ and the episode's end); the ``analysis`` stage (``ANALYSIS_STAGE``), whose ``[an
 section selects a trainer that analyses data, ``world_model`` by default, to check the
 problem's formulation (``checks``, with held-out losses over folds of episodes and intervals
 from ``statistics``); and the ``horizon check-mdp`` command (``commands``), which prints the
-report (``report``).
+report (``report``) and adds that report to the run's page (``horizon report``).
 torch is imported when a model is built, so ``horizon plugins`` lists the options without it.
 """
 
@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from horizon_engine import (
+    ReportSection,
     RunFolder,
     SectionRule,
     Stage,
@@ -53,6 +54,13 @@ again makes no training stale; registered after the core's stages, it runs after
 @hookimpl
 def horizon_register_stages(register: Callable[[Stage], None]) -> None:
     register(ANALYSIS_STAGE)
+
+
+@hookimpl
+def horizon_report_sections(folder: RunFolder) -> list[ReportSection]:
+    from horizon_plugins_worldmodel.report import mdp_section
+
+    return [mdp_section(folder)]
 
 
 @hookimpl

@@ -6,7 +6,7 @@ folds hold episodes out, so every row's loss is a held-out one), logs the first 
 model's losses per epoch to TensorBoard as ``WorldModel/<loss>``, and writes, each whole or not
 at all, ``analysis/mdp_check.json`` (every number behind every verdict),
 ``analysis/mdp_check.txt`` (the report ``horizon check-mdp`` prints) and
-``analysis/feature_importance.svg`` (the ranking as a bar chart).
+``analysis/feature_importance.png`` (the ranking as a bar chart).
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from horizon_engine import (
     atomic_output,
 )
 from horizon_plugins_worldmodel.config import WorldModelConfig
+from horizon_plugins_worldmodel.report import RESULT_FILE
 from horizon_plugins_worldmodel.statistics import plain
 
 FOLDER = RunFolder.ANALYSIS
-RESULT_FILE = f"{FOLDER}/mdp_check.json"
 REPORT_FILE = f"{FOLDER}/mdp_check.txt"
-CHART_FILE = f"{FOLDER}/feature_importance.svg"
+CHART_FILE = f"{FOLDER}/feature_importance.png"
 FIT_STEPS = 4
 """Progress steps: the full model, without the action, without the state, without the
 features the action moves."""
@@ -77,7 +77,7 @@ def run_analysis(
     splits: list[TimelineTensors],
 ) -> StageReport:
     """Check the MDP on the run's timeline and write the three files; the stage's report."""
-    from horizon_plugins_worldmodel.report import importance_svg, report_text
+    from horizon_plugins_worldmodel.report import importance_chart, report_text
 
     with torch_threads(config.threads), run.progress("checking the MDP", FIT_STEPS) as advance:
         result = _analyse(config, problem, splits, run, advance)
@@ -86,7 +86,8 @@ def run_analysis(
     folder.mkdir(parents=True, exist_ok=True)
     _write(run.output_dir / RESULT_FILE, json.dumps(result, indent=2) + "\n")
     _write(run.output_dir / REPORT_FILE, text + "\n")
-    _write(run.output_dir / CHART_FILE, importance_svg(result))
+    with atomic_output(run.output_dir / CHART_FILE) as temporary:
+        temporary.write_bytes(importance_chart(result).png)
     flagged = [check["name"] for check in result["checks"] if check["passed"] is False]
     return StageReport(
         "analysis",

@@ -52,7 +52,7 @@ def check_mdp_command(pipeline: Path, overrides: tuple[str, ...], rebuild: bool)
     folder = RunFolder(output_dir).file(RunFolder.ANALYSIS)
     click.echo((folder / "mdp_check.txt").read_text(encoding="utf-8"), nl=False)
     click.echo(
-        f"every number: {folder / 'mdp_check.json'}; the chart: {folder / 'feature_importance.svg'}"
+        f"every number: {folder / 'mdp_check.json'}; the chart: {folder / 'feature_importance.png'}"
     )
 
 

@@ -2,15 +2,27 @@
 
 ``report_text`` is what ``horizon check-mdp`` prints: each check's question, verdict and the
 numbers behind it, then the features ranked by how much the held-out losses grow when each is
-replaced by its mean. ``importance_svg`` draws the same ranking as bars with their intervals,
-written by hand as SVG (a few rectangles and lines need no plotting library).
+replaced by its mean. ``importance_chart`` draws the same ranking as bars with their
+intervals, with the engine's charts (matplotlib), and ``mdp_section`` is the analysis's
+section of the run's report page (``horizon report``).
 """
 
 from __future__ import annotations
 
-from html import escape
+import json
 from typing import Any
 
+from horizon_engine import (
+    Chart,
+    ReportSection,
+    RunFolder,
+    html_paragraph,
+    html_table,
+    interval_bars,
+)
+
+RESULT_FILE = f"{RunFolder.ANALYSIS}/mdp_check.json"
+"""Every number behind every verdict, as the analysis stage writes it."""
 VERDICT_MARKS = {"yes": "ok", "none": "ok", "no": "FLAG", "some": "FLAG"}
 """How a verdict is marked in the text report; one not listed (unclear, not assessed) is "?"."""
 
@@ -60,71 +72,53 @@ def report_text(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-BAR_HEIGHT = 18
-LABEL_WIDTH = 90
-PLOT_WIDTH = 300
-GAP = 40
-
-
-def importance_svg(result: dict[str, Any]) -> str:
+def importance_chart(result: dict[str, Any]) -> Chart:
     """Two bar charts side by side: each feature's importance for the transition (nats) and
-    for the reward (share of its variance), with interval whiskers, most important on top."""
+    for the reward (share of its variance), with their intervals, most important on top."""
     rows = result["feature_importance"]
-    panels = [("transition", "next state and end (nats)"), ("reward", "reward (share of variance)")]
-    height = 40 + BAR_HEIGHT * len(rows) + 30
-    width = LABEL_WIDTH + len(panels) * (PLOT_WIDTH + GAP)
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'font-family="sans-serif" font-size="12">',
-        f'<rect width="{width}" height="{height}" fill="white"/>',
-    ]
-    for index, row in enumerate(rows):
-        y = 40 + index * BAR_HEIGHT + BAR_HEIGHT * 0.7
-        parts.append(
-            f'<text x="{LABEL_WIDTH - 6}" y="{y:.1f}" text-anchor="end">'
-            f"{escape(str(row['feature']))}</text>"
-        )
-    for number, (key, title) in enumerate(panels):
-        left = LABEL_WIDTH + number * (PLOT_WIDTH + GAP)
-        parts += _panel(rows, key, title, left, height)
-    parts.append("</svg>")
-    return "\n".join(parts) + "\n"
-
-
-def _panel(rows: list[dict[str, Any]], key: str, title: str, left: float, height: int) -> list[str]:
-    """One chart: bars from zero, whiskers over the intervals, the axis's range written below."""
-    values = [row[key] for row in rows if row[key] is not None]
-    parts = [f'<text x="{left}" y="20" font-weight="bold">{escape(title)}</text>']
-    if not values:
-        parts.append(f'<text x="{left}" y="45">not applicable (constant reward)</text>')
-        return parts
-    low = min(0.0, *(value["low"] for value in values))
-    high = max(0.0, *(value["high"] for value in values))
-    span = (high - low) or 1.0
-
-    def x(value: float) -> float:
-        return left + (value - low) / span * PLOT_WIDTH
-
-    zero = x(0.0)
-    bottom = height - 25
-    parts.append(f'<line x1="{zero:.1f}" y1="30" x2="{zero:.1f}" y2="{bottom}" stroke="black"/>')
-    for index, row in enumerate(rows):
-        value = row[key]
-        if value is None:
-            continue
-        top = 40 + index * BAR_HEIGHT + 2
-        start, end = sorted((zero, x(value["value"])))
-        parts.append(
-            f'<rect x="{start:.1f}" y="{top}" width="{end - start:.1f}" '
-            f'height="{BAR_HEIGHT - 4}" fill="#4a78b0"/>'
-        )
-        middle = top + (BAR_HEIGHT - 4) / 2
-        parts.append(
-            f'<line x1="{x(value["low"]):.1f}" y1="{middle}" x2="{x(value["high"]):.1f}" '
-            f'y2="{middle}" stroke="black"/>'
-        )
-    parts.append(f'<text x="{left}" y="{height - 8}">{low:.3g}</text>')
-    parts.append(
-        f'<text x="{left + PLOT_WIDTH}" y="{height - 8}" text-anchor="end">{high:.3g}</text>'
+    panels = {
+        "next state and end (nats)": [_bar(row["transition"]) for row in rows],
+        "reward (share of variance)": [_bar(row["reward"]) for row in rows],
+    }
+    return interval_bars(
+        [str(row["feature"]) for row in rows],
+        panels,
+        title="Held-out loss increase when a feature is replaced by its mean",
     )
-    return parts
+
+
+def _bar(value: dict[str, float] | None) -> tuple[float, float, float] | None:
+    return None if value is None else (value["value"], value["low"], value["high"])
+
+
+def mdp_section(folder: RunFolder) -> ReportSection:
+    """The report page's section: each check's verdict and finding, and the importance chart;
+    absent, with how to run it, where the run has no analysis."""
+    key, title = "mdp_check", "Is the problem an MDP? (world model)"
+    path = folder.file(RESULT_FILE)
+    if not path.is_file():
+        return ReportSection(
+            key,
+            title,
+            absent="the run has no analysis stage (add [analysis] to the pipeline, or run "
+            "horizon check-mdp on it)",
+        )
+    result = json.loads(path.read_text(encoding="utf-8"))
+    data = result["data"]
+    intro = html_paragraph(
+        f"On {data['rows']} rows in {data['episodes']} episodes, {data['folds']} folds of "
+        f"episodes, {data['confidence']:.0%} intervals over {data['num_bootstrap']} resamples."
+    )
+    checks = html_table(
+        ("check", "question", "verdict", "finding"),
+        [
+            (
+                check["name"],
+                check["question"],
+                f"{check['verdict']} ({VERDICT_MARKS.get(check['verdict'], '?')})",
+                check["finding"],
+            )
+            for check in result["checks"]
+        ],
+    )
+    return ReportSection(key, title, intro + checks + importance_chart(result).html())

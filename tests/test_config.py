@@ -78,7 +78,8 @@ def test_unknown_section_suggests_the_right_one(problems):
     path, found = problems(GOOD + '\n[trainr]\nkind = "dqn"\n')
     assert found == [
         f"{path}:9: unknown section [trainr]; did you mean [trainer]? Valid sections: "
-        "[pipeline], [source], [timeline], [normalization], [trainer], [[evaluation]], [export], [report]."
+        "[pipeline], [source], [timeline], [normalization], [trainer], [[evaluation]], [export], "
+        "[report]."
     ]
 
 

@@ -15,18 +15,19 @@ seconds; the pipeline around the checks is tested in ``test_mdp_check.py``.
 
 from __future__ import annotations
 
+import html
+import json
 import math
-import xml.etree.ElementTree as ElementTree
 
 import pytest
 import torch
 
-from horizon_engine import HorizonError
+from horizon_engine import HorizonError, RunFolder
 from horizon_plugins_worldmodel.checks import MdpAnalysis
 from horizon_plugins_worldmodel.config import WorldModelConfig
 from horizon_plugins_worldmodel.data import Transitions, input_groups
 from horizon_plugins_worldmodel.fitting import ModelFitter
-from horizon_plugins_worldmodel.report import importance_svg, report_text
+from horizon_plugins_worldmodel.report import importance_chart, mdp_section, report_text
 from horizon_plugins_worldmodel.statistics import plain
 
 FAST = {"epochs": 20, "min_updates": 1, "layers": [32, 32], "num_bootstrap": 200}
@@ -188,18 +189,30 @@ def test_the_mixture_density_fits_two_gaussians_to_their_entropy():
     assert abs(nll - entropy) < 0.05 * entropy, (nll, entropy)
 
 
-def test_the_report_shows_every_check_and_a_bar_per_feature(mdp_result):
+def test_the_report_shows_every_check_and_the_importance_chart(mdp_result, tmp_path):
     result = plain(mdp_result)
 
     text = report_text(result)
-    svg = importance_svg(result)
+    chart = importance_chart(result)
 
     for check in result["checks"]:
         assert check["question"] in text
     assert "feature  transition (nats)" in text
-    root = ElementTree.fromstring(svg)
-    bars = [node for node in root.iter("{http://www.w3.org/2000/svg}rect")][1:]
-    assert len(bars) == 2 * len(result["feature_importance"])
+    assert chart.png.startswith(b"\x89PNG")
+    # A bar row per feature: the chart grows with them.
+    assert chart.height >= 20 * len(result["feature_importance"])
+    (tmp_path / "analysis").mkdir()
+    (tmp_path / "analysis" / "mdp_check.json").write_text(json.dumps(result))
+    section = mdp_section(RunFolder(tmp_path))
+    assert section.absent is None
+    for check in result["checks"]:
+        assert html.escape(check["question"]) in section.body
+    assert section.body.count("data:image/png;base64,") == 1
+
+
+def test_the_report_section_says_how_to_get_an_analysis_where_a_run_has_none(tmp_path):
+    section = mdp_section(RunFolder(tmp_path))
+    assert "horizon check-mdp" in section.absent
 
 
 def test_fewer_episodes_than_folds_is_an_error_naming_the_option():
