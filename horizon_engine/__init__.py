@@ -70,7 +70,8 @@ names, and an import-linter contract run by ``make test`` holds them to it.
   ``html_table``, ``html_paragraph``, ``html_heading``, ``html_folded``, and the charts,
   drawn by matplotlib (``Chart``, ``Series``, ``count_bars``, ``interval_bars``,
   ``grouped_bars``, ``histograms``, ``histogram_pairs``, ``small_multiples``);
-- users: ``Engine`` and ``run_pipeline`` (imported on first use).
+- users: ``Engine`` and ``run_pipeline`` (imported on first use), and ``write_report``, the
+  page of one run or several side by side (``horizon report``).
 
 ``import horizon_engine`` stays cheap for the command line: torch is imported only where a
 tensor is made.
@@ -176,6 +177,7 @@ from horizon_engine.policies import (
 )
 from horizon_engine.preprocessor import FeatureType, feature_module
 from horizon_engine.progress import progress_bar
+from horizon_engine.report import write_report
 from horizon_engine.report_page import (
     ReportSection,
     html_folded,
@@ -376,6 +378,7 @@ __all__ = [
     "top_two_gap",
     "weighted_reward",
     "write_model_card",
+    "write_report",
     "write_split",
 ]
 

@@ -99,8 +99,8 @@ def build_report(
             raise HorizonError(f"{path}: no such run folder")
     folders = [RunFolder(path) for path in run_dirs]
     sections = [run_sections(folder, plugins, written_by_run=written_by_run) for folder in folders]
-    labels = [_label(folder) for folder in folders]
-    across = [_same_data_section(folders, plugins)] if len(folders) > 1 else []
+    labels = _labels(folders)
+    across = [_same_data_section(folders, labels, plugins)] if len(folders) > 1 else []
     name = title or (labels[0] if len(labels) == 1 else f"{len(labels)} runs side by side")
     subtitle = (
         f"Horizon Engine report of {labels[0]}"
@@ -147,6 +147,18 @@ def run_report_stage(run: StageRun, choice: Choice) -> StageReport:
     return StageReport("report", outputs=[RunFolder.REPORT], details={"page": str(written)})
 
 
+def _labels(folders: Sequence[RunFolder]) -> list[str]:
+    """Each run's name (``[pipeline] name``), or its folder's; with its parent folder where
+    two would read alike (a closed loop's ``round-1/run``, ``round-2/run``)."""
+    labels = [_label(folder) for folder in folders]
+    if len(set(labels)) < len(labels):
+        labels = [
+            f"{folder.path.parent.name}/{label}"
+            for folder, label in zip(folders, labels, strict=True)
+        ]
+    return labels
+
+
 def _label(folder: RunFolder) -> str:
     try:
         name = folder.manifest().get("name")
@@ -155,7 +167,9 @@ def _label(folder: RunFolder) -> str:
     return str(name) if name else folder.path.name or str(folder.path)
 
 
-def _same_data_section(folders: Sequence[RunFolder], plugins: PluginHost) -> ReportSection:
+def _same_data_section(
+    folders: Sequence[RunFolder], labels: Sequence[str], plugins: PluginHost
+) -> ReportSection:
     """Every run's policy on the last run's eval data, by each run's own estimators."""
     from horizon_engine.evaluation_stage import evaluate_run
 
@@ -163,29 +177,28 @@ def _same_data_section(folders: Sequence[RunFolder], plugins: PluginHost) -> Rep
     target = folders[-1]
     body = [
         html_paragraph(
-            f"Each run's trained policy evaluated on {_label(target)}'s eval split by its own "
+            f"Each run's trained policy evaluated on {labels[-1]}'s eval split by its own "
             "[[evaluation]] estimators, so that the figures compare."
         )
     ]
     rows = []
-    for folder in folders:
+    for folder, label in zip(folders, labels, strict=True):
         data = None if folder is target else target.path
         try:
             found = evaluate_run(folder.path, data=data, plugins=plugins)
         except HorizonError as exc:
-            body.append(html_paragraph(f"{_label(folder)}: not evaluated: {exc}", "absent"))
+            body.append(html_paragraph(f"{label}: not evaluated: {exc}", "absent"))
             continue
-        for label, estimates in found["final"].items():
+        for estimator, estimates in found["final"].items():
             for metric, value in estimates.items():
                 if isinstance(value, dict):
                     interval = (
                         f"{number(value.get('relative'))} [{number(value.get('relative_low'))}, "
                         f"{number(value.get('relative_high'))}]"
                     )
-                    rows.append((_label(folder), label, metric, interval, value.get("value")))
+                    rows.append((label, estimator, metric, interval, value.get("value")))
     if rows:
         body.append(html_heading("Relative to the logged policy"))
-        body.append(
-            html_table(("run", "estimator", "metric", "relative [interval]", "value"), rows)
-        )
+        header = ("run", "estimator", "metric", "relative [interval]", "value")
+        body.append(html_table(header, rows))
     return ReportSection(key, title, "".join(body))

@@ -70,7 +70,15 @@ def test_the_served_policy_improves_every_round_and_cpe_sees_it(product, tmp_pat
     """
     results = run_loop.run_loop(product, 4, tmp_path, seed=0)
     table = capsys.readouterr().out
-    assert len(table.strip().splitlines()) == 5  # the header and one line per round
+    lines = table.strip().splitlines()
+    assert len(lines) == 6  # the header, one line per round and where the page is
+    out = tmp_path / product
+    assert lines[-1] == f"every trained round side by side: {out / 'report.html'}"
+    page = (out / "report.html").read_text()
+    same_data = page[page.index('id="same_data"') :]
+    for round_number in (1, 2, 3):  # each trained round's policy on round 3's eval data
+        assert f"<h3>round-{round_number}/run</h3>" in page
+        assert f"<td>round-{round_number}/run</td>" in same_data
 
     values = [result.true_value for result in results]
     rises = np.diff(values)

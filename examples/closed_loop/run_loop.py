@@ -16,7 +16,9 @@ served policy's exact true value and CPE's estimate of that same policy (the run
 
 Layout under ``--out/PRODUCT``: ``round-N/decisions.jsonl`` (the decision log),
 ``round-N/rewards.jsonl`` (the late metric rows), ``round-N/run/`` (the round's pipeline run,
-``model.onnx`` in it) and ``joined/round-N.jsonl`` (with its ``_round-N.jsonl.report.json``).
+``model.onnx`` and its own ``report.html`` in it), ``joined/round-N.jsonl`` (with its
+``_round-N.jsonl.report.json``) and ``report.html``: every trained round's page side by side,
+each round's policy evaluated on the last round's eval data.
 """
 
 from __future__ import annotations
@@ -36,7 +38,14 @@ import numpy as np
 from products import EngagementMdp, NotificationBandit, Policy
 from traffic import Decide, DecisionClient, play_bandit, play_mdp, random_service
 
-from horizon_engine import Engine, Exploration, HorizonError, atomic_output
+from horizon_engine import (
+    Engine,
+    Exploration,
+    HorizonError,
+    atomic_output,
+    get_plugin_host,
+    write_report,
+)
 from horizon_plugins_serving.decision_log import DecisionLog, open_decision_log
 from horizon_plugins_serving.join_report import report_path
 from horizon_plugins_serving.predictor import Predictor
@@ -222,6 +231,10 @@ def run_loop(product: str, rounds: int, out: Path, seed: int = 0) -> list[RoundR
     for round_number in range(rounds):
         results.append(run_round(spec, simulator, out, round_number, seed))
         print(table_line(results[-1]), flush=True)
+    trained = [run_folder(out, number) for number in range(1, rounds)]
+    if trained:
+        page = write_report(trained, out / "report.html", get_plugin_host(), f"{product} loop")
+        print(f"every trained round side by side: {page}")
     return results
 
 
