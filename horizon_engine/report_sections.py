@@ -126,9 +126,19 @@ def run_section(folder: RunFolder, manifest: Mapping[str, Any]) -> ReportSection
     return ReportSection("run", "The run", "".join(body))
 
 
+ONLINE_COMMAND = "horizon gym train"
+"""The ``command`` an online run's manifest records: it played in an environment, so it has
+no logged rows, no splits and no stages, but its evaluations' returns."""
+
+
 def rows_section(manifest: Mapping[str, Any]) -> ReportSection:
     """The funnel: rows in per stage, each reason rows were dropped, the splits."""
     stages = _mapping(manifest.get("stages"))
+    if manifest.get("command") == ONLINE_COMMAND:
+        result = _mapping(manifest.get("result"))
+        facts = [(name, _float(result.get(name))) for name in ("episodes", "steps", "updates")]
+        intro = html_paragraph(f"An online run ({ONLINE_COMMAND}): it played, logging no rows.")
+        return ReportSection("rows", "Rows", intro + html_table(("", ""), facts))
     if not stages:
         return ReportSection("rows", "Rows", absent="no stage ran")
     labels: list[str] = []
@@ -297,6 +307,8 @@ def _feature_row(feature: str, parameters: Any, found: Mapping[str, Any]) -> tup
 def training_section(folder: RunFolder, manifest: Mapping[str, Any]) -> ReportSection:
     """Every epoch's training metrics, one small chart each (mean Q per action together); the
     metrics that never changed are listed instead (a coverage of 1, a weight of 0)."""
+    if manifest.get("command") == ONLINE_COMMAND:
+        return _online_training(_mapping(manifest.get("result")))
     if "train" not in _mapping(manifest.get("stages")):
         return ReportSection("training", "Training", absent="the run did not train")
     epochs = folder.training_epochs()
@@ -346,6 +358,29 @@ def training_section(folder: RunFolder, manifest: Mapping[str, Any]) -> ReportSe
         ),
     ]
     return ReportSection("training", "Training", "".join(body))
+
+
+def _online_training(result: Mapping[str, Any]) -> ReportSection:
+    """An online run's evaluations: the greedy policy's mean return at each, and the bar."""
+    evaluations = [_mapping(entry) for entry in result.get("evaluations") or []]
+    if not evaluations:
+        return ReportSection("training", "Training", absent="the online run never evaluated")
+    x = [_float(entry.get("timestep")) for entry in evaluations]
+    returns = [_float(entry.get("mean_return")) for entry in evaluations]
+    bar = _float(result.get("score_bar"))
+    chart = figures.small_multiples(
+        x,
+        {"mean return of the greedy policy": [figures.Series("mean return", returns)]},
+        title=f"{result.get('env')}: evaluations while training online",
+        xlabel="environment steps",
+        reference=None if bar is None else (bar, "score bar"),
+    )
+    reached = "reached" if result.get("reached") else "did not reach"
+    verdict = html_paragraph(
+        f"The run {reached} the score bar ({number(bar)}); best mean return "
+        f"{number(_float(result.get('best_mean_return')))}."
+    )
+    return ReportSection("training", "Training", verdict + chart.html())
 
 
 def cpe_section(folder: RunFolder) -> ReportSection:
@@ -418,6 +453,13 @@ def actions_section(folder: RunFolder, plugins: PluginHost) -> ReportSection:
 
     if not folder.file(RunFolder.LATEST_CHECKPOINT).is_file():
         return ReportSection("actions", "Actions", absent="the run trained no policy")
+    if folder.manifest().get("command") == ONLINE_COMMAND:
+        return ReportSection(
+            "actions",
+            "Actions",
+            absent="an online run logs no eval split to compare its actions on (its policy "
+            "was evaluated in the environment: Training)",
+        )
     found = compare_actions(folder.path, plugins)
     intro = html_paragraph(
         f"On the first {found.rows:,} eval rows; the trained policy as exported ({found.policy})."
@@ -453,7 +495,8 @@ def export_section(folder: RunFolder, manifest: Mapping[str, Any]) -> ReportSect
     """The exported model's inputs, outputs and card, and the check against torch."""
     from horizon_engine.model_card import read_model_card
 
-    record = _mapping(_mapping(manifest.get("stages")).get("export"))
+    stages = _mapping(manifest.get("stages"))
+    record = _mapping(stages.get("export") if stages else manifest.get("export"))
     path = folder.file(RunFolder.MODEL)
     if not record or not path.is_file():
         return ReportSection("export", "Export", absent="the run exported no model")

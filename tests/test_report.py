@@ -255,3 +255,35 @@ def test_a_plugin_whose_sections_raise_is_named_and_the_page_still_written(tmp_p
         in page
     )
     assert 'id="training"' in page
+
+
+def test_an_online_run_shows_its_evaluations_and_its_export(tmp_path):
+    example = Path(__file__).resolve().parents[1] / "examples" / "cartpole_online.toml"
+    text = example.read_text()
+    for key, value in {
+        "episodes": "15",
+        "train_after_ts": "200",
+        "test_every_ts": "200",
+        "avg_over_num_episodes": "2",
+        "output_dir": json.dumps(str(tmp_path / "online")),
+    }.items():
+        text = re.sub(rf"(?m)^{key} = .*$", f"{key} = {value}", text)
+    pipeline = tmp_path / "online.toml"
+    pipeline.write_text(text)
+    trained = CliRunner().invoke(main, ["gym", "train", str(pipeline)])
+    assert trained.exit_code == 0, trained.output
+
+    sections = {
+        section.key: section
+        for section in run_sections(RunFolder(tmp_path / "online"), get_plugin_host())
+    }
+    assert "evaluations while training online" in sections["training"].body
+    assert "<td>episodes</td>" in sections["rows"].body
+    assert "model.onnx" in sections["export"].body
+    assert "online run logs no eval split" in sections["actions"].absent
+    out = tmp_path / "online.html"
+    assert (
+        CliRunner().invoke(main, ["report", str(tmp_path / "online"), "-o", str(out)]).exit_code
+        == 0
+    )
+    rendered(out, tmp_path, "online")
