@@ -159,7 +159,8 @@ def horizon_on_stage_start(run: RunContext, stage: str) -> None:
     """Called before a pipeline stage runs.
 
     ``run`` is the ``RunContext`` (output folder, seed, run id); ``stage`` is the stage name
-    (``source``, ``timeline``, ``normalization``, ``train``, ``evaluation``, ``export``).
+    (``source``, ``timeline``, ``normalization``, ``train``, ``evaluation``, ``export``,
+    ``report``, or a plugin's).
     Returns nothing.
     """
 

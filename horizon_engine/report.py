@@ -74,7 +74,11 @@ def run_sections(
     builders = [
         ("run", "The run", lambda: run_section(folder, manifest)),
         ("rows", "Rows", lambda: rows_section(manifest)),
-        ("normalization", "Normalization", lambda: normalization_section(folder, plugins)),
+        (
+            "normalization",
+            "Normalization",
+            lambda: normalization_section(folder, manifest, plugins),
+        ),
         ("training", "Training", lambda: training_section(folder, manifest)),
         ("cpe", "Counterfactual evaluation", lambda: cpe_section(folder)),
         ("actions", "Actions", lambda: actions_section(folder, plugins)),

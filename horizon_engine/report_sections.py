@@ -152,10 +152,16 @@ def rows_section(manifest: Mapping[str, Any]) -> ReportSection:
         if name in ("source", "timeline") and rows_in is not None:
             labels.append(f"{name}: rows in")
             counts.append(rows_in)
+        kept = [
+            str(output)
+            for output in record.get("outputs") or []
+            if str(output) in (RunFolder.SOURCE_QUARANTINE, RunFolder.TIMELINE_QUARANTINE)
+        ]
+        verb = "quarantined" if kept else "dropped"
         for reason, count in _mapping(record.get("dropped")).items():
-            labels.append(f"{name}: dropped, {reason}")
+            labels.append(f"{name}: {verb}, {reason}")
             counts.append(_float(count) or 0.0)
-            rows.append((name, reason, _float(count)))
+            rows.append((name, verb, reason, _float(count), ", ".join(kept) or "-"))
     details = _mapping(_mapping(stages.get("timeline")).get("details"))
     for split in ("train", "eval"):
         value = _float(details.get(f"{split}_rows"))
@@ -166,7 +172,7 @@ def rows_section(manifest: Mapping[str, Any]) -> ReportSection:
         return ReportSection("rows", "Rows", absent="the stages recorded no row counts")
     body = [figures.count_bars(labels, counts, title="Rows through the pipeline").html()]
     if rows:
-        body.append(html_table(("stage", "dropped because", "rows"), rows))
+        body.append(html_table(("stage", "rows", "because", "count", "kept in"), rows))
     else:
         body.append(html_paragraph("No row was dropped or quarantined."))
     episodes = [
@@ -178,18 +184,26 @@ def rows_section(manifest: Mapping[str, Any]) -> ReportSection:
     return ReportSection("rows", "Rows", "".join(body))
 
 
-def normalization_section(folder: RunFolder, plugins: PluginHost) -> ReportSection:
+def normalization_section(
+    folder: RunFolder, manifest: Mapping[str, Any], plugins: PluginHost
+) -> ReportSection:
     """Each feature's type and parameters; the worst-behaved features' samples before and
-    after their transform, drawn; the rest in a folded table."""
+    after their transform (clamped at the run's ``max_feature_value``), drawn; the rest in a
+    folded table."""
+    from horizon_engine.normalization import NormalizationConfig
+
     if not folder.file(RunFolder.NORMALIZATION).is_file():
         return ReportSection(
             "normalization", "Normalization", absent="the run has no normalization.json"
         )
     normalization = folder.normalization(plugins)
+    configured = _mapping(_mapping(manifest.get("config")).get("normalization"))
+    limit = _float(configured.get("max_feature_value"))
+    limit = limit if limit and limit > 0 else NormalizationConfig().max_feature_value
     body = []
     for feature_set, parameters in normalization.items():
         column = "state_features" if feature_set == "state_features" else "action"
-        found = _feature_samples(folder, column, parameters, plugins)
+        found = _feature_samples(folder, column, parameters, plugins, limit)
         order = sorted(parameters, key=lambda feature: -found[feature]["badness"])
         drawn = order[:DRAWN_FEATURES]
         title = f"{feature_set}: {len(parameters)} features"
@@ -229,7 +243,11 @@ def feature_badness(missing: float, at_bound: float, skewness: float | None) -> 
 
 
 def _feature_samples(
-    folder: RunFolder, column: str, parameters: Mapping[str, Any], plugins: PluginHost
+    folder: RunFolder,
+    column: str,
+    parameters: Mapping[str, Any],
+    plugins: PluginHost,
+    limit: float,
 ) -> dict[str, dict[str, Any]]:
     """Per feature: its logged values (present rows), normalized values, and how it behaves."""
     import numpy as np
@@ -252,11 +270,10 @@ def _feature_samples(
             found[feature].update(at_bound=0.0, skewness=None, badness=0.0)
         return found
     values, presence = dense_features(sample[column].combine_chunks(), feature_ids)
-    preprocessor = build_preprocessor(feature_ids, parameters, plugins=plugins)
+    preprocessor = build_preprocessor(feature_ids, parameters, limit, plugins)
     with torch.no_grad():
         output = preprocessor(torch.from_numpy(values), torch.from_numpy(presence)).numpy()
     sources = preprocessor.output_features.numpy()
-    limit = 6.0
     for index, feature in enumerate(feature_ids):
         present = presence[:, index] > 0
         columns = output[present][:, sources == index]

@@ -170,12 +170,14 @@ def test_a_section_whose_file_is_corrupt_says_so_and_the_others_are_shown(tmp_pa
 
 
 def test_a_page_of_a_thousand_features_stays_small(tmp_path):
-    """Only the worst-behaved features are drawn; the rest are a table."""
+    """Only the worst-behaved features are drawn; the rest are a table. Binary features but
+    the first ten (identifying a continuous feature's type tries Box-Cox: 13 ms each here)."""
     rows = tmp_path / "rows.jsonl"
     with rows.open("w") as file:
         for episode in range(20):
             for step in range(10):
-                features = {str(i): (episode * 7 + step * 3 + i) % 13 * 0.5 for i in range(1000)}
+                features = {str(i): float((episode + step + i) % 2) for i in range(1000)}
+                features |= {str(i): (episode * 7 + step * 3 + i) % 13 * 0.5 for i in range(10)}
                 row = {
                     "mdp_id": f"e{episode}",
                     "sequence_number": step,
@@ -287,3 +289,34 @@ def test_an_online_run_shows_its_evaluations_and_its_export(tmp_path):
         == 0
     )
     rendered(out, tmp_path, "online")
+
+
+def test_the_funnel_names_quarantined_rows_and_where_they_are(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    lines = [
+        {
+            "mdp_id": f"e{episode}",
+            "sequence_number": step,
+            "state_features": {"0": float(step)},
+            "action": "a",
+            "action_probability": 0.5,
+            "metrics": {"reward": 1.0},
+        }
+        for episode in range(5)
+        for step in range(4)
+    ]
+    lines[3]["action_probability"] = 2.0  # not a probability: quarantined
+    rows.write_text("".join(json.dumps(line) + "\n" for line in lines) + "{torn\n")
+    config = {
+        "pipeline": {"output_dir": str(tmp_path / "run"), "on_bad_rows": "quarantine"},
+        "source": {"kind": "jsonl", "path": str(rows)},
+        "timeline": {"reward": {"reward": 1.0}, "actions": ["a"]},
+    }
+    manifest = Engine(show_progress=False).run(config)
+    dropped = manifest["stages"]["source"]["dropped"]
+    assert sum(dropped.values()) == 2
+    sections = run_sections(RunFolder(tmp_path / "run"), get_plugin_host())
+    funnel = shown(sections, "rows")
+    for reason, count in dropped.items():
+        assert f"<td>source</td><td>quarantined</td><td>{reason}</td>" in funnel
+        assert f'<td class="number">{count}</td><td>source/quarantine.jsonl</td>' in funnel

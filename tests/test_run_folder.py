@@ -122,12 +122,14 @@ def test_a_new_export_makes_no_stage_stale_that_does_not_read_it(trainer_host, t
         },
     }
     first = engine.run(config)
-    assert first["executed"][-2:] == ["export", "analysis"]
+    assert first["executed"][-3:] == ["export", "analysis", "report"]
 
     exported = engine.run(config, stages=["export"])
 
     assert exported["stages"]["analysis"]["run_id"] == first["run_id"]
     assert exported["stages"]["analysis"].get("stale") is None
+    # The page reads every stage's outputs: a new export leaves it out of date.
+    assert exported["stages"]["report"]["stale"]
     trained = engine.run(config, stages=["train"])
     assert trained["stages"]["export"]["stale"].startswith(f"written by run {exported['run_id']}")
     assert trained["stages"]["analysis"].get("stale") is None

@@ -498,7 +498,13 @@ def test_the_plugins_stage_runs_after_the_timeline_it_reads_and_is_recorded_like
 
     manifest = engine.run(summary_pipeline(run))
 
-    assert manifest["executed"] == ["source", "timeline", "normalization", "row_summary"]
+    assert manifest["executed"] == [
+        "source",
+        "timeline",
+        "normalization",
+        "row_summary",
+        "report",
+    ]
     record = manifest["stages"]["row_summary"]
     assert record["outputs"] == ["row_summary/rows.json"]
     assert record["run_id"] == manifest["run_id"]
@@ -538,8 +544,9 @@ def test_the_stages_section_is_validated_and_listed_by_validate_and_plugins(hori
     pipeline.write_text(pipeline.read_text().replace("labl", "label"))
     listed = horizon("validate", str(pipeline))
     assert listed.exit_code == 0, listed.output
-    last = listed.stdout.splitlines()[-1].split()
-    assert last == ["row_summary", "-", *f"[row_summary] in {pipeline} line 7".split()]
+    *_, summary, report = listed.stdout.splitlines()
+    assert summary.split() == ["row_summary", "-", *f"[row_summary] in {pipeline} line 7".split()]
+    assert report.split() == ["report", "-", "defaults", "(no", "[report]", "section)"]
     plugins = horizon("plugins")
     assert (
         "  stage: row_summary [row_summary]  reads timeline/timeline.json; writes "

@@ -24,9 +24,10 @@ from horizon_engine.pipeline import Engine
 
 EPOCHS = 3
 
-UNCOMPARED = {"manifest.json", "model.onnx"}
+UNCOMPARED = {"manifest.json", "model.onnx", "report.html"}
 """Files a resumed run writes otherwise than an uninterrupted one, by design: the manifest
-(run ids, timings, the interruption's record) and the model's card (its run id); the model is
+(run ids, timings, the interruption's record), the report page (which shows them) and the
+model's card (its run id); the model is
 compared by its graph, its other metadata and its outputs. TensorBoard's event files hold wall
 times and are compared by their scalars."""
 

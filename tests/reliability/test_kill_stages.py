@@ -55,7 +55,7 @@ def test_a_run_killed_in_any_stage_resumes_to_the_uninterrupted_outputs(
 
     resumed = Engine(show_progress=False).run(config, resume=True)
 
-    order = ["source", "timeline", "normalization", "train", "evaluation", "export"]
+    order = ["source", "timeline", "normalization", "train", "evaluation", "export", "report"]
     assert resumed["executed"] == order[order.index(killed) :]
     for name in order[: order.index(killed)]:
         assert resumed["stages"][name]["run_id"] == before["run_id"]
