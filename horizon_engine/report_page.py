@@ -73,8 +73,9 @@ def html_heading(text: str) -> str:
 
 def html_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
     """A table of plain cells (escaped); numbers are right-aligned, floats shown to 4
-    significant digits."""
+    significant digits. A header of empty names is left out (a table of name and value)."""
     head = "".join(f"<th>{escape(str(cell))}</th>" for cell in header)
+    head = f"<tr>{head}</tr>" if any(header) else ""
     body = []
     for row in rows:
         cells = []
@@ -84,7 +85,7 @@ def html_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
             else:
                 cells.append(f'<td class="number">{escape(number(cell))}</td>')
         body.append(f"<tr>{''.join(cells)}</tr>")
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+    return f"<table>{head}{''.join(body)}</table>"
 
 
 def number(value: float | int | None) -> str:

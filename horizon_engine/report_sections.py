@@ -97,15 +97,14 @@ def run_section(folder: RunFolder, manifest: Mapping[str, Any]) -> ReportSection
                 imports,
                 None if seconds is None or imports is None else seconds - imports,
                 len(record.get("warnings") or []),
-                "stale: " + str(record["stale"]) if record.get("stale") else "",
+                str(record["stale"]) if record.get("stale") else "",
             )
         )
+    header = ("stage", "run by", "seconds", "importing", "working", "warnings", "stale")
+    if not any(row[-1] for row in rows):
+        header, rows = header[:-1], [row[:-1] for row in rows]
     body.append(html_heading("Stages"))
-    body.append(
-        html_table(("stage", "run by", "seconds", "importing", "working", "warnings", ""), rows)
-        if rows
-        else html_paragraph("No stage ran.", "absent")
-    )
+    body.append(html_table(header, rows) if rows else html_paragraph("No stage ran.", "absent"))
     warnings = [*(manifest.get("warnings") or [])]
     for name, record in stages.items():
         warnings += [f"{name}: {text}" for text in _mapping(record).get("warnings") or []]
@@ -113,10 +112,8 @@ def run_section(folder: RunFolder, manifest: Mapping[str, Any]) -> ReportSection
         body.append(html_heading("Warnings"))
         body.append("<ul>" + "".join(f"<li>{_escaped(text)}</li>" for text in warnings) + "</ul>")
     plugins = _mapping(manifest.get("plugins"))
-    body.append(html_heading("Plugins"))
-    body.append(
-        html_table(("plugin", "version"), sorted((str(k), _text(v)) for k, v in plugins.items()))
-    )
+    listed = ", ".join(f"{name} {_text(version)}" for name, version in sorted(plugins.items()))
+    body.append(html_paragraph(f"Plugins: {listed or 'none'}."))
     for failure in manifest.get("plugin_failures") or []:
         body.append(html_paragraph(f"Left out: {_text(failure)}", "warning"))
     config = manifest.get("config")

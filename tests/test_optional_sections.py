@@ -25,6 +25,10 @@ REFERENCE = Path(
 CARTPOLE_TIMELINE_ROWS = REFERENCE / "reagent" / "discrete_action" / "cartpole_training.json.bz2"
 
 
+SOURCE_TO_REPORT = ["source", "timeline", "normalization", "train", "export", "report"]
+"""The stages a pipeline of ``[source]`` and ``[trainer]`` alone runs."""
+
+
 @pytest.fixture
 def engine() -> Engine:
     return Engine(show_progress=False)
@@ -74,14 +78,7 @@ def test_source_and_trainer_alone_run_end_to_end_and_export_a_model(engine, tmp_
     writes") and, before that, at the timeline for want of [timeline] actions."""
     manifest = engine.run(source_and_trainer(tmp_path))
     assert manifest["status"] == "succeeded"
-    assert manifest["executed"] == [
-        "source",
-        "timeline",
-        "normalization",
-        "train",
-        "export",
-        "report",
-    ]
+    assert manifest["executed"] == SOURCE_TO_REPORT
     assert manifest["sections_at_defaults"] == ["timeline", "normalization", "export", "report"]
     # Every value that applied is on record, the defaulted sections' as the written ones'.
     assert manifest["config"]["timeline"]["eval_fraction"] == 0.1
@@ -176,14 +173,7 @@ def test_dqn_on_horizons_timeline_rows_needs_neither_timeline_nor_normalization(
         "trainer": {"kind": "dqn", "epochs": 1},
     }
     manifest = engine.run(config)
-    assert manifest["executed"] == [
-        "source",
-        "timeline",
-        "normalization",
-        "train",
-        "export",
-        "report",
-    ]
+    assert manifest["executed"] == SOURCE_TO_REPORT
     timeline = manifest["stages"]["timeline"]["details"]
     assert timeline["actions"] == ["0", "1"]
     assert timeline["actions_from"] == "the entries of the rows' possible_actions masks"

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from browser import find_chromium, render_page
 from click.testing import CliRunner
+from test_parametric_dqn import gym_parametric_config
 
 from horizon_engine import Engine, RunFolder
 from horizon_engine.cli import main
@@ -99,18 +100,8 @@ def test_a_discrete_run_writes_its_page_with_every_section(tmp_path):
 
 
 def test_a_parametric_run_compares_its_candidates(tmp_path):
-    config = {
-        "pipeline": {"output_dir": str(tmp_path / "run"), "seed": 0},
-        "source": {
-            "kind": "gym",
-            "env": "CartPole-v1",
-            "policy": "random",
-            "episodes": 20,
-            "parametric_actions": True,
-        },
-        "timeline": {"reward": {"reward": 1.0}, "eval_fraction": 0.2},
-        "trainer": {"kind": "parametric_dqn", "epochs": 2, "layers": [32]},
-    }
+    config = gym_parametric_config(tmp_path / "run", 20, 0, epochs=2, layers=[32])
+    config["timeline"]["eval_fraction"] = 0.2
     output = run(config)
     sections = run_sections(RunFolder(output), get_plugin_host())
     assert "candidate 0" in shown(sections, "actions")
