@@ -97,6 +97,8 @@ def compare_actions(
         )
     label = exploration.policy
     if action_type is ActionType.CONTINUOUS:
+        # An actor applies no exploration setting: it draws its action, or gives it.
+        label = "stochastic actor" if output.log_density is not None else "deterministic actor"
         return ActionComparison(
             action_type.value,
             list(description.action_feature_ids),

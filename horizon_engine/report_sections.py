@@ -56,9 +56,12 @@ with the error, and the other sections are still built."""
 def guarded(
     key: str, title: str, build: Callable[[], ReportSection], folder: RunFolder
 ) -> ReportSection:
-    """``build()``, or the section absent with why it could not be built."""
+    """``build()``, or the section absent with why it could not be built: a ``HorizonError``'s
+    own message (meant for the user), or what reading the folder raised."""
     try:
         return build()
+    except HorizonError as exc:
+        return ReportSection(key, title, absent=str(exc))
     except READ_ERRORS as exc:
         return ReportSection(
             key,
@@ -523,12 +526,14 @@ def export_section(folder: RunFolder, manifest: Mapping[str, Any]) -> ReportSect
         ("largest difference", _float(details.get("max_abs_difference"))),
         (
             "tolerance (rtol, atol)",
-            f"{_text(tolerance.get('rtol'))}, {_text(tolerance.get('atol'))}",
+            f"{_text(tolerance.get('rtol'))}, {_text(tolerance.get('atol'))}"
+            if tolerance
+            else None,
         ),
         ("rows whose action was compared", _float(details.get("compared_action_rows"))),
         ("rows with tied scores", _float(details.get("tied_rows"))),
     ]
-    body = [html_table(("", ""), checks)]
+    body = [html_table(("", ""), [(name, value) for name, value in checks if value is not None])]
     inputs, outputs = _model_signature(path)
     body.append(html_heading("Inputs and outputs"))
     body.append(html_table(("", "name", "type", "shape"), [*inputs, *outputs]))
