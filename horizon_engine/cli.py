@@ -248,6 +248,8 @@ def plugins(as_json: bool) -> None:
             click.echo(f"  commands: {', '.join(f'horizon {name}' for name in plugin['commands'])}")
         for stage in plugin["stages"]:
             reads = ", ".join(stage["reads"]) or "nothing"
+            if stage["reads_all"]:
+                reads = "every other stage's outputs (it runs last)"
             click.echo(
                 f"  stage: {stage['name']} [{stage['section']}]  reads {reads}; "
                 f"writes {', '.join(stage['writes'])}"

@@ -446,6 +446,7 @@ class PluginHost:
                             "name": stage.name,
                             "section": stage.section,
                             "reads": list(stage.reads),
+                            "reads_all": stage.reads_all,
                             "writes": list(stage.claims),
                         }
                         for stage in info.stages

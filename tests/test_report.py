@@ -311,3 +311,21 @@ def test_the_funnel_names_quarantined_rows_and_where_they_are(tmp_path):
     for reason, count in dropped.items():
         assert f"<td>source</td><td>quarantined</td><td>{reason}</td>" in funnel
         assert f'<td class="number">{count}</td><td>source/quarantine.jsonl</td>' in funnel
+
+
+def test_horizon_run_prints_where_the_page_is_and_plugins_lists_the_stage(tmp_path):
+    pipeline = tmp_path / "pipeline.toml"
+    pipeline.write_text(
+        f'[pipeline]\noutput_dir = "{tmp_path / "run"}"\n\n'
+        '[source]\nkind = "gym"\nenv = "CartPole-v1"\npolicy = "random"\nepisodes = 5\n\n'
+        "[timeline]\nreward = { reward = 1.0 }\n"
+    )
+    result = CliRunner().invoke(main, ["run", str(pipeline)])
+    assert result.exit_code == 0, result.output
+    page = tmp_path / "run" / RunFolder.REPORT
+    assert re.search(rf"^report: {re.escape(str(page))}, \d+\.\d\d s$", result.output, re.M)
+    listed = CliRunner().invoke(main, ["plugins"]).output
+    assert (
+        "  stage: report [report]  reads every other stage's outputs (it runs last); "
+        "writes report.html"
+    ) in listed

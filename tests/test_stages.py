@@ -9,7 +9,7 @@ import pytest
 from horizon_engine import Engine, RunFolder, SectionRule, Stage, StageReport
 from horizon_engine.errors import PluginError
 from horizon_engine.plugins import PluginHost
-from horizon_engine.stages import StageOrderError, order_stages, stage_problem
+from horizon_engine.stages import StageOrderError, order_stages, readers_of, stage_problem
 
 RULE = SectionRule("trainers")
 
@@ -53,6 +53,20 @@ def test_a_stage_runs_after_the_stages_it_reads_ties_in_registration_order():
     other = stage("other")
     assert names(order_stages([summary, other, data])) == ["other", "data", "summary"]
     assert names(order_stages([data, summary, other])) == ["data", "summary", "other"]
+
+
+def test_a_stage_that_reads_every_other_stages_outputs_runs_last_and_goes_stale_with_any():
+    from dataclasses import replace
+
+    page = replace(stage("page"), reads_all=True)
+    data = stage("data", claims=("data/rows",))
+    summary = stage("summary", reads=("data/rows",))
+    other = stage("other")
+    assert names(order_stages([page, data, summary, other])) == ["data", "summary", "other", "page"]
+    assert readers_of(other, [page, data, summary, other]) == ["page"]
+    assert readers_of(data, [page, data, summary, other]) == ["page", "summary"]
+    with pytest.raises(StageOrderError, match="read each other's outputs"):
+        order_stages([page, replace(stage("second"), reads_all=True)])
 
 
 @pytest.mark.parametrize(
