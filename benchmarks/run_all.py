@@ -22,6 +22,7 @@ from pathlib import Path
 HERE = Path(__file__).parent
 BENCHMARKS = (
     "make_run.py",
+    "report.py",
     "train_throughput.py",
     "ac_throughput.py",
     "timeline.py",

@@ -56,7 +56,8 @@ class ReportConfig(ComponentConfig):
     """``[report]``: the page ``horizon run`` writes as its last stage."""
 
     enabled: bool = True
-    """Write ``report.html`` at the end of every run (about a second: the charts)."""
+    """Write ``report.html`` at the end of every run: about a second, the charts (measured:
+    docs/measurements.md#report_stage_cost)."""
     title: str | None = Field(default=None, max_length=200)
     """The page's title; the run's ``[pipeline] name`` or its folder's name by default."""
 

@@ -152,6 +152,11 @@ def test_check_mdp_on_cartpole_from_gym_collect(tmp_path):
     assert "action" in [row["feature"] for row in for_angular_velocity[:2]]
     assert result["influence"]["action"] == ["1", "3"]
     assert (run / "analysis" / "feature_importance.png").read_bytes().startswith(b"\x89PNG")
+    page = tmp_path / "report.html"
+    reported = runner.invoke(main, ["report", str(run), "-o", str(page)])
+    assert reported.exit_code == 0, reported.output
+    section = page.read_text().split('<section id="mdp_check">', 1)[1].split("</section>")[0]
+    assert "Do actions predict transitions?" in section and "data:image/png" in section
 
     again = runner.invoke(main, ["check-mdp", str(pipeline)])
     assert again.exit_code == 0, again.output
