@@ -589,6 +589,26 @@ def test_estimators_on_an_eval_split_over_the_budget_run_on_whole_first_episodes
     assert 0 < cpe["eval_rows"] < train["details"]["eval_rows"]
 
 
+def test_the_estimators_sample_is_the_whole_episodes_within_the_rows_that_fit(split):
+    """Read in slices of many rows, cut back to the episodes a row at a time would give (one
+    whole episode where the first is longer than the rows that fit: Pendulum's 200)."""
+    from horizon_engine.streamed import EVAL_SHARE, episodes_within, memory_budget, row_bytes
+    from horizon_engine.training import TrainerConfig
+
+    folder, description = split
+    cpu = torch.device("cpu")
+    data = streamed(folder, description)
+    config = TrainerConfig(max_memory_gb=len(data) // 3 * row_bytes(data) / EVAL_SHARE / 2**30)
+    fit = int(EVAL_SHARE * memory_budget(config.max_memory_gb, cpu)) // row_bytes(data)
+
+    sample, warnings = episodes_within(folder, description, config, cpu)
+
+    one_row_at_a_time = next(streamed(folder, description, buffer_rows=1).episodes(fit))
+    assert len(sample) > 0 and len(warnings) == 1
+    for name, tensor in one_row_at_a_time.tensors().items():
+        assert torch.equal(sample.tensors()[name], tensor), name
+
+
 def test_auto_streams_only_the_data_that_does_not_fit(split):
     from horizon_engine.streamed import choose_data, row_bytes
     from horizon_engine.training import TrainerConfig
