@@ -515,8 +515,7 @@ def run_train_stage(run: StageRun, choice: Choice, resume: bool = False) -> Stag
     history = driver.train_epochs(train, evaluation, estimators)
     recorded = []
     if distributed.is_writer():
-        epochs = [{"epoch": number, "metrics": found} for number, found in enumerate(history, 1)]
-        recorded.append(folder.write_json(RunFolder.TRAINING_EPOCHS, {"epochs": epochs}))
+        recorded.append(folder.write_training_epochs(history))
     if estimators is not None:
         estimators.write_epochs()
         recorded.append(RunFolder.CPE_EPOCHS)

@@ -324,12 +324,14 @@ def _feature_row(feature: str, parameters: Any, found: Mapping[str, Any]) -> tup
 def training_section(folder: RunFolder, manifest: Mapping[str, Any]) -> ReportSection:
     """Every epoch's training metrics, one small chart each (mean Q per action together); the
     metrics that never changed are listed instead (a coverage of 1, a weight of 0)."""
-    if manifest.get("command") == ONLINE_COMMAND:
-        return _online_training(_mapping(manifest.get("result")))
-    if "train" not in _mapping(manifest.get("stages")):
+    online = manifest.get("command") == ONLINE_COMMAND
+    if not online and "train" not in _mapping(manifest.get("stages")):
         return ReportSection("training", "Training", absent="the run did not train")
     epochs = folder.training_epochs()
+    evaluations = _online_evaluations(_mapping(manifest.get("result"))) if online else ""
     if not epochs:
+        if evaluations:
+            return ReportSection("training", "Training", evaluations)
         return ReportSection(
             "training",
             "Training",
@@ -355,7 +357,7 @@ def training_section(folder: RunFolder, manifest: Mapping[str, Any]) -> ReportSe
         else:
             panels[name] = [figures.Series(name.rpartition("/")[2], values)]
     last = epochs[-1]["metrics"]
-    body = (
+    body = [evaluations] + (
         []
         if not constant
         else [
@@ -365,10 +367,13 @@ def training_section(folder: RunFolder, manifest: Mapping[str, Any]) -> ReportSe
             )
         ]
     )
+    if panels:
+        body.append(
+            figures.small_multiples(
+                x, panels, title=f"Training metrics over {len(epochs)} epochs", xlabel="epoch"
+            ).html()
+        )
     body += [
-        figures.small_multiples(
-            x, panels, title=f"Training metrics over {len(epochs)} epochs", xlabel="epoch"
-        ).html(),
         html_folded(
             f"Epoch {x[-1]}'s metrics",
             html_table(("metric", "value"), [(name, _float(last.get(name))) for name in names]),
@@ -377,11 +382,11 @@ def training_section(folder: RunFolder, manifest: Mapping[str, Any]) -> ReportSe
     return ReportSection("training", "Training", "".join(body))
 
 
-def _online_training(result: Mapping[str, Any]) -> ReportSection:
+def _online_evaluations(result: Mapping[str, Any]) -> str:
     """An online run's evaluations: the greedy policy's mean return at each, and the bar."""
     evaluations = [_mapping(entry) for entry in result.get("evaluations") or []]
     if not evaluations:
-        return ReportSection("training", "Training", absent="the online run never evaluated")
+        return html_paragraph("The online run never evaluated its policy.", "absent")
     x = [_float(entry.get("timestep")) for entry in evaluations]
     returns = [_float(entry.get("mean_return")) for entry in evaluations]
     bar = _float(result.get("score_bar"))
@@ -397,7 +402,7 @@ def _online_training(result: Mapping[str, Any]) -> ReportSection:
         f"The run {reached} the score bar ({number(bar)}); best mean return "
         f"{number(_float(result.get('best_mean_return')))}."
     )
-    return ReportSection("training", "Training", verdict + chart.html())
+    return verdict + chart.html()
 
 
 def cpe_section(folder: RunFolder) -> ReportSection:

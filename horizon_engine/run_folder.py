@@ -285,6 +285,12 @@ class RunFolder:
             )
         return epochs
 
+    def write_training_epochs(self, history: list[dict[str, float]]) -> str:
+        """Write ``training_epochs.json`` from a driver's ``history`` (epoch 1 first); return
+        its name."""
+        epochs = [{"epoch": number, "metrics": found} for number, found in enumerate(history, 1)]
+        return self.write_json(self.TRAINING_EPOCHS, {"epochs": epochs})
+
     def write_json(self, name: str, record: dict[str, Any]) -> str:
         """Write one of the run's JSON files (``CPE``, ``CPE_EPOCHS``, ``TRAINING_EPOCHS``)
         atomically; return ``name``."""

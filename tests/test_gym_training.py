@@ -707,6 +707,7 @@ def test_a_failed_export_keeps_the_trainings_record(tmp_path, recorder_host, mon
         "problem.json",
         "checkpoints/latest.pt",
         "check_rows.pt",
+        "training_epochs.json",
     ]
     assert manifest["reward_history_file"] == str(history)
     lines = str(caught.value).splitlines()

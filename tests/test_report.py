@@ -271,6 +271,7 @@ def test_an_online_run_shows_its_evaluations_and_its_export(tmp_path):
         for section in run_sections(RunFolder(tmp_path / "online"), get_plugin_host())
     }
     assert "evaluations while training online" in sections["training"].body
+    assert "Evaluation/mean_return" in sections["training"].body  # each evaluation's metrics
     assert "<td>episodes</td>" in sections["rows"].body
     assert "model.onnx" in sections["export"].body
     assert "online run logs no eval split" in sections["actions"].absent

@@ -333,6 +333,7 @@ class OnlineRun:
             self._end_epoch(self._evaluation(episode), finished, rows)
         self._save_check_rows()
         self.outputs += self.driver.outputs
+        self.outputs.append(self.folder.write_training_epochs(self.driver.history))
         return episode
 
     def _episode(self, episode: int, rows: RowsWriter | None, resumed: Position | None) -> bool:
