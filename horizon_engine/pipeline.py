@@ -464,8 +464,9 @@ def run_train_stage(run: StageRun, choice: Choice, resume: bool = False) -> Stag
     the per-epoch estimators, a checkpoint (``checkpoints/epoch-NNNN.pt`` and ``latest.pt``,
     written atomically) and ``horizon_on_epoch_end`` with the epoch's metrics. The per-epoch
     estimates are also written to ``cpe_epochs.json`` as each epoch ends
-    (``horizon_engine.evaluation``). The first eval rows (train rows without an eval split) are
-    kept to check the exported model on.
+    (``horizon_engine.evaluation``), and every epoch's metrics to ``training_epochs.json`` once
+    training ends (the report's curves). The first eval rows (train rows without an eval
+    split) are kept to check the exported model on.
     """
     from dataclasses import replace
 
