@@ -330,7 +330,7 @@ def _noted(title: str, dropped: int) -> str:
     return f"{title} ({dropped} non-finite values left out)" if dropped else title
 
 
-def _nan(value: float) -> float:
+def _as_float(value: float) -> float:
     try:
         return float(value)
     except (TypeError, ValueError):
@@ -339,16 +339,16 @@ def _nan(value: float) -> float:
 
 def _is_bad(value: float | None) -> bool:
     """A value given (not None) that is not a finite number."""
-    return value is not None and not math.isfinite(_nan(value))
+    return value is not None and not math.isfinite(_as_float(value))
 
 
 def _finite_or_nan(value: float | None) -> float:
-    number = math.nan if value is None else _nan(value)
+    number = math.nan if value is None else _as_float(value)
     return number if math.isfinite(number) else math.nan
 
 
 def _finite_or_zero(value: float) -> float:
-    number = _nan(value)
+    number = _as_float(value)
     return number if math.isfinite(number) else 0.0
 
 

@@ -30,7 +30,6 @@ from horizon_engine.report_page import (
     html_heading,
     html_paragraph,
     html_table,
-    number,
     page,
 )
 from horizon_engine.report_sections import (
@@ -38,6 +37,7 @@ from horizon_engine.report_sections import (
     cpe_section,
     export_section,
     guarded,
+    interval_text,
     normalization_section,
     rows_section,
     run_section,
@@ -197,10 +197,7 @@ def _same_data_section(
         for estimator, estimates in found["final"].items():
             for metric, value in estimates.items():
                 if isinstance(value, dict):
-                    interval = (
-                        f"{number(value.get('relative'))} [{number(value.get('relative_low'))}, "
-                        f"{number(value.get('relative_high'))}]"
-                    )
+                    interval = interval_text(value, "relative")
                     rows.append((label, estimator, metric, interval, value.get("value")))
     if rows:
         body.append(html_heading("Relative to the logged policy"))

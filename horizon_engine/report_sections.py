@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
+from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,9 +49,9 @@ SAMPLE_ROWS = 5_000
 """Training rows the normalization section draws its histograms from."""
 DRAWN_FEATURES = 12
 """Features whose samples the normalization section draws, the worst-behaved first."""
-READ_ERRORS = (HorizonError, OSError, ValueError, KeyError, TypeError, AttributeError, IndexError)
-"""What a section's reading of a folder from elsewhere can raise: the section is then absent
-with the error, and the other sections are still built."""
+READ_ERRORS = (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError)
+"""What a section's reading of a folder from elsewhere can raise besides a ``HorizonError``:
+the section is then absent with the error, and the other sections are still built."""
 
 
 def guarded(
@@ -113,7 +114,9 @@ def run_section(folder: RunFolder, manifest: Mapping[str, Any]) -> ReportSection
         warnings += [f"{name}: {text}" for text in _mapping(record).get("warnings") or []]
     if warnings:
         body.append(html_heading("Warnings"))
-        body.append("<ul>" + "".join(f"<li>{_escaped(text)}</li>" for text in warnings) + "</ul>")
+        body.append(
+            "<ul>" + "".join(f"<li>{escape(str(text))}</li>" for text in warnings) + "</ul>"
+        )
     plugins = _mapping(manifest.get("plugins"))
     listed = ", ".join(f"{name} {_text(version)}" for name, version in sorted(plugins.items()))
     body.append(html_paragraph(f"Plugins: {listed or 'none'}."))
@@ -454,8 +457,8 @@ def cpe_section(folder: RunFolder) -> ReportSection:
                         (
                             label,
                             metric,
-                            _interval(value, "relative"),
-                            _interval(value, "value", "low", "high"),
+                            interval_text(value, "relative"),
+                            interval_text(value, "value", "low", "high"),
                             _float(value.get("logged_value")),
                             _float(value.get("effective_sample_size")),
                             value.get("note") or "",
@@ -590,7 +593,9 @@ def _estimate(entry: Any, label: str, metric: str) -> Mapping[str, Any]:
     return _mapping(_mapping(_mapping(_mapping(entry).get("estimates")).get(label)).get(metric))
 
 
-def _interval(value: Mapping[str, Any], key: str, low: str = "", high: str = "") -> str:
+def interval_text(value: Mapping[str, Any], key: str, low: str = "", high: str = "") -> str:
+    """An estimate's ``key`` with its interval (``key_low``, ``key_high`` unless named), as
+    the tables show it: "1.2 [0.9, 1.5]", the value alone where the interval is missing."""
     low, high = low or f"{key}_low", high or f"{key}_high"
     middle, bottom, top = (_float(value.get(name)) for name in (key, low, high))
     if middle is None:
@@ -614,12 +619,6 @@ def _float(value: Any) -> float | None:
 
 def _text(value: Any) -> str:
     return "-" if value is None else str(value)
-
-
-def _escaped(text: Any) -> str:
-    from html import escape
-
-    return escape(str(text))
 
 
 def _compact(value: Any) -> str:
