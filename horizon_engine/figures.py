@@ -15,9 +15,10 @@ plugins`` imports the engine's public names); the first chart does.
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 from typing import TYPE_CHECKING, Any
@@ -40,7 +41,11 @@ STYLE = {
     "grid.alpha": 0.3,
     "legend.fontsize": 8,
     "legend.frameon": False,
+    "text.parse_math": False,
 }
+"""Applied to the whole of every chart's drawing (``_styled``). ``text.parse_math`` off: names
+come from the data (a feature called ``$\\frac{1}{$``), and matplotlib would read text between
+dollar signs as math and fail on it; every label is drawn as plain text."""
 
 
 @dataclass(frozen=True)
@@ -61,10 +66,26 @@ class Chart:
         )
 
 
+def _styled(draw: Callable[..., Chart]) -> Callable[..., Chart]:
+    """``draw`` run whole under ``STYLE``: text objects read the style when they are made (a
+    title, a legend, a tick label made at drawing time), so creating the figure under it is
+    not enough."""
+
+    @functools.wraps(draw)
+    def styled(*args: Any, **kwargs: Any) -> Chart:
+        import matplotlib
+
+        with matplotlib.rc_context(STYLE):
+            return draw(*args, **kwargs)
+
+    return styled
+
+
 Interval = tuple[float, float, float]
 """A value and its interval: ``(value, low, high)``."""
 
 
+@_styled
 def count_bars(labels: Sequence[str], counts: Sequence[float], *, title: str) -> Chart:
     """Horizontal bars, one per label, top to bottom, each with its count written beside it
     (the row funnel: rows in, each reason rows were dropped for, the splits)."""
@@ -84,6 +105,7 @@ def count_bars(labels: Sequence[str], counts: Sequence[float], *, title: str) ->
     return _chart(figure, title)
 
 
+@_styled
 def interval_bars(
     labels: Sequence[str], panels: Mapping[str, Sequence[Interval | None]], *, title: str
 ) -> Chart:
@@ -129,6 +151,7 @@ class Series:
     high: Sequence[float | None] | None = None
 
 
+@_styled
 def small_multiples(
     x: Sequence[float],
     panels: Mapping[str, Sequence[Series]],
@@ -171,6 +194,7 @@ def small_multiples(
     return _chart(figure, _noted(title, dropped))
 
 
+@_styled
 def grouped_bars(
     categories: Sequence[str], groups: Mapping[str, Sequence[float]], *, title: str, ylabel: str
 ) -> Chart:
@@ -199,6 +223,7 @@ def grouped_bars(
     return _chart(figure, title, axes)
 
 
+@_styled
 def histograms(
     samples: Mapping[str, Sequence[float]], *, title: str, xlabel: str, bins: int = 30
 ) -> Chart:
@@ -231,6 +256,7 @@ def histograms(
     return _chart(figure, _noted(title, dropped), axes)
 
 
+@_styled
 def histogram_pairs(
     pairs: Mapping[str, tuple[Sequence[float], Sequence[float]]], *, title: str
 ) -> Chart:
@@ -289,9 +315,8 @@ def _grid(
         "wspace": wgap / cell_width,
         "hspace": hgap / cell_height,
     }
-    with _style():
-        figure = Figure(figsize=(width, height), dpi=DPI)
-        grid = figure.subplots(rows, columns, squeeze=False, sharey=sharey, gridspec_kw=spacing)
+    figure = Figure(figsize=(width, height), dpi=DPI)
+    grid = figure.subplots(rows, columns, squeeze=False, sharey=sharey, gridspec_kw=spacing)
     return figure, grid
 
 
@@ -306,12 +331,6 @@ def _label_inches(labels: Any) -> float:
     return 0.3 + 0.07 * max((len(label) for label in labels), default=1)
 
 
-def _style() -> Any:
-    import matplotlib
-
-    return matplotlib.rc_context(STYLE)
-
-
 def _chart(figure: Figure, title: str, axes: Axes | None = None) -> Chart:
     """The figure as PNG; ``axes`` given, its title is ``title`` (else the caller set one)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -320,8 +339,7 @@ def _chart(figure: Figure, title: str, axes: Axes | None = None) -> Chart:
         axes.set_title(title, loc="left")
     canvas = FigureCanvasAgg(figure)
     buffer = io.BytesIO()
-    with _style():
-        canvas.print_png(buffer)
+    canvas.print_png(buffer)
     width, height = (round(size) for size in figure.get_size_inches() * figure.dpi)
     return Chart(buffer.getvalue(), width, height, title)
 
