@@ -9,16 +9,18 @@ names, and an import-linter contract run by ``make test`` holds them to it.
   ``StageReport``, the errors, ``atomic_output``, and ``RunFolder``, the one owner of the
   run folder's file names (and of reading and writing the files the engine reads back);
 - config models: ``ComponentConfig``, and the option types ``DistinctNames`` (a list that
-  names each thing once) and ``PathPatterns`` (a source's ``path``);
+  names each thing once), ``PathPatterns`` (a source's ``path``), ``LearningRate`` (an
+  optimizer's step size) and ``MetricWeights`` (weights of logged metrics by name);
 - data sources: ``DataSource``, ``SourceConfig``, ``SourceBatch``, the files a ``path``
   stands for (``expand_paths``, ``path_problems``), and the row schema (``RowLayout``,
   ``RowFormat``, ``RowShaper``, ``ActionType``, ``BadRow``, ``detect_layout``,
-  ``majority_layout``);
+  ``majority_layout``, ``duplicate_key_rows``, ``rows_as_dicts``, ``INTEGER_ACTION_NOTE``);
 - everything that reads rows from outside (sources, ``serve``, ``score``, ``join``): the one
   rule for a row's values (``ValueProblem``, ``number_problem``, ``integer_problem``,
-  ``text_problem``, ``feature_map_problem``, ``invalid_text_rows``,
-  ``FLOAT32_MAX``) and the
-  one JSON line parser (``parse_json_line``, ``BadLine``, ``strip_bom``);
+  ``text_problem``, ``feature_map_problem``, ``invalid_text_rows``, ``shown_value``,
+  ``FLOAT32_MAX``, ``MIN_PROPENSITY``) and the
+  one JSON line parser and line reader (``parse_json_line``, ``BadLine``, ``strip_bom``,
+  ``read_lines``, ``LongLine``, ``MAX_LINE_BYTES``, ``line_prefix``);
 - timeline engines: ``TimelineEngine``, ``TimelineConfig``, ``TimelineResult``,
   ``TimelineInfo`` (a built timeline's ``timeline.json``: ``RunFolder.timeline_info()``),
   ``timeline_schema``, ``FEATURES``, ``eval_split_value`` and ``eval_episodes``, and the rules
@@ -101,6 +103,8 @@ from horizon_engine.components import (
     DistinctNames,
     Estimator,
     Exporter,
+    LearningRate,
+    MetricWeights,
     PathPatterns,
     SourceBatch,
     SourceConfig,
@@ -142,9 +146,18 @@ from horizon_engine.figures import (
     interval_bars,
     small_multiples,
 )
-from horizon_engine.files import WRITE_REFUSED, atomic_output, remove_path
+from horizon_engine.files import WRITE_REFUSED, append_output, atomic_output, remove_path
 from horizon_engine.hookspecs import hookimpl
-from horizon_engine.json_lines import BadLine, parse_json_line, strip_bom
+from horizon_engine.json_lines import (
+    MAX_LINE_BYTES,
+    BadLine,
+    LongLine,
+    line_prefix,
+    parse_json_line,
+    read_lines,
+    read_past_line,
+    strip_bom,
+)
 from horizon_engine.model_card import (
     ActionBounds,
     ModelCard,
@@ -188,24 +201,29 @@ from horizon_engine.report_page import (
 from horizon_engine.reservoir import Reservoir
 from horizon_engine.row_values import (
     FLOAT32_MAX,
+    MIN_PROPENSITY,
     ValueProblem,
     feature_map_problem,
     integer_problem,
     invalid_text_rows,
     number_problem,
+    shown_value,
     text_problem,
 )
 from horizon_engine.run_context import RunContext, StageReport
 from horizon_engine.run_folder import EarlierRun, RunFolder, record_failure
 from horizon_engine.schema import (
     FEATURES,
+    INTEGER_ACTION_NOTE,
     ActionType,
     BadRow,
     RowFormat,
     RowLayout,
     RowShaper,
     detect_layout,
+    duplicate_key_rows,
     majority_layout,
+    rows_as_dicts,
 )
 from horizon_engine.source_paths import expand_paths, path_problems
 from horizon_engine.stages import SectionRule, Stage
@@ -239,7 +257,10 @@ __all__ = [
     "BATCH_SCHEMA",
     "FEATURES",
     "FLOAT32_MAX",
+    "INTEGER_ACTION_NOTE",
     "INTERRUPTED_EXIT_STATUS",
+    "MAX_LINE_BYTES",
+    "MIN_PROPENSITY",
     "WRITE_REFUSED",
     "ActionBounds",
     "ActionType",
@@ -277,6 +298,9 @@ __all__ = [
     "ForeachSgd",
     "HorizonError",
     "InvertiblePreprocessing",
+    "LearningRate",
+    "LongLine",
+    "MetricWeights",
     "ModelCard",
     "ModelCardError",
     "ModelInputs",
@@ -323,6 +347,7 @@ __all__ = [
     "action_probabilities",
     "analysis_problems",
     "analyze_timeline",
+    "append_output",
     "atomic_output",
     "batch_fields",
     "card_if_exported",
@@ -330,6 +355,7 @@ __all__ = [
     "command",
     "count_bars",
     "detect_layout",
+    "duplicate_key_rows",
     "estimates_table",
     "eval_episodes",
     "eval_split_value",
@@ -352,6 +378,7 @@ __all__ = [
     "integer_problem",
     "interval_bars",
     "invalid_text_rows",
+    "line_prefix",
     "load_config_sections",
     "majority_layout",
     "masked_scores",
@@ -364,11 +391,15 @@ __all__ = [
     "policy_output",
     "progress_bar",
     "read_checkpoint",
+    "read_lines",
     "read_model_card",
+    "read_past_line",
     "record_failure",
     "recorded_possible",
     "remove_path",
+    "rows_as_dicts",
     "run_pipeline",
+    "shown_value",
     "sigterm_as_interrupt",
     "small_multiples",
     "sort_episodes",

@@ -8,12 +8,22 @@ instantiates it with the validated config. Keeping the config model on the class
 
 from __future__ import annotations
 
+import types
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, get_args, get_origin
+from typing import (
+    TYPE_CHECKING,
+    Annotated,
+    Any,
+    ClassVar,
+    Literal,
+    Union,
+    get_args,
+    get_origin,
+)
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -23,9 +33,15 @@ if TYPE_CHECKING:
 
 
 class ComponentConfig(BaseModel):
-    """Base of every component's config model: unknown keys are errors, not silently ignored."""
+    """Base of every component's config model: unknown keys are errors, not silently ignored,
+    and no float option, an item of a list or a value of a map included, takes infinity or
+    NaN (TOML's ``inf``, ``nan``): no option means "unbounded" by it, and in a run it turns
+    every number it touches into infinity or NaN. A float option beyond ``FLOAT_LIMIT`` is
+    refused too, where its model sets no bound of its own (``horizon_engine.config``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, use_attribute_docstrings=True, allow_inf_nan=False
+    )
 
 
 def _distinct(names: str | list[str]) -> str | list[str]:
@@ -42,6 +58,39 @@ Lists where repeating means something (one activation per layer) stay plain list
 
 PathPatterns = Annotated[str | list[str], AfterValidator(_distinct)]
 """A source's ``path``: one file, folder or glob, or a list of them, none given twice."""
+
+MAX_LEARNING_RATE = 10.0
+"""The largest learning rate an optimizer option takes (``LearningRate``). Adam moves every
+weight by about the learning rate per update, and the networks' weights start within about
+1/sqrt(width) of 0, so past 1 one update already overturns them; the rates that train here are
+1e-5 to 1e-2 (the defaults: 3e-4 to 3e-3). 10 leaves plain SGD on small gradients room and
+refuses only what no run can mean: 1e30 turns the weights to infinity in the first update."""
+
+LearningRate = Annotated[float, Field(gt=0.0, le=MAX_LEARNING_RATE)]
+"""An optimizer's learning rate (step size): above 0, at most ``MAX_LEARNING_RATE``; every
+trainer's learning rate options are of this type."""
+
+
+def _metric_names(weights: dict[str, float]) -> dict[str, float]:
+    if not weights:
+        raise ValueError(
+            "weighs no metric, so every reward would be 0; name a metric's weight, or leave "
+            "the option out to keep the logged reward"
+        )
+    for name in weights:
+        if not name.strip():
+            raise ValueError(f"a weight's key {name!r} names no metric")
+        if name != name.strip():
+            raise ValueError(
+                f"metric {name!r} has spaces around its name; metric names are matched exactly"
+            )
+    return weights
+
+
+MetricWeights = Annotated[dict[str, float], AfterValidator(_metric_names)]
+"""Weights of logged metrics by name (``reward = {clicks = 1.0, cost = -0.1}``): at least one,
+each name a metric's (not empty, no spaces around it, as a row's metric is matched exactly),
+each weight finite (as every float option: ``ComponentConfig``)."""
 
 
 class Component(ABC):
@@ -77,6 +126,9 @@ class SourceBatch:
     locations: list[str]
     bad_rows: list[BadRow] = field(default_factory=list)
     ignored_fields: dict[str, int] = field(default_factory=dict)
+    notes: dict[str, int] = field(default_factory=dict)
+    """What the source read as something else, with its count of rows: the stage warns once
+    for each (``schema.INTEGER_ACTION_NOTE``)."""
 
 
 class SourceConfig(ComponentConfig):
@@ -163,7 +215,19 @@ def config_options(model: type[ComponentConfig]) -> list[dict[str, Any]]:
 
 
 def _type_name(annotation: Any) -> str:
-    if get_origin(annotation) is Literal:
+    """A type as the user writes its values: an option type's (``DistinctNames``,
+    ``LearningRate``) own type, without the checks it carries, and ``None`` for a union's
+    ``NoneType`` (``list[str] | None``, not ``Optional``)."""
+    origin = get_origin(annotation)
+    if origin is Literal:
         return " | ".join(repr(value) for value in get_args(annotation))
-    text = getattr(annotation, "__name__", None) or repr(annotation)
-    return text.replace("typing.", "")
+    if origin is Annotated:
+        return _type_name(get_args(annotation)[0])
+    if origin in (Union, types.UnionType):
+        return " | ".join(_type_name(member) for member in get_args(annotation))
+    if annotation is type(None):
+        return "None"
+    if origin is not None and get_args(annotation):
+        members = ", ".join(_type_name(member) for member in get_args(annotation))
+        return f"{getattr(origin, '__name__', None) or _type_name(origin)}[{members}]"
+    return (getattr(annotation, "__name__", None) or repr(annotation)).replace("typing.", "")

@@ -75,6 +75,14 @@ INTEGER_LIMIT = 2**31 - 1
 no upper bound of its own: beyond any count or size a run can use (``epochs = 1e12`` would
 train for ever, a layer of that width could never be allocated)."""
 
+FLOAT_LIMIT = 1e9
+"""The largest magnitude of a float option (an item of a list or a value of a map too) whose
+model sets no upper bound of its own: a weight, coefficient or scale (``cql_alpha``, a reward
+weight, ``temperature``) a billion times another term erases it in float32, which keeps 7
+digits, and a size past it (``max_memory_gb = 1e9`` is an exabyte) is beyond any machine
+(``1e300`` GiB is no number of bytes at all). Options with a bound of their own (``gamma``,
+``eval_fraction``, ``LearningRate``) keep it."""
+
 
 @dataclass(frozen=True)
 class Choice:
@@ -191,10 +199,12 @@ def _deep_copy(value: Any) -> Any:
 
 def load_toml(path: str | Path, what: str = "pipeline file") -> tuple[dict[str, Any], str]:
     """Read a pipeline.toml (or another TOML config, ``what`` naming it in messages), turning
-    syntax errors into a message naming the file and line."""
+    syntax errors into a message naming the file and line (a key or table given twice, as
+    every other mistake, with its section and key: ``_twice``). A UTF-8 byte order mark, which
+    some editors write and TOML does not allow, is skipped."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read the {what} ({exc.strerror})"]) from None
     except UnicodeDecodeError as exc:
@@ -209,7 +219,50 @@ def load_toml(path: str | Path, what: str = "pipeline file") -> tuple[dict[str, 
         # tomllib gives the line only inside its message: "... (at line 3, column 12)".
         line = re.search(r"at line (\d+)", str(exc))
         where = f"{path}:{line.group(1)}" if line else str(path)
-        raise ConfigError([f"{where}: not valid TOML: {exc}"]) from None
+        twice = _twice(text, int(line.group(1)), str(exc)) if line else None
+        raise ConfigError([f"{where}: {twice or f'not valid TOML: {exc}'}"]) from None
+
+
+def _twice(text: str, number: int, message: str) -> str | None:
+    """What line ``number`` of ``text`` gives a second time (tomllib's ``message``: "Cannot
+    overwrite a value", "Cannot declare ... twice", "Duplicate inline table key"), in the
+    words of every other mistake: the section, the key and the line that first gave it; None
+    when the line gives nothing twice (another syntax error)."""
+    lines = [line.split("#")[0].strip() for line in text.splitlines()]
+    if not 0 < number <= len(lines):
+        return None
+    written = lines[number - 1]
+    header = re.fullmatch(r"\[\[?\s*([^\[\]]+?)\s*\]\]?", written)
+    if header:
+        # The header of a table already declared (an array of tables repeats its own).
+        name = header.group(1)
+        declared = rf"\[\s*{re.escape(name)}\s*\]"
+        first = next(
+            (index for index, line in enumerate(lines, 1) if re.fullmatch(declared, line)), None
+        )
+        if first is None or first >= number:
+            return None
+        return (
+            f"[{name}] is declared twice (first at line {first}); give each of its keys once, "
+            "under one header"
+        )
+    key = written.split("=")[0].strip()
+    if "=" not in written or not key:
+        return None
+    section, first = "", None
+    for index, line in enumerate(lines[: number - 1], start=1):
+        if line.startswith("["):
+            section, first = line.strip("[] "), None
+        elif "=" in line and line.split("=")[0].strip() == key:
+            first = index
+    place = f"[{section}] key" if section else "key"
+    name = key.strip("\"'")
+    inline = re.match(r"Duplicate inline table key '(.+)'", message)
+    if inline:
+        return f"{place} '{name}' gives '{inline.group(1)}' twice in its inline table; keep one"
+    if first is None or not message.startswith("Cannot overwrite a value"):
+        return None
+    return f"{place} '{name}' is given twice (first at line {first}); keep one"
 
 
 class _Locator:
@@ -626,21 +679,42 @@ def unreadable_values(raw: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str
 def _option_problems(
     model: type[ComponentConfig], config: ComponentConfig
 ) -> list[tuple[str, str]]:
-    """(key, why) for each option a model accepted that still cannot be meant: an integer
-    beyond ``INTEGER_LIMIT`` where the model sets no bound of its own (a list that must not
-    repeat a name says so in its type: ``DistinctNames``)."""
+    """(key, why) for each option a model accepted that still cannot be meant, where the model
+    sets no upper bound of its own: an integer beyond ``INTEGER_LIMIT`` (an item of a list
+    too), a float beyond ``FLOAT_LIMIT`` (an item of a list or a value of a map too: a map of
+    weights; a map's integers may be another program's settings, such as Spark's sizes in
+    bytes). Infinity and NaN no option takes (``ComponentConfig``); a list that must not
+    repeat a name says so in its type (``DistinctNames``)."""
     found = []
     for name, info in type(config).model_fields.items():
         value = getattr(config, name, None)
-        items = list(value) if isinstance(value, list | tuple) else [value]
-        bounded = any(hasattr(rule, "le") or hasattr(rule, "lt") for rule in info.metadata)
-        huge = [
+        mapped = isinstance(value, Mapping)
+        if mapped:
+            items = list(value.values())
+        else:
+            items = list(value) if isinstance(value, list | tuple) else [value]
+        if any(hasattr(rule, "le") or hasattr(rule, "lt") for rule in info.metadata):
+            continue
+        numbers = [item for item in items if isinstance(item, int | float)]
+        integers = [
             item
-            for item in items
-            if isinstance(item, int) and not isinstance(item, bool) and abs(item) > INTEGER_LIMIT
+            for item in numbers
+            if isinstance(item, int) and not isinstance(item, bool) and not mapped
         ]
-        if huge and not bounded:
+        huge = [item for item in integers if abs(item) > INTEGER_LIMIT]
+        huge_floats = [
+            item for item in numbers if isinstance(item, float) and abs(item) > FLOAT_LIMIT
+        ]
+        if huge:
             found.append((name, f"{huge[0]} is beyond any count or size (at most {INTEGER_LIMIT})"))
+        elif huge_floats:
+            found.append(
+                (
+                    name,
+                    f"{huge_floats[0]:g} is beyond any weight, scale or size an option takes "
+                    f"(at most {FLOAT_LIMIT:g} either way)",
+                )
+            )
     return found
 
 

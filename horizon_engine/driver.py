@@ -30,6 +30,11 @@ plugin's command with its own source of data drives a trainer as the gym runner 
   next epoch's updates, on a copy of the trainer's state (``horizon_engine.epoch_ends``: the
   same figures and files, in epoch order). ``horizon gym train`` ends an "epoch" at each
   evaluation of its greedy policy, with that evaluation's figures, in line.
+- divergence: a training whose figures stop being finite stops with a ``HorizonError``
+  naming the epoch and the metric (the update too in a single process, where every update's
+  metrics, floats the driver reads anyway, are checked) or the module whose parameters are
+  not finite (checked at each epoch's end, before its checkpoint is written, with one sync):
+  the train stage fails rather than export a model that scores NaN.
 - resuming: an epoch's checkpoint holds everything the epochs after it depend on (the
   trainer's state; torch's CPU generator, and the device's; the data-order generator; the
   epochs' metrics and per-epoch estimates; the host's own plain data), and is written after
@@ -37,6 +42,9 @@ plugin's command with its own source of data drives a trainer as the gym runner 
   epochs that follow are those of an uninterrupted run, to the bit on a CPU. A reporter may
   be told of an epoch twice (with the same figures) when a kill came between the hook and
   the checkpoint; never of an epoch the resumed run does not have.
+  The checkpoint is input: its epoch must be its file's and within the run's epochs, and its
+  ``training`` (a digest of the problem and the ``[trainer]`` options) this run's, so that a
+  checkpoint copied from another run folder is refused.
 - several processes (``horizon_engine.distributed``): each rank trains on its share of every
   minibatch (``data.shard(rank, world)``, called once) with the trainer's modules wrapped for
   DistributedDataParallel (``TrainingProblem.data_parallel``); ``end_epoch`` adds the
@@ -54,6 +62,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -64,7 +73,7 @@ from horizon_engine import distributed
 from horizon_engine.errors import HorizonError
 from horizon_engine.run_folder import RunFolder
 from horizon_engine.schema import ActionType
-from horizon_engine.training import resolve_threads
+from horizon_engine.training import RESUME_STATE, resolve_threads
 
 if TYPE_CHECKING:
     import torch
@@ -88,9 +97,6 @@ epoch's ``Training/<name>`` figures like the trainer's own."""
 
 Normalization = dict[str, dict[str, "FeatureParameters"]]
 """``normalization.json`` as read: ``state_features`` (and ``action_features``) -> parameters."""
-
-RESUME_STATE = "resume"
-"""The key of a checkpoint's state for resuming (generators, counts, metrics so far)."""
 
 CHECK_FIELDS: dict[ActionType, tuple[str, ...]] = {
     ActionType.DISCRETE: ("state", "state_presence"),
@@ -243,6 +249,10 @@ class ProblemDescription:
             value = getattr(self, name)
             if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
                 return f"field '{name}' is not a list of strings; found {value!r:.80}"
+            repeated = next((item for item, count in Counter(value).items() if count > 1), None)
+            if repeated is not None:
+                # An index names one action (one input): a model with two alike is ambiguous.
+                return f"field '{name}' lists {repeated!r:.80} more than once"
         for name in ("n_step", "seed"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
@@ -315,12 +325,66 @@ def restore_trainer(
 ) -> tuple[TrainerBase, TrainingProblem]:
     """A run's trainer as its latest checkpoint left it, set up on ``device`` from the run's
     normalization: for an export or an evaluation (``purpose``, named in errors)."""
-    from horizon_engine.training import load_checkpoint
+    from horizon_engine.training import load_checkpoint, restore_trainer_state
 
     normalization = RunFolder(run_dir).normalization(plugins)
     trainer, problem = set_up_trainer(choice, description, normalization, plugins, device)
-    trainer.load_state_dict(load_checkpoint(Path(run_dir), purpose)["trainer"])
+    checkpoint = load_checkpoint(Path(run_dir), purpose)
+    path = RunFolder(run_dir).latest_checkpoint
+    restore_trainer_state(trainer, checkpoint, path, f"{purpose} of {run_dir}")
     return trainer, problem
+
+
+def training_fingerprint(choice: Choice, description: ProblemDescription) -> str:
+    """What a training's checkpoints belong to: a digest of its problem (``problem.json``'s
+    facts: actions, features, n-step window, seed) and its ``[trainer]`` options. ``--resume``
+    refuses a checkpoint of another (one copied from another run folder), whose weights and
+    generators would continue a training this run is not."""
+    import hashlib
+
+    facts = {
+        "problem": {**asdict(description), "action_type": description.action_type.value},
+        "trainer": choice.resolved(),
+    }
+    text = json.dumps(facts, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def non_finite_parameters(state: Mapping[str, Any], device: torch.device) -> str | None:
+    """The first module of a trainer's ``state`` (its ``state_dict``: each module's tensors by
+    name, or a tensor) holding a value that is not finite, as ``parameters of <module>
+    ('<tensor>')``; None when every one is finite. Optimizer states and counters are not
+    parameters and are skipped. The tensors are checked on ``device`` with one sync."""
+    import torch
+
+    named: list[tuple[str, str | None, torch.Tensor]] = []
+    for module, value in state.items():
+        tensors: Mapping[str | None, Any] = {}
+        if isinstance(value, torch.Tensor):
+            tensors = {None: value}
+        elif isinstance(value, Mapping) and all(
+            isinstance(tensor, torch.Tensor) for tensor in value.values()
+        ):
+            tensors = value
+        named += [
+            (module, name, tensor)
+            for name, tensor in tensors.items()
+            if tensor.is_floating_point() and tensor.numel()
+        ]
+    if not named:
+        return None
+    finite = torch.stack([torch.isfinite(tensor).all().to(device) for *_, tensor in named])
+    if bool(finite.all()):
+        return None
+    module, name, _ = named[int((~finite).nonzero()[0, 0])]
+    return f"parameters of {module}" + (f" ({name!r})" if name is not None else "")
+
+
+DIVERGED_HINT = (
+    "the updates diverged: lower the trainer's learning rate, or bring the rewards to a "
+    "smaller scale"
+)
+"""What a training whose figures stopped being finite is told, unless its rewards are not."""
 
 
 def timeline_problem(run: StageRun) -> tuple[ProblemDescription, Normalization]:
@@ -417,6 +481,29 @@ def read_check_rows(run_dir: Path, description: ProblemDescription) -> dict[str,
     return rows
 
 
+@contextmanager
+def resume_field(path: Path, name: str) -> Iterator[None]:
+    """Inside: restoring field ``resume.<name>`` of the checkpoint ``path``; a value that does
+    not fit (another type, a generator state of another size) stops ``--resume`` naming
+    both."""
+    from horizon_engine.training import LOAD_ERRORS
+
+    try:
+        yield
+    except LOAD_ERRORS as exc:
+        reason = (str(exc) or type(exc).__name__).splitlines()[0]
+        raise HorizonError(
+            f"--resume: {path}: field 'resume.{name}' cannot be restored ({reason:.200})"
+        ) from None
+
+
+def whole_number(value: Any) -> int:
+    """``value`` when it is a whole number from 0 (not a bool), else a ``ValueError``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"not a whole number from 0; found {value!r:.80}")
+    return value
+
+
 class TrainingDriver:
     """One trainer, set up for a run's problem and driven batch by batch and epoch by epoch.
 
@@ -442,7 +529,11 @@ class TrainingDriver:
         import torch
 
         from horizon_engine.plugins import get_plugin_host
-        from horizon_engine.training import load_checkpoint, resolve_device
+        from horizon_engine.training import (
+            load_checkpoint,
+            resolve_device,
+            restore_trainer_state,
+        )
 
         self.run = run
         self.config = choice.config
@@ -455,8 +546,12 @@ class TrainingDriver:
         if distributed.rank() > 0:
             torch.manual_seed(description.seed + distributed.rank())
         if self.config.warm_start_from:
-            state = load_checkpoint(Path(self.config.warm_start_from))["trainer"]
-            self.trainer.load_state_dict(state)
+            earlier = Path(self.config.warm_start_from)
+            where = f"[trainer] warm_start_from = {str(earlier)!r}"
+            path = RunFolder(earlier).latest_checkpoint
+            restore_trainer_state(self.trainer, load_checkpoint(earlier), path, where)
+        self.training = training_fingerprint(choice, description)
+        """What this training's checkpoints record: ``resume`` refuses another's."""
         self.callbacks = list(callbacks)
         self.folder = RunFolder(run.output_dir)
         self.outputs = [description.write(run.output_dir)] if distributed.is_writer() else []
@@ -472,6 +567,9 @@ class TrainingDriver:
         """``[trainer] threads`` resolved: the CPU threads torch trains with."""
         self._sums: dict[str, float] = {}
         self._counts: dict[str, int] = {}
+        self._alone = distributed.world_size() == 1
+        """A single process stops at the update whose figures are not finite; several stop
+        together at the epoch's end (``training_metrics``), where they agree."""
 
     def _parameters(self) -> int:
         """The policy's parameters: what an update's work grows with."""
@@ -514,6 +612,10 @@ class TrainingDriver:
         metrics = self.trainer.train_step(batch)
         for callback in self.callbacks:
             metrics = {**metrics, **(callback(batch) or {})}
+        if self._alone and not all(math.isfinite(value) for value in metrics.values()):
+            self._stop_diverged(
+                metrics, f"epoch {self.epoch + 1} (update {self.updates + 1})", batch
+            )
         sums, counts = self._sums, self._counts
         for name, value in metrics.items():
             sums[name] = sums.get(name, 0.0) + value
@@ -625,10 +727,45 @@ class TrainingDriver:
         self.epoch += 1
         found = dict(metrics or {})
         sums, counts = distributed.all_reduce_metrics(self._sums, self._counts)
-        for name, total in sums.items():
-            found[f"Training/{name}"] = total / counts[name]
+        means = {name: total / counts[name] for name, total in sums.items()}
+        if not all(math.isfinite(value) for value in means.values()):
+            self._stop_diverged(means, f"epoch {self.epoch}")
+        broken = non_finite_parameters(self.trainer.state_dict(), self.device)
+        if broken is not None:
+            raise HorizonError(
+                f"training stopped at epoch {self.epoch}: the {broken} are not finite; "
+                f"{DIVERGED_HINT}"
+            )
+        found |= {f"Training/{name}": value for name, value in means.items()}
         self._sums, self._counts = {}, {}
         return found
+
+    def _stop_diverged(
+        self, metrics: Mapping[str, float], when: str, batch: Batch | None = None
+    ) -> None:
+        """Stop the training ``when`` (the epoch, and the update when one is known) with a
+        ``HorizonError`` naming the first training metric of ``metrics`` that is not finite,
+        and why it may be: the ``batch``'s rewards (``reward``, ``next_n_rewards``) when they
+        are not finite themselves (looked at only now), else the updates' divergence."""
+        import torch
+
+        name, value = next(
+            (name, value) for name, value in metrics.items() if not math.isfinite(value)
+        )
+        why = DIVERGED_HINT
+        rewards = {}
+        if batch is not None:
+            rewards = {name: batch[name] for name in batch if "reward" in name}
+        for field, tensor in rewards.items():
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                why = (
+                    f"the batch's {field!r} holds values that are not finite: check the logged "
+                    "rewards and the [timeline] reward weights"
+                )
+                break
+        raise HorizonError(
+            f"training stopped at {when}: the training metric {name!r} is {value}; {why}"
+        )
 
     def record_epoch(
         self,
@@ -647,7 +784,11 @@ class TrainingDriver:
 
         self.history.append(found)
         self.run.emit_epoch_metrics(epoch, found)
-        resume = {**(generators or self.generator_state()), "history": json.dumps(self.history)}
+        resume = {
+            **(generators or self.generator_state()),
+            "history": json.dumps(self.history),
+            "training": self.training,
+        }
         if estimators is not None:
             resume["estimators"] = json.dumps(estimators.resume_state())
         state = {"trainer": trainer_state, RESUME_STATE: resume, **(checkpoint or {})}
@@ -673,37 +814,70 @@ class TrainingDriver:
             state["device_rng"] = torch.cuda.get_rng_state(self.device)
         return state
 
-    def resume(self, estimators: EpisodeEvaluation | None = None) -> dict[str, Any] | None:
+    def resume(
+        self, estimators: EpisodeEvaluation | None = None, epochs: int | None = None
+    ) -> dict[str, Any] | None:
         """Continue from the last complete epoch's checkpoint in the run folder: the trainer,
         the generators, the epoch and update counts, the metrics so far and the per-epoch
         ``estimators``' record, as they were when it was written; ``latest.pt`` is made that
         checkpoint again. Returns the checkpoint (the host's plain data is in it), or None when
-        no epoch was complete (training then starts at epoch 1)."""
+        no epoch was complete (training then starts at epoch 1).
+
+        The checkpoint is input, checked field by field: its epoch must be the one its name
+        says and within the run's ``epochs`` (when the host knows them), and it must belong to
+        this training (``training_fingerprint``), not be one copied from another run folder;
+        anything else stops with the file and the field named."""
         import torch
 
         from horizon_engine.files import atomic_output
-        from horizon_engine.training import read_checkpoint
+        from horizon_engine.training import read_epoch_checkpoint, restore_trainer_state
 
         path = self.folder.last_epoch_checkpoint()
         if path is None:
             return None
-        checkpoint = read_checkpoint(path, "--resume")
+        checkpoint = read_epoch_checkpoint(path, "--resume")
         state = checkpoint.get(RESUME_STATE)
-        if not isinstance(state, dict):
+        if not isinstance(state, dict) or "training" not in state:
             raise HorizonError(
                 f"--resume: {path} was written by a version of Horizon Engine that did not "
                 "record what resuming needs; train again from epoch 1 (--stages train)"
             )
-        self.trainer.load_state_dict(checkpoint["trainer"])
-        torch.set_rng_state(state["torch_rng"])
+        epoch = checkpoint["epoch"]
+        if path.name != Path(RunFolder.checkpoint_name(epoch)).name:
+            raise HorizonError(
+                f"--resume: {path}: field 'epoch' is {epoch}, not the epoch its name gives"
+            )
+        if epochs is not None and epoch > epochs:
+            raise HorizonError(
+                f"--resume: {path}: field 'epoch' is {epoch}, beyond the {epochs} epochs "
+                "this run trains"
+            )
+        if state["training"] != self.training:
+            raise HorizonError(
+                f"--resume: {path} belongs to another training: its field 'resume.training' "
+                f"is {state['training']!r:.40}, this run's training is {self.training!r} (a "
+                "digest of the problem and the [trainer] options). A checkpoint copied from "
+                "another run folder is not resumed; remove it, or train again from epoch 1 "
+                "(--stages train)"
+            )
+        restore_trainer_state(self.trainer, checkpoint, path, "--resume")
+        with resume_field(path, "torch_rng"):
+            torch.set_rng_state(state["torch_rng"])
         if "device_rng" in state and self.device.type == "cuda":
-            torch.cuda.set_rng_state(state["device_rng"], self.device)
-        self.data_order.set_state(state["data_order"])
-        self.updates = int(state["updates"])
-        self.history = json.loads(state["history"])
-        self.epoch = int(checkpoint["epoch"])
+            with resume_field(path, "device_rng"):
+                torch.cuda.set_rng_state(state["device_rng"], self.device)
+        with resume_field(path, "data_order"):
+            self.data_order.set_state(state["data_order"])
+        with resume_field(path, "updates"):
+            self.updates = whole_number(state["updates"])
+        with resume_field(path, "history"):
+            self.history = json.loads(state["history"])
+            if not isinstance(self.history, list) or len(self.history) != epoch:
+                raise ValueError(f"not the metrics of {epoch} epochs")
+        self.epoch = epoch
         if estimators is not None and "estimators" in state:
-            estimators.restore(json.loads(state["estimators"]))
+            with resume_field(path, "estimators"):
+                estimators.restore(json.loads(state["estimators"]))
         self.checkpoints = [
             RunFolder.checkpoint_name(epoch)
             for epoch in range(1, self.epoch + 1)

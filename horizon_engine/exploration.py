@@ -11,7 +11,11 @@ The rules, the same in both:
 - greedy: probability 1 on the best possible action, the first of tied scores;
 - epsilon_greedy: that times ``1 - epsilon``, plus ``epsilon`` spread uniformly over the
   possible actions (the best included);
-- softmax: ``exp(score / temperature)`` over the possible actions, normalized;
+- softmax: ``exp(score / temperature)`` over the possible actions, normalized; computed as
+  ``exp((score - best) / temperature)``, which never overflows, so that any finite temperature
+  above 0 gives probabilities: a tiny one the greedy choice with tied actions sharing it (the
+  torch side computes in the scores' float type, float32, and takes a temperature below its
+  smallest number, 1.4e-45, as that number: the same but for scores closer than 1e-43);
 - an impossible action has probability 0, and a row that lists no possible action did not
   record them: every action is possible there (as the timeline and CPE read logged rows).
 """
@@ -41,7 +45,7 @@ def recorded_possible(possible: np.ndarray | None, shape: tuple[int, int]) -> np
 @dataclass(frozen=True)
 class Exploration:
     """A policy over scored actions: ``policy`` (one of ``POLICIES``), ``epsilon`` (for
-    epsilon_greedy, in [0, 1]) and ``temperature`` (for softmax, positive)."""
+    epsilon_greedy, in [0, 1]) and ``temperature`` (for softmax, finite and positive)."""
 
     policy: str = "greedy"
     epsilon: float = 0.0
@@ -52,8 +56,8 @@ class Exploration:
             raise HorizonError(f"exploration policy {self.policy!r}: expected one of {POLICIES}")
         if not 0.0 <= self.epsilon <= 1.0:
             raise HorizonError(f"epsilon {self.epsilon}: expected a number in [0, 1]")
-        if not self.temperature > 0.0:
-            raise HorizonError(f"temperature {self.temperature}: expected a positive number")
+        if not 0.0 < self.temperature < np.inf:
+            raise HorizonError(f"temperature {self.temperature}: expected a finite number above 0")
 
     @property
     def label(self) -> str:
@@ -78,7 +82,8 @@ class Exploration:
         rows = np.arange(len(scores))
         if self.policy == "softmax":
             masked = masked.astype(np.float64)
-            shifted = (masked - masked.max(axis=1, keepdims=True)) / self.temperature
+            with np.errstate(over="ignore"):  # a tiny temperature: -inf, weight 0, as meant
+                shifted = (masked - masked.max(axis=1, keepdims=True)) / self.temperature
             weights = np.where(possible, np.exp(shifted), 0.0)
             return weights / weights.sum(axis=1, keepdims=True)
         probabilities = np.zeros(scores.shape)

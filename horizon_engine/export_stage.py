@@ -129,10 +129,11 @@ def export_run_folder(
         Path(run_dir), description.seed, str(manifest.get("run_id") or uuid.uuid4().hex[:12])
     )
     model = trained_policy(Path(run_dir), chosen["trainer"], host)
-    exported = export_policy(run, chosen["export"], model)
-    manifest["export"] = exported
-    if manifest.get("failed_stage") == "export":
-        manifest["status"] = "succeeded"
-        del manifest["failed_stage"], manifest["error"]
-    folder.write_manifest(manifest)
+    with folder.held():  # nothing written through a link swapped into the folder meanwhile
+        exported = export_policy(run, chosen["export"], model)
+        manifest["export"] = exported
+        if manifest.get("failed_stage") == "export":
+            manifest["status"] = "succeeded"
+            del manifest["failed_stage"], manifest["error"]
+        folder.write_manifest(manifest)
     return exported

@@ -39,7 +39,7 @@ from abc import abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from horizon_engine.components import Component, ComponentConfig
 from horizon_engine.errors import HorizonError
@@ -115,6 +115,11 @@ class NormalizationParameters(FeatureParameters):
             raise HorizonError(f"{where}: not Horizon normalization parameters: {exc}") from None
 
 
+FLOAT32_SMALLEST_NORMAL = 2.0**-126
+"""The smallest positive float32 with full precision (about 1.2e-38): a ``stddev`` below it is
+0, or nearly, once the network holds it in float32, and dividing by it gives infinity or NaN."""
+
+
 class TypeOverride(BaseModel):
     """An override with parameters: ``{type = "continuous", mean = 0.0, stddev = 2.0}``.
 
@@ -151,11 +156,23 @@ class NormalizationConfig(ComponentConfig):
     max_feature_value: float = Field(default=6.0, gt=0)
     """Continuous and Box-Cox outputs are clamped to [-max_feature_value, max_feature_value]."""
     stddev_floor: float = Field(default=1e-6, gt=0)
-    """Smallest standard deviation divided by (Horizon used 1.0; see the module docstring)."""
+    """Smallest standard deviation divided by (Horizon used 1.0; see the module docstring); at
+    least float32's smallest normal number, which the network can divide by."""
     overrides: dict[str, str | TypeOverride] = Field(default_factory=dict)
     """Feature id -> type name, or -> {type = ..., parameters...}, forcing what identify picks."""
     action_overrides: dict[str, str | TypeOverride] = Field(default_factory=dict)
     """The same for action features (parametric and continuous actions)."""
+
+    @field_validator("stddev_floor")
+    @classmethod
+    def _divisible_in_float32(cls, floor: float) -> float:
+        """A floor the network, computing in float32, can divide by."""
+        if floor < FLOAT32_SMALLEST_NORMAL:
+            raise ValueError(
+                f"{floor:g} is below float32's smallest normal number "
+                f"({FLOAT32_SMALLEST_NORMAL:.3g}), which the network cannot divide by"
+            )
+        return floor
 
 
 BOXCOX_MAX_STDDEV = 1e8
@@ -314,19 +331,78 @@ def apply_override(
 
 def override_problem(override: str | TypeOverride, feature_type: FeatureType) -> str | None:
     """What is wrong with an override's parameters that can be told before any data is seen:
-    a field the type's model does not declare (a misspelt ``stddev``, or another type's).
-    Their values are validated when the override is applied (``apply_override``)."""
+    a field the type's model does not declare (a misspelt ``stddev``, or another type's), a
+    value its model refuses (``mean = "high"``), or one the network cannot compute with
+    (``parameter_problem``). The parameters as a whole (with the fitted ones the override
+    leaves) are validated again when the override is applied (``apply_override``)."""
+    from pydantic import ValidationError
+
     if isinstance(override, str):
         return None
     model = feature_type.Parameters
-    unknown = sorted(set(override.parameters()) - set(model.model_fields))
-    if not unknown:
-        return None
-    declared = sorted(set(model.model_fields) - {"feature_type"})
-    return (
-        f"type {override.type!r} has no parameter {', '.join(unknown)}; its parameters "
-        f"({model.__name__}): {', '.join(declared) or 'none'}"
+    given = override.parameters()
+    unknown = sorted(set(given) - set(model.model_fields))
+    if unknown:
+        declared = sorted(set(model.model_fields) - {"feature_type"})
+        return (
+            f"type {override.type!r} has no parameter {', '.join(unknown)}; its parameters "
+            f"({model.__name__}): {', '.join(declared) or 'none'}"
+        )
+    try:
+        model.model_validate({"feature_type": override.type, **given})
+    except ValidationError as exc:
+        refused = [error for error in exc.errors() if error["loc"] and error["loc"][0] in given]
+        if refused:
+            loc = ".".join(str(part) for part in refused[0]["loc"])
+            return f"{loc}: {refused[0]['msg']}; found {refused[0]['input']!r}"
+    return next(
+        (
+            problem
+            for name, value in given.items()
+            if (problem := _value_problem(name, value)) is not None
+        ),
+        None,
     )
+
+
+def parameter_problem(parameters: FeatureParameters) -> str | None:
+    """Why the network cannot compute with a feature's ``parameters`` (any type's), naming the
+    first field that it cannot hold: a number (a list's item too) that is not finite or is
+    beyond float32 (``FLOAT32_MAX``), which the network computes in, or a ``stddev`` too small
+    to divide by in float32; None when every field is usable. ``read_normalization`` and
+    ``identify_all`` refuse such parameters with the feature's name."""
+    for name in type(parameters).model_fields:
+        problem = _value_problem(name, getattr(parameters, name))
+        if problem is not None:
+            return problem
+    return None
+
+
+def _value_problem(name: str, value: Any) -> str | None:
+    """``parameter_problem`` for one field's value."""
+    import math
+
+    from horizon_engine.row_values import FLOAT32_MAX
+
+    listed = isinstance(value, list | tuple)
+    items = value if listed else [value]
+    for item in items:
+        if not isinstance(item, int | float) or isinstance(item, bool):
+            continue
+        holds = f"{name} holds" if listed else f"{name} ="
+        if not math.isfinite(item):
+            return f"{holds} {item}, which is not finite"
+        if abs(item) > FLOAT32_MAX:
+            return (
+                f"{holds} {item:g}, beyond float32 (at most {FLOAT32_MAX:.3g} either way), "
+                "which the network computes in"
+            )
+    if name == "stddev" and isinstance(value, int | float) and 0 < value < FLOAT32_SMALLEST_NORMAL:
+        return (
+            f"stddev = {value:g} is below float32's smallest normal number "
+            f"({FLOAT32_SMALLEST_NORMAL:.3g}): the network would divide by 0"
+        )
+    return None
 
 
 def _validated(model: type[FeatureParameters], fields: Any, where: str) -> FeatureParameters:
@@ -354,10 +430,15 @@ def read_horizon_file(path: Path | str) -> dict[str, NormalizationParameters]:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise HorizonError(f"{path}: cannot read Horizon normalization parameters: {exc}") from None
-    return {
+    parameters = {
         str(feature): NormalizationParameters.from_horizon(text, f"{path}: feature {feature!r}")
         for feature, text in raw.items()
     }
+    for feature, fields in parameters.items():
+        problem = parameter_problem(fields)
+        if problem is not None:
+            raise HorizonError(f"{path}: feature {feature!r}: {problem}")
+    return parameters
 
 
 def write_horizon_file(path: Path | str, parameters: dict[str, NormalizationParameters]) -> None:
@@ -467,6 +548,9 @@ def identify_all(
                 kind.check(fitted, feature)
             except HorizonError as exc:
                 raise HorizonError(f"{where}: {exc}") from None
+        problem = parameter_problem(fitted)
+        if problem is not None:
+            raise HorizonError(f"{where}: feature {feature!r}: {problem}")
     return FeatureSetResult(parameters=parameters, notes=notes)
 
 
@@ -520,6 +604,9 @@ def read_normalization(path: Path, plugins: PluginHost | None = None) -> Normali
                 entry.cls(entry.cls.Config()).check(parameters, feature)
             except HorizonError as exc:
                 raise HorizonError(f"{path}: {name}: {exc}") from None
+            problem = parameter_problem(parameters)
+            if problem is not None:
+                raise HorizonError(f"{where}: {problem}")
             normalization[name][feature] = parameters
     return normalization
 

@@ -24,6 +24,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -172,6 +173,7 @@ def run_source_stage(run: StageRun, choice: Choice) -> StageReport:
     quarantine = run.spec.pipeline.on_bad_rows == "quarantine"
     report = StageReport("source", outputs=[RunFolder.SOURCE_ROWS])
     ignored: Counter[str] = Counter()
+    notes: Counter[str] = Counter()
     pending: list[pa.Table] = []
     layout = checker = writer = None
     with (
@@ -196,6 +198,7 @@ def run_source_stage(run: StageRun, choice: Choice) -> StageReport:
                 report.rows_in += batch.table.num_rows + len(batch.bad_rows)
                 sink.add([*batch.bad_rows, *rejected])
                 ignored.update(batch.ignored_fields)
+                notes.update(batch.notes)
                 if not sink.failing:
                     pending.append(derive_not_terminal(good, layout))
                     report.rows_out += good.num_rows
@@ -229,7 +232,7 @@ def run_source_stage(run: StageRun, choice: Choice) -> StageReport:
     report.warnings = [
         f"ignored field '{name}' (not part of {layout}) in {count} rows"
         for name, count in sorted(ignored.items())
-    ]
+    ] + [f"{note} in {count} rows" for note, count in sorted(notes.items())]
     report.details = {
         "row_format": layout.row_format.value,
         "action_type": layout.action_type.value,
@@ -511,7 +514,7 @@ def run_train_stage(run: StageRun, choice: Choice, resume: bool = False) -> Stag
             folder.file(RunFolder.CPE_EPOCHS),
         )
     resumed_at = 0
-    if resume and driver.resume(estimators) is not None:
+    if resume and driver.resume(estimators, driver.planned_epochs(train)) is not None:
         resumed_at = driver.epoch
     history = driver.train_epochs(train, evaluation, estimators)
     recorded = []
@@ -788,12 +791,14 @@ class Engine:
         or torchrun), rank 0 runs the stages as one process would and writes everything; the
         other ranks wait for it, join it for the train stage, and return its manifest.
         """
-        with distributed.process_group():
+        with distributed.process_group(), ExitStack() as held:
             if not distributed.is_writer():
                 return self._follow_writer(config, overrides)
             followers = distributed.Followers()
             try:
-                manifest = self._run_stages(config, overrides, stages, overwrite, resume, followers)
+                manifest = self._run_stages(
+                    config, overrides, stages, overwrite, resume, followers, held
+                )
             except BaseException:
                 followers.end(succeeded=False)
                 raise
@@ -830,8 +835,11 @@ class Engine:
         overwrite: bool,
         resume: bool,
         followers: distributed.Followers,
+        held: ExitStack,
     ) -> dict[str, Any]:
-        """``run`` on rank 0 (or alone): ``followers`` are told when the train stage starts."""
+        """``run`` on rank 0 (or alone): ``followers`` are told when the train stage starts;
+        the run folder is held (``RunFolder.held``) from before anything is removed in it
+        until ``held`` closes, so nothing is removed or written through a link swapped in."""
         stages = list(stages) if stages else None
         if resume and (stages is not None or overwrite):
             raise HorizonError(
@@ -848,8 +856,8 @@ class Engine:
         claims = {stage.name: stage.claims for stage in registered}
         names = [stage.name for stage in selected]
         resuming = stages is not None or resume
+        held.enter_context(RunFolder(output_dir).held())
         notes = take_over(output_dir, earlier, claims, names, resuming, overwrite)
-        output_dir.mkdir(parents=True, exist_ok=True)
         run = StageRun.start(
             spec, self.plugins, uuid.uuid4().hex[:12], self.show_progress, output_dir
         )
@@ -933,7 +941,10 @@ class Engine:
         if earlier is not None and stage.name in earlier.incomplete_stages():
             outputs |= set(existing_claims(run.output_dir, stage.claims))
         for path in sorted(outputs):
-            if not (continued and matches(path, stage.resumes_from)):
+            # A carried-over record is input: only paths the stage claims are its to remove.
+            if matches(path, stage.claims) and not (
+                continued and matches(path, stage.resumes_from)
+            ):
                 remove_inside(run.output_dir, path, f"{RunFolder.MANIFEST}: stage '{stage.name}'")
         manifest["stages"].pop(stage.name, None)
         manifest["running_stage"] = stage.name

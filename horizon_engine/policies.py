@@ -39,8 +39,10 @@ class ExplorationConfig(ComponentConfig):
     """greedy (the best action), epsilon_greedy or softmax over the scores."""
     epsilon: float = Field(default=0.0, ge=0.0, le=1.0)
     """For epsilon_greedy: the probability spread uniformly over the possible actions."""
-    temperature: float = Field(default=1.0, gt=0.0)
-    """For softmax: scores are divided by it (lower is greedier)."""
+    temperature: float = Field(default=1.0, gt=0.0, allow_inf_nan=False)
+    """For softmax: scores are divided by it (lower is greedier). Any finite number above 0:
+    one below the smallest the scores' float type holds (1.4e-45 in float32) acts as that
+    one, which is greedy with tied actions sharing the probability."""
 
 
 @dataclass
@@ -146,6 +148,28 @@ def top_two_gap(scores: torch.Tensor, possible: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(second), best - second, torch.inf)
 
 
+def softmax_weights(
+    scores: torch.Tensor, possible: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """``exp((score - best) / temperature)`` of the ``possible`` actions (bool), 0 for the
+    others: the unnormalized softmax, numerically safe for any finite temperature above 0.
+
+    Shifted by the row's best possible score, every exponent is at most 0 (the best's is 0),
+    so nothing overflows, and the sum is at least 1. A temperature below the smallest number
+    of the scores' float type (it would round to 0 and divide 0 by 0) is taken as that
+    number: every action behind the best by more than a few such steps gets weight 0, tied
+    ones 1 each, the greedy choice with ties shared (``exploration.Exploration`` computes
+    the same in float64)."""
+    import torch
+
+    finfo = torch.finfo(scores.dtype)
+    temperature = max(temperature, finfo.tiny * finfo.eps)
+    best = torch.where(possible, scores, torch.full_like(scores, -torch.inf))
+    shifted = scores - best.max(dim=1, keepdim=True).values
+    exponent = torch.where(possible, shifted / temperature, torch.full_like(scores, -torch.inf))
+    return torch.exp(exponent)
+
+
 def action_probabilities(
     scores: torch.Tensor,
     possible: torch.Tensor,
@@ -157,7 +181,7 @@ def action_probabilities(
 
     greedy: 1 on the best possible action (the first of ties); epsilon_greedy: that plus
     epsilon spread uniformly over the possible actions; softmax: softmax of scores / temperature
-    over the possible actions.
+    over the possible actions (``softmax_weights``).
     """
     import torch
 
@@ -165,7 +189,7 @@ def action_probabilities(
     masked = masked_scores(scores, possible)
     allowed = (possible > 0).to(scores.dtype)
     if kind == "softmax":
-        weights = torch.softmax(masked / temperature, dim=1) * allowed
+        weights = softmax_weights(scores, possible > 0, temperature)
         return weights / weights.sum(dim=1, keepdim=True).clamp(min=1e-12)
     best = torch.nn.functional.one_hot(masked.argmax(dim=1), scores.shape[1]).to(scores.dtype)
     if kind == "greedy":

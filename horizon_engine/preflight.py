@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from horizon_engine.errors import ConfigError
+from horizon_engine.errors import ConfigError, HorizonError
 from horizon_engine.run_folder import RunFolder, output_dir_problem
 
 if TYPE_CHECKING:
@@ -52,7 +52,82 @@ def preflight_problems(spec: PipelineSpec, selected: list[Stage]) -> list[str]:
     for stage in selected:
         if stage.rule.family == "trainers" and stage.section in spec.sections:
             problems += _network_size_problems(spec, stage.section)
+    return problems + _data_problems(spec, output_dir, stages)
+
+
+def _data_problems(spec: PipelineSpec, output_dir: Path, stages: list[str]) -> list[str]:
+    """Options that name what the data must hold, checked against the data a stage reads when
+    it is on disk already and no earlier stage of this run rewrites it (a run of later stages
+    only, a resumed run): a ``[timeline] reward`` weight for a metric no row of
+    ``source/rows.parquet`` carries, a ``[normalization]`` override for a feature the
+    timeline's train split does not hold. Otherwise the stage that first reads the data
+    refuses them, naming the key. Each reads one column of the data, and only when such an
+    option is set; data that cannot be read is left to the stage, which says why."""
+    import pyarrow as pa
+
+    from horizon_engine.normalization import sort_feature_ids
+
+    folder = RunFolder(output_dir)
+    problems: list[str] = []
+    timeline = spec.sections.get("timeline")
+    rows = folder.file(RunFolder.SOURCE_ROWS)
+    weights = getattr(timeline.config, "reward", None) if timeline else None
+    if weights and "timeline" in stages and "source" not in stages and rows.is_file():
+        from horizon_engine.logged_facts import metric_coverage
+
+        try:
+            coverage = metric_coverage(rows, list(weights))
+        except (OSError, pa.ArrowException, KeyError):
+            coverage = None
+        for name in coverage.missing_everywhere() if coverage else []:
+            logged = ", ".join(repr(metric) for metric in coverage.logged) or "none"
+            problems.append(
+                f"{spec.where('timeline', 'reward')}: [timeline] reward weighs metric {name!r}, "
+                f"which none of the {coverage.rows} rows of {rows} carries in 'metrics' (the "
+                f"rows carry: {logged})"
+            )
+    normalization = spec.sections.get("normalization")
+    train = folder.split("train")
+    if normalization and "normalization" in stages and "timeline" not in stages and train.is_dir():
+        columns = {"overrides": "state_features", "action_overrides": "action"}
+        for option, column in columns.items():
+            overrides = getattr(normalization.config, option, None)
+            if not overrides:
+                continue
+            try:
+                features = _feature_ids(train, column)
+            except (OSError, pa.ArrowException, KeyError):
+                continue
+            for feature in overrides:
+                if features is not None and feature not in features:
+                    where = spec.where(f"normalization.{option}", feature)
+                    if where == spec.origin:  # an inline table: the line of the option
+                        where = spec.where("normalization", option)
+                    problems.append(
+                        f"{where}: [normalization] {option}: "
+                        f"feature {feature!r} is not in the data: no row of {train} holds it; "
+                        f"features: {', '.join(sort_feature_ids(features)) or 'none'}"
+                    )
     return problems
+
+
+def _feature_ids(split: Path, column: str) -> set[str] | None:
+    """The feature ids the map column ``column`` of a timeline split holds in any row; None
+    when the column is not a map (the discrete actions' names)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    from horizon_engine.schema import map_entries
+
+    dataset = ds.dataset(split, format="parquet")
+    if column not in dataset.schema.names or not pa.types.is_map(dataset.schema.field(column).type):
+        return None
+    found: set[str] = set()
+    for batch in dataset.to_batches(columns=[column]):
+        _, keys, _ = map_entries(batch.column(0))
+        found.update(str(key) for key in pc.unique(keys).to_pylist())
+    return found
 
 
 BYTES_PER_WEIGHT = 16
@@ -122,12 +197,27 @@ def _trainer_problems(
             f"{spec.where('trainer', 'warm_start_from')}: [trainer] warm_start_from = "
             f"{warm_start!r} {found}; it names the output folder of an earlier run"
         )
+    elif training and warm_start:
+        problems += _warm_start_problems(spec, Path(warm_start))
     timeline_n_step, origin = _timeline_n_step(spec, output_dir, rebuilding)
     if training and timeline_n_step is not None:
         trainer = spec.sections["trainer"].component.cls
         for option, message in trainer.data_problems(config, timeline_n_step, origin).items():
             problems.append(f"{spec.where('trainer', option)}: {message}")
     return problems
+
+
+def _warm_start_problems(spec: PipelineSpec, earlier: Path) -> list[str]:
+    """The warm start's checkpoint read and its structure checked as the train stage will
+    (``training.load_checkpoint``), so that a crafted or damaged one fails validate rather
+    than the run; whether its state fits the trainer is known only once it is set up."""
+    from horizon_engine.training import load_checkpoint
+
+    try:
+        load_checkpoint(earlier)
+    except HorizonError as exc:
+        return [f"{spec.where('trainer', 'warm_start_from')}: {exc}"]
+    return []
 
 
 def _timeline_n_step(

@@ -12,7 +12,10 @@ The rule:
   row next;
 - a number is an int or a float (not a bool), finite, and no larger in magnitude than
   ``FLOAT32_MAX``, since training's tensors are float32;
-- an integer (a sequence number, a time difference) fits in 64 bits, as Arrow's int64 does.
+- an integer (a sequence number, a time difference) fits in 64 bits, as Arrow's int64 does;
+  a sequence number in 63 (``SEQUENCE_MIN``, ``SEQUENCE_MAX``), so two differ by an int64;
+- a logged propensity is at least ``MIN_PROPENSITY`` (float32's smallest normal number);
+- a ``ds`` is a date written ``YYYY-MM-DD`` (``is_bad_ds``).
 
 Each check comes as a scalar function on one parsed value, returning a ``ValueProblem`` or
 None, and, for the number rule, as Arrow predicates that flag whole columns at once
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import math
 import re
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +44,19 @@ OUT_OF_RANGE = f"beyond the {FLOAT32_MAX:.2g} in magnitude that training's float
 """Why a finite value too large for float32 is a bad value, as a reason says it."""
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+MIN_PROPENSITY = float(np.finfo(np.float32).tiny)
+"""The smallest logged propensity (``action_probability``) a row may carry: float32's smallest
+normal number, about 1.18e-38. Training and the estimators hold propensities as float32, where a
+smaller positive value is subnormal or rounds to 0 (``5e-324`` reads as 0.0, and the estimators
+then refuse the whole eval split), and its reciprocal, the importance weight ``1 / mu``,
+overflows float32; at this floor ``1 / mu`` is about 8.5e37, within ``FLOAT32_MAX``. The sources
+quarantine a row below it (``propensity_problem``) and the estimators check the same floor."""
+
+SEQUENCE_MIN, SEQUENCE_MAX = -(2**62), 2**62 - 1
+"""The sequence numbers a row may carry: 63-bit signed integers, so that any two of one
+episode differ by an int64 (the timeline's ``time_diff`` and ``time_since_first`` are such
+differences; ``2**63 - 1`` and ``-2**63`` in one episode would wrap around to -1)."""
 
 SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 """A JSON escape of a UTF-16 surrogate: the only way a JSON line's text can make a string that
@@ -81,7 +98,7 @@ def number_problem(value: Any) -> ValueProblem | None:
     """Why a parsed value is not a number training can hold, or None."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return ValueProblem(
-            "wrong_type", f"expected a number, found {value!r} ({type_name(value)})"
+            "wrong_type", f"expected a number, found {shown_value(value)} ({type_name(value)})"
         )
     try:
         magnitude = abs(float(value))
@@ -97,11 +114,59 @@ def number_problem(value: Any) -> ValueProblem | None:
 def integer_problem(value: Any) -> ValueProblem | None:
     """Why a parsed value is not a 64-bit integer, or None."""
     if isinstance(value, bool) or not isinstance(value, int):
-        found = f"{value!r} ({type_name(value)})"
+        found = f"{shown_value(value)} ({type_name(value)})"
         return ValueProblem("wrong_type", f"expected an integer, found {found}")
     if not INT64_MIN <= value <= INT64_MAX:
         return ValueProblem("bad_value", f"expected a 64-bit integer, found {_shown(value)}")
     return None
+
+
+SHORT_REPR = reprlib.Repr()
+SHORT_REPR.maxlevel, SHORT_REPR.maxlist, SHORT_REPR.maxdict = 3, 4, 4
+
+
+def shown_value(value: Any) -> str:
+    """A parsed value as a reason shows it: ``repr`` for a scalar, a list or map cut to a few
+    levels and items (``[[[[...]]]]``), so that one nested thousands deep neither floods the
+    reason nor exhausts Python's recursion (``repr`` of a list 1,000 deep raised
+    ``RecursionError``: a 500 at ``horizon serve``'s door)."""
+    if isinstance(value, list | dict):
+        return SHORT_REPR.repr(value)
+    return repr(value)
+
+
+def propensity_problem(value: float) -> ValueProblem | None:
+    """Why a logged propensity is not one training and the estimators can use, or None: it
+    must lie in [``MIN_PROPENSITY``, 1]."""
+    if MIN_PROPENSITY <= value <= 1:
+        return None
+    if 0 < value < MIN_PROPENSITY:
+        return ValueProblem(
+            "bad_probability",
+            f"'action_probability' is {value!r}, below {MIN_PROPENSITY:.4g}, the smallest "
+            "probability float32 holds as a normal number: training and the estimators would "
+            "read it as 0 (or divide by it to infinity)",
+        )
+    return ValueProblem(
+        "bad_probability", f"'action_probability' must be in (0, 1], found {value!r}"
+    )
+
+
+def is_unusable_propensity(values: np.ndarray) -> np.ndarray:
+    """``propensity_problem``'s rule on a whole column at once: true where a propensity is
+    NaN, outside (0, 1], or below ``MIN_PROPENSITY``."""
+    return ~((values >= MIN_PROPENSITY) & (values <= 1))
+
+
+def sequence_problem(value: int) -> ValueProblem | None:
+    """Why a (64-bit) sequence number is outside [``SEQUENCE_MIN``, ``SEQUENCE_MAX``], or None."""
+    if SEQUENCE_MIN <= value <= SEQUENCE_MAX:
+        return None
+    return ValueProblem(
+        "out_of_range",
+        f"'sequence_number' is {value}, outside [-2**62, 2**62 - 1]: two sequence numbers of "
+        "an episode must differ by a 64-bit integer (the timeline's time_diff)",
+    )
 
 
 def _shown(value: int) -> str:
@@ -170,6 +235,18 @@ def is_non_finite(values: pa.Array) -> pa.Array:
 def is_beyond_float32(values: pa.Array) -> pa.Array:
     """Arrow's form of the rule's ``out_of_range``: true for finite values beyond float32."""
     return pc.greater(pc.abs(values), FLOAT32_MAX)
+
+
+DS_FORMAT = "%Y-%m-%d"
+"""A row's ``ds``, Horizon's (and Hive's) daily partition: a date written ``YYYY-MM-DD``."""
+
+
+def is_bad_ds(values: pa.Array) -> pa.Array:
+    """True where a ``ds`` (a string column) is present but not a real date written
+    ``YYYY-MM-DD``: it must read back as itself, so ``2019-02-30`` and ``2019-1-1`` are bad."""
+    dates = pc.strptime(values, format=DS_FORMAT, unit="s", error_is_null=True)
+    same = pc.fill_null(pc.equal(pc.strftime(dates, format=DS_FORMAT), values), False)
+    return pc.and_(pc.is_valid(values), pc.invert(same))
 
 
 def invalid_text_rows(array: pa.Array) -> set[int]:

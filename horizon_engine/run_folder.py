@@ -36,15 +36,23 @@ import datetime as dt
 import fnmatch
 import json
 import os
-import re
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from horizon_engine.errors import HorizonError
-from horizon_engine.files import remove_path, write_json
+from horizon_engine.files import (
+    STAGING,
+    UnsafePathError,
+    held_folder,
+    remove_path,
+    retired_name,
+    temporary_name,
+    write_json,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -91,6 +99,12 @@ class RunFolder:
 
     def __init__(self, path: str | Path) -> None:
         object.__setattr__(self, "path", Path(path))
+
+    def held(self) -> AbstractContextManager[None]:
+        """Hold the folder while a run writes in it (made if missing): its outputs are then
+        written and removed from the folder opened once, never through a link
+        (``horizon_engine.files.held_folder``)."""
+        return held_folder(self.path)
 
     def file(self, name: str) -> Path:
         """The path of ``name``, one of the run-relative names above."""
@@ -311,11 +325,6 @@ class RunFolder:
 GLOB_CHARACTERS = frozenset("*?[")
 
 
-class UnsafePathError(HorizonError):
-    """A path a run folder's manifest lists, or one a stage would write, leads outside the
-    folder (or is the folder itself): acting on it could remove or overwrite another file."""
-
-
 def inside_path(folder: Path, entry: object, source: str) -> Path:
     """``folder / entry`` for a run-relative path ``entry``, once it is certain that removing or
     writing it touches only what lies inside ``folder``; otherwise an ``UnsafePathError``
@@ -323,16 +332,45 @@ def inside_path(folder: Path, entry: object, source: str) -> Path:
     why. Refused: anything but a non-empty string, a NUL byte, an absolute path, a ``..``
     component, the folder itself, and a path that a link (at any component, the last one
     included) takes outside the folder."""
-    why = _unsafe_reason(folder, entry)
+    why = _unsafe_reason(folder, entry, _Resolver(folder))
     if why is None:
         return folder / str(entry)
-    raise UnsafePathError(
+    raise _unsafe(folder, entry, source, why)
+
+
+def _unsafe(folder: Path, entry: object, source: str, why: str) -> UnsafePathError:
+    return UnsafePathError(
         f"{source} lists {entry!r}, which {why}; Horizon removes and writes only inside "
         f"{folder}. Remove the entry (or the link), or choose another output_dir"
     )
 
 
-def _unsafe_reason(folder: Path, entry: object) -> str | None:
+class _Resolver:
+    """Where paths inside one folder lead, for checking many of them with bounded work each:
+    each parent folder is resolved once, and an entry's last component only when it is a
+    link: linear in the entries, where one ``resolve()`` each took minutes for a million."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.root = folder.resolve()
+        self._parents_inside: dict[Path, bool] = {}
+
+    def leads_out(self, relative: Path) -> Path | None:
+        """Where ``folder / relative`` leads when that is outside the folder or the folder
+        itself; None when it is inside. An ``OSError`` or ``RuntimeError`` (a loop of links)
+        when it cannot be followed."""
+        inside = self._parents_inside.get(relative.parent)
+        if inside is None:
+            parent = (self.folder / relative.parent).resolve()
+            inside = self._parents_inside[relative.parent] = parent.is_relative_to(self.root)
+        path = os.path.join(self.folder, relative)
+        if inside and not os.path.islink(path):
+            return None
+        resolved = Path(path).resolve()
+        return None if resolved != self.root and resolved.is_relative_to(self.root) else resolved
+
+
+def _unsafe_reason(folder: Path, entry: object, resolver: _Resolver) -> str | None:
     if not isinstance(entry, str) or not entry:
         return "is not a run-relative path"
     if "\x00" in entry:
@@ -344,14 +382,11 @@ def _unsafe_reason(folder: Path, entry: object) -> str | None:
         return "climbs out of the folder with '..'"
     if not relative.parts:
         return "is the run folder itself"
-    root = folder.resolve()
     try:
-        resolved = (folder / relative).resolve()
+        resolved = resolver.leads_out(relative)
     except (OSError, RuntimeError):  # RuntimeError: a loop of links
         return "is a link that cannot be followed"
-    if resolved == root or not resolved.is_relative_to(root):
-        return f"leads to {resolved} through a link"
-    return None
+    return None if resolved is None else f"leads to {resolved} through a link"
 
 
 def check_claims_inside(folder: Path, claims: dict[str, tuple[str, ...]]) -> None:
@@ -394,18 +429,32 @@ class EarlierRun:
         return stages if isinstance(stages, dict) else {}
 
     def outputs(self) -> set[str]:
-        """Every path (relative to the folder) a recorded stage wrote."""
+        """Every path (relative to the folder, as ``a/b``) a recorded stage wrote."""
         return {
-            str(path)
+            Path(path).as_posix()
             for report in self.stages.values()
             if isinstance(report, dict)
             for path in report.get("outputs", [])
         }
 
+    def owned_outputs(self, claims: Mapping[str, tuple[str, ...]]) -> set[str]:
+        """The recorded outputs Horizon may remove: each one a path its stage claims
+        (``claims``: stage -> patterns). A manifest is input: an entry naming a user's file
+        under a stage that does not write it is not the stage's to remove."""
+        return {
+            Path(path).as_posix()
+            for stage, report in self.stages.items()
+            if isinstance(report, dict)
+            for path in report.get("outputs", [])
+            if matches(Path(path).as_posix(), claims.get(stage, ()))
+        }
+
     def check_inside(self, folder: Path) -> None:
         """Refuse (``UnsafePathError``) a manifest whose stage records list an output that is
-        not a path inside ``folder`` (``inside_path``), before any of them is acted on."""
+        not a path inside ``folder`` (``inside_path``), before any of them is acted on; and
+        one listing more than ``MAX_RECORDED_OUTPUTS``, before checking any."""
         manifest = folder / RunFolder.MANIFEST
+        listed = 0
         for stage, report in self.stages.items():
             if not isinstance(report, dict):
                 continue
@@ -416,8 +465,20 @@ class EarlierRun:
                     f"{source} lists outputs {outputs!r}, which is not a list of run-relative "
                     "paths; Horizon acts on no entry of a manifest it cannot read"
                 )
-            for entry in outputs:
-                inside_path(folder, entry, source)
+            listed += len(outputs)
+        if listed > MAX_RECORDED_OUTPUTS:
+            raise UnsafePathError(
+                f"{manifest} lists {listed} outputs, more than the {MAX_RECORDED_OUTPUTS} a run "
+                "writes; Horizon acts on no entry of a manifest it cannot check. Remove the "
+                "manifest (and the outputs it lists), or choose another output_dir"
+            )
+        resolver = _Resolver(folder)
+        for stage, report in self.stages.items():
+            if isinstance(report, dict):
+                for entry in report.get("outputs", []):
+                    why = _unsafe_reason(folder, entry, resolver)
+                    if why is not None:
+                        raise _unsafe(folder, entry, f"{manifest}: stage {stage!r}", why)
 
     @property
     def running_stage(self) -> str | None:
@@ -437,9 +498,10 @@ class EarlierRun:
         return self.manifest.get("status") == "running"
 
     def still_running(self) -> bool:
-        """True when the recorded process is alive on this host (it may be writing now)."""
+        """True when the recorded process is alive on this host (it may be writing now); a
+        recorded pid that is no process id (``is_process_id``) is no process."""
         pid = self.manifest.get("pid")
-        if not self.unfinished or not isinstance(pid, int) or pid == os.getpid():
+        if not self.unfinished or not is_process_id(pid) or pid == os.getpid():
             return False
         if self.manifest.get("host") != socket.gethostname():
             return False
@@ -484,6 +546,25 @@ class EarlierRun:
         return changes
 
 
+MAX_RECORDED_OUTPUTS = 100_000
+"""The most outputs a manifest may list: a run's stages write a few dozen paths, plus a
+checkpoint per epoch and an event file per run. Checking a manifest's entries is linear, so a
+crafted one of millions would only be slow to refuse; past this one is refused outright."""
+
+
+def is_process_id(pid: object) -> bool:
+    """Whether ``pid`` (a manifest's, which is input) can be a process of this system: a
+    positive integer below the system's limit (``/proc/sys/kernel/pid_max`` on Linux; the
+    largest ``pid_t`` elsewhere). 0 and -1 would signal a group of processes, not one."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    try:
+        limit = int(Path("/proc/sys/kernel/pid_max").read_text(encoding="ascii"))
+    except (OSError, ValueError):
+        limit = 2**31
+    return pid < limit
+
+
 def read_earlier_run(folder: Path) -> EarlierRun | None:
     """The run recorded in ``folder/manifest.json``, or None when there is none (or it is not
     a manifest: then nothing in the folder counts as the engine's). A manifest listing an
@@ -512,10 +593,22 @@ def output_dir_problem(path: Path, where: str) -> str | None:
     A run's folder is the run's own: its stages write their folders there and replace them
     when they run again. So it may not be a file (or under one); the filesystem's root or a
     folder directly under it (``/tmp``, ``/home``); a folder in or under the system's own
-    (``SYSTEM_FOLDERS``: ``/proc``, ``/etc``, ...); nor, unless it already holds a run's
-    manifest (``horizon export .`` inside a run folder), the current folder or one above it,
-    or the top of a git work tree: the run's outputs would mix with a project's files.
+    (``SYSTEM_FOLDERS``: ``/proc``, ``/etc``, ...); the top of a git work tree or anything
+    in a ``.git`` folder: the run's outputs would mix with a project's files; nor, unless it
+    already holds a run's manifest (``horizon export .`` inside a run folder), the current
+    folder or one above it. Its path must fit the filesystem (``_length_problem``), and may
+    not start with ``~``: Horizon does not read it as the home folder, but some writers
+    (Arrow) would, so the run's files would land in two places.
     """
+    if str(path).startswith("~"):
+        return (
+            f"{where}: [pipeline] output_dir = {str(path)!r} starts with '~', which Horizon "
+            "does not expand to a home folder; write the folder out (such as "
+            '"/home/me/runs/pipeline"), or give a path relative to the current folder'
+        )
+    too_long = _length_problem(path)
+    if too_long is not None:
+        return f"{where}: [pipeline] output_dir = {str(path)!r} {too_long}; name a shorter one"
     for candidate in (path, *path.parents):
         if candidate.exists() and not candidate.is_dir():
             what = "is a file" if candidate == path else f"is under {candidate}, which is a file"
@@ -527,6 +620,48 @@ def output_dir_problem(path: Path, where: str) -> str | None:
         f"{where}: [pipeline] output_dir = {str(path)!r} {why}; name a folder of the run's "
         'own, such as "runs/pipeline"'
     )
+
+
+RUN_PATH_ROOM = 256
+"""Bytes kept free below ``PATH_MAX`` for the paths a run writes under its folder: the
+longest, a TensorBoard event file's (``tensorboard/events.out.tfevents.TIME.HOST.RUN``),
+is under 150 with a host name of 64 bytes, the most a host name has."""
+
+
+def _length_problem(path: Path) -> str | None:
+    """Why ``path`` is too long for its filesystem, or None: a component longer than
+    ``NAME_MAX`` bytes, or a whole path that leaves less than ``RUN_PATH_ROOM`` bytes below
+    ``PATH_MAX`` (both asked of the nearest existing folder; 255 and 4096 where it cannot
+    say, the usual limits)."""
+    nearest = next(
+        (candidate for candidate in (path, *path.parents) if os.path.isdir(candidate)), Path()
+    )
+    name_max = _path_limit(nearest, "PC_NAME_MAX", 255)
+    for part in path.parts:
+        size = len(os.fsencode(part))
+        if size > name_max and part != path.anchor:
+            shown = part if len(part) <= 40 else f"{part[:40]}..."
+            return (
+                f"has a component of {size} bytes ({shown!r}), longer than the {name_max} a "
+                "file name may have there"
+            )
+    size = len(os.fsencode(os.path.abspath(path)))
+    path_max = _path_limit(nearest, "PC_PATH_MAX", 4096)
+    if size + RUN_PATH_ROOM >= path_max:
+        return (
+            f"is {size} bytes long: with the {RUN_PATH_ROOM} bytes the run's own paths below "
+            f"it need, longer than the {path_max} a path may have there"
+        )
+    return None
+
+
+def _path_limit(folder: Path, name: str, usual: int) -> int:
+    """``os.pathconf(folder, name)``, or ``usual`` when the system does not say."""
+    try:
+        limit = os.pathconf(folder, name)
+    except (OSError, ValueError, AttributeError):
+        return usual
+    return limit if limit > 0 else usual
 
 
 def _holds_a_run(folder: Path) -> bool:
@@ -560,12 +695,14 @@ def _shared_folder(path: Path) -> str | None:
     system = next((folder for folder in SYSTEM_FOLDERS if resolved.is_relative_to(folder)), None)
     if system is not None:
         return f"{shown}is in {system}, a folder of the operating system"
+    if ".git" in path.parts or ".git" in resolved.parts:
+        return f"{shown}is in a .git folder (a git repository's own files)"
+    if (resolved / ".git").exists():
+        return f"{shown}is the top of a git work tree (a project's checkout)"
     if _holds_a_run(path):
         return None
     if resolved in _current_and_above():
         return f"{shown}is the current folder or one above it"
-    if (resolved / ".git").exists():
-        return f"{shown}is the top of a git work tree (a project's checkout)"
     return None
 
 
@@ -583,25 +720,52 @@ def existing_claims(folder: Path, claims: tuple[str, ...]) -> list[str]:
     return found
 
 
-def leftovers(folder: Path, pid: object) -> list[Path]:
-    """Temporary files and folders of the process ``pid`` (``.NAME.tmp-PID``, ``.NAME.old-PID``)
-    in ``folder`` and the folders directly under it: what a killed run left half-written.
-    A ``pid`` that is not a process id (the manifest's is input) has none, and a linked
-    folder is not looked into: what it leads to is not the run's."""
-    if not isinstance(pid, int) or isinstance(pid, bool):
+def leftovers(folder: Path, pid: object, claims: Iterable[str]) -> list[Path]:
+    """The temporary files and folders the process ``pid`` would have made while writing the
+    run's outputs (``claims``: run-relative patterns), which a killed run left half-written:
+    ``.NAME.tmp-PID`` and ``.NAME.old-PID`` for each claimed path and each folder on the way
+    to it, ``.staging.tmp-PID`` in each such folder, ``.manifest.json.tmp-PID`` (the names
+    ``horizon_engine.files`` makes). A user's file with another name is none, whatever
+    process id it ends with; a ``pid`` that is not a process id (``is_process_id``: the
+    manifest's is input) has none; and no folder reached through a link is looked into."""
+    if not is_process_id(pid):
         return []
-    pattern = re.compile(rf"^\..+\.(tmp|old)-{pid}$")
-    places = [
-        folder,
-        *(entry for entry in folder.iterdir() if entry.is_dir() and not entry.is_symlink()),
-    ]
-    return sorted(
-        entry
-        for place in places
-        if place.is_dir()
-        for entry in place.iterdir()
-        if pattern.match(entry.name)
+    names: dict[Path, set[str]] = {Path(): {temporary_name(RunFolder.MANIFEST, pid)}}
+    for claim in claims:
+        parts = Path(claim).parts
+        for depth in range(1, len(parts) + 1):
+            place, name = Path(*parts[: depth - 1]), parts[depth - 1]
+            names.setdefault(place, set()).update(
+                (temporary_name(name, pid), retired_name(name, pid), temporary_name(STAGING, pid))
+            )
+    found: list[Path] = []
+    for place, patterns in names.items():
+        if any(GLOB_CHARACTERS & set(part) for part in place.parts) or _through_link(folder, place):
+            continue
+        try:
+            entries = os.listdir(folder / place)
+        except OSError:
+            continue
+        found += [
+            folder / place / entry
+            for entry in entries
+            if any(fnmatch.fnmatchcase(entry, pattern) for pattern in patterns)
+        ]
+    return sorted(found)
+
+
+def _through_link(folder: Path, place: Path) -> bool:
+    """Whether a component of ``place`` (run-relative) in ``folder`` is a link."""
+    return any(
+        (folder / Path(*place.parts[: depth + 1])).is_symlink() for depth in range(len(place.parts))
     )
+
+
+def _recorded(path: str, recorded: set[str]) -> bool:
+    """Whether the run-relative ``path`` is one of the ``recorded`` outputs or inside one (a
+    recorded folder): compared as paths, never as patterns, since a manifest is input."""
+    parts = Path(path).parts
+    return any(Path(*parts[:depth]).as_posix() in recorded for depth in range(1, len(parts) + 1))
 
 
 def take_over(
@@ -632,8 +796,10 @@ def take_over(
         )
     check_claims_inside(folder, {stage: claims[stage] for stage in selected})
     if earlier is not None and earlier.unfinished:
+        written = [pattern for patterns in claims.values() for pattern in patterns]
         removed = [
-            str(path.relative_to(folder)) for path in leftovers(folder, earlier.manifest.get("pid"))
+            str(path.relative_to(folder))
+            for path in leftovers(folder, earlier.manifest.get("pid"), written)
         ]
         for path in removed:
             remove_inside(folder, path, f"{folder}: the interrupted run's temporary file")
@@ -647,7 +813,7 @@ def take_over(
         path
         for stage in selected
         for path in existing_claims(folder, claims[stage])
-        if not matches(path, (*recorded, *partial_claims))
+        if not (_recorded(path, recorded) or matches(path, partial_claims))
     ]
     if unrecorded:
         raise HorizonError(
@@ -658,7 +824,7 @@ def take_over(
     if earlier is None or resuming:
         return notes
     present = sorted(
-        {path for path in recorded if (folder / path).exists()}
+        {path for path in earlier.owned_outputs(claims) if (folder / path).exists()}
         | {path for claim in partial_claims for path in existing_claims(folder, (claim,))}
     )
     if present and not overwrite:

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import Field
 
-from horizon_engine.components import Component, ComponentConfig, DistinctNames
+from horizon_engine.components import Component, ComponentConfig, DistinctNames, MetricWeights
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -86,7 +86,7 @@ class TimelineConfig(ComponentConfig):
 
     actions: DistinctNames | None = Field(default=None, min_length=1)
     """Discrete action names; the index of a name is the action's number in the timeline."""
-    reward: dict[str, float] | None = None
+    reward: MetricWeights | None = None
     """Metric weights: reward = dot(metrics, weights). None keeps the logged reward."""
     add_terminal_state_row: bool = True
     """Keep each episode's last row as a terminal transition (else drop it)."""

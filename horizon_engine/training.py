@@ -2,7 +2,8 @@
 
 The core owns what every trainer needs, once, in the training driver
 (``horizon_engine.driver``): the problem a trainer is set up for, batches, epochs, seeds,
-device choice, checkpoints after every epoch (written atomically, read back as data only),
+device choice, checkpoints after every epoch (written atomically, read back as data only and
+checked field by field: ``read_epoch_checkpoint``, ``restore_trainer_state``),
 warm start from an earlier run, and ``horizon_on_epoch_end`` with each epoch's metrics. A
 trainer implements the math of one update (``train_step``), its evaluation on the eval split,
 and the policy module that export and counterfactual evaluation use.
@@ -264,23 +265,30 @@ def save_checkpoint(folder: RunFolder, epoch: int, state: dict[str, Any]) -> Pat
     return path
 
 
+RESUME_STATE = "resume"
+"""The key of an epoch checkpoint's state for resuming (generators, counts, metrics so far,
+and the training it belongs to: ``TrainingDriver.resume`` reads it)."""
+
+
 def load_checkpoint(run_folder: Path, purpose: str = "warm start") -> dict[str, Any]:
-    """The latest checkpoint of a run: an earlier one for a warm start, or this one for an
-    export (``purpose`` = "export"), named in the error when there is none."""
+    """The latest checkpoint of a run, its structure checked (``read_epoch_checkpoint``): an
+    earlier one for a warm start, or this one for an export (``purpose`` = "export"), named in
+    the error when there is none."""
     path = RunFolder(run_folder).latest_checkpoint
     where = f"[trainer] warm_start_from = {str(run_folder)!r}"
     if purpose != "warm start":
         where = f"{purpose} of {run_folder}"
     if not path.is_file():
         raise HorizonError(f"{where}: no checkpoint at {path}")
-    return read_checkpoint(path, where)
+    return read_epoch_checkpoint(path, where)
 
 
-def read_checkpoint(path: Path, where: str) -> dict[str, Any]:
-    """A checkpoint file's contents; ``where`` starts the error when it cannot be read.
+def read_checkpoint(path: Path, where: str) -> Any:
+    """A file torch saved, read as data; ``where`` starts the error when it cannot be read.
 
     Checkpoints hold tensors and plain data only, and are read with ``weights_only``: a file
-    from elsewhere (``warm_start_from`` may name any folder) is data, never code to run.
+    from elsewhere (``warm_start_from`` may name any folder) is data, never code to run. What
+    it holds is the caller's to check (``read_epoch_checkpoint`` for an epoch's checkpoint).
     """
     import pickle
 
@@ -294,3 +302,58 @@ def read_checkpoint(path: Path, where: str) -> dict[str, Any]:
             f"{where}: {path} holds more than tensors and plain data, and is not loaded "
             f"(it could run code): {reason}"
         ) from None
+    except Exception as exc:  # torch raises untyped errors (EOFError, RuntimeError) for a file
+        # that is not one it saved: an empty or cut file, another format, zip-like garbage
+        reason = (str(exc) or type(exc).__name__).splitlines()[0]
+        raise HorizonError(f"{where}: {path} is not a file torch saved ({reason})") from None
+
+
+def read_epoch_checkpoint(path: Path, where: str) -> dict[str, Any]:
+    """An epoch's checkpoint (``save_checkpoint``), its structure checked field by field: a
+    mapping with ``epoch`` (a whole number from 1) and ``trainer`` (the trainer's state, by
+    name); anything else stops with the file and the field named (``where`` starts it)."""
+    checkpoint = read_checkpoint(path, where)
+    if not isinstance(checkpoint, dict):
+        raise HorizonError(
+            f"{where}: {path} holds a {type(checkpoint).__name__}, not a checkpoint (a mapping "
+            "with 'epoch' and 'trainer')"
+        )
+    epoch = checkpoint.get("epoch")
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 1:
+        found = f"{epoch!r:.80}" if "epoch" in checkpoint else "nothing"
+        raise HorizonError(
+            f"{where}: {path}: field 'epoch' is not an epoch number (1 or more); found {found}"
+        )
+    trainer = checkpoint.get("trainer")
+    if not isinstance(trainer, dict) or not all(isinstance(key, str) for key in trainer):
+        found = type(trainer).__name__ if "trainer" in checkpoint else "nothing"
+        raise HorizonError(
+            f"{where}: {path}: field 'trainer' is not a trainer's state (a mapping by name); "
+            f"found {found}"
+        )
+    return checkpoint
+
+
+LOAD_ERRORS = (LookupError, TypeError, ValueError, RuntimeError, AttributeError)
+"""What a trainer's ``load_state_dict`` raises for a state that is not one it wrote: a missing
+key, a tensor of another shape, a value of another type."""
+
+
+def restore_trainer_state(
+    trainer: TrainerBase, checkpoint: Mapping[str, Any], path: Path, where: str
+) -> None:
+    """Load ``checkpoint``'s ``trainer`` state (``read_epoch_checkpoint``'s) into ``trainer``;
+    a state that does not fit it stops with the file and the field named, whatever the
+    trainer's own ``load_state_dict`` raised."""
+    try:
+        trainer.load_state_dict(checkpoint["trainer"])
+    except LOAD_ERRORS as exc:
+        reason = (str(exc) or type(exc).__name__).splitlines()[0]
+        raise HorizonError(
+            f"{where}: {path}: field 'trainer' does not fit the [trainer] set up here "
+            f"({type(exc).__name__}: {reason:.300})"
+        ) from None
+    except HorizonError as exc:
+        if type(exc) is not HorizonError:
+            raise
+        raise HorizonError(f"{where}: {path}: field 'trainer': {exc}") from None

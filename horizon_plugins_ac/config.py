@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from horizon_engine import TrainerConfig
+from horizon_engine import LearningRate, TrainerConfig
 
 
 class ActorCriticConfig(TrainerConfig):
@@ -34,9 +34,9 @@ class ActorCriticConfig(TrainerConfig):
     > 1 needs a timeline built with this same n_step; 0 takes the timeline's window."""
     layers: list[int] = Field(default_factory=lambda: [256, 256], min_length=1)
     """Widths of the hidden layers (relu) of the actor and of each critic."""
-    actor_learning_rate: float = Field(default=3e-4, gt=0.0)
+    actor_learning_rate: LearningRate = 3e-4
     """Adam's step size for the actor."""
-    critic_learning_rate: float = Field(default=3e-4, gt=0.0)
+    critic_learning_rate: LearningRate = 3e-4
     """Adam's step size for the critics."""
     target_update_rate: float = Field(default=0.005, gt=0.0, le=1.0)
     """Soft target update: target <- rate * trained + (1 - rate) * target (tau)."""
@@ -87,7 +87,7 @@ class SacConfig(ActorCriticConfig):
     ``target_entropy``."""
     target_entropy: float | str = "auto"
     """The entropy automatic tuning aims at; "auto": minus the number of action dimensions."""
-    alpha_learning_rate: float = Field(default=3e-4, gt=0.0)
+    alpha_learning_rate: LearningRate = 3e-4
     """Adam's step size for the temperature."""
 
     @field_validator("target_entropy", mode="before")

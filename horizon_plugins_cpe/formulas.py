@@ -76,7 +76,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from horizon_engine import HorizonError
+from horizon_engine import MIN_PROPENSITY, HorizonError
 
 ONE_STEP_KINDS = ("dm", "ips", "snips", "dr")
 SEQUENTIAL_KINDS = ("sequential_dr", "weighted_dr", "magic")
@@ -275,13 +275,15 @@ def check_inputs(inputs: CpeInputs) -> None:
             f"the {target.shape[1]} actions"
         )
     propensity = inputs.logged_propensity
-    bad = ~(propensity > 0) | ~np.isfinite(propensity)
+    # The sources' floor (``MIN_PROPENSITY``): a row below it never reaches an eval split.
+    bad = ~(propensity >= MIN_PROPENSITY) | ~np.isfinite(propensity)
     if bad.any():
         row = int(np.argmax(bad))
         raise CpeInputError(
             f"{inputs.describe_row(row)}: logged propensity {float(propensity[row])!r} for the "
-            f"action taken (action {int(action[row])}); a taken action must have a positive, "
-            f"finite probability under the logging policy ({int(bad.sum())} such rows)"
+            f"action taken (action {int(action[row])}); a taken action must have a finite "
+            f"probability of at least {MIN_PROPENSITY:.4g} under the logging policy "
+            f"({int(bad.sum())} such rows)"
         )
     for name, values in (("rewards", rewards), ("target_probabilities", target)):
         finite = np.isfinite(values).all(axis=1)

@@ -10,7 +10,7 @@ from typing import Any, Literal, Self
 
 from pydantic import Field, model_validator
 
-from horizon_engine import TrainerConfig
+from horizon_engine import LearningRate, TrainerConfig
 
 Activation = Literal["relu", "leaky_relu", "elu", "selu", "gelu", "tanh", "sigmoid", "linear"]
 """The hidden-layer activations a network may use (``linear`` is none)."""
@@ -55,7 +55,7 @@ class QLearningConfig(TrainerConfig):
     """One activation per hidden layer; without it, relu for each of the given layers."""
     optimizer: Literal["adam", "sgd"] = "adam"
     """Optimizer of the Q-network (and of dqn's behaviour model, with bcq_threshold > 0)."""
-    learning_rate: float = Field(default=1e-3, gt=0.0)
+    learning_rate: LearningRate = 1e-3
     """Initial learning rate."""
     lr_decay: float = Field(default=1.0, gt=0.0, le=1.0)
     """Multiplies the learning rate every lr_decay_steps updates (1 = constant)."""

@@ -10,7 +10,9 @@ candidate's map; a continuous actor's action is logged as a map of its action fe
 the model's values, with exp(log_density) as its probability (1 for a deterministic actor).
 A bad line is named (line number and what is wrong) and fails the command, or with
 ``--skip-bad-rows`` is counted and skipped; the count and the first lines named are printed,
-never dropped silently.
+never dropped silently. A line whose values the model's output is not finite for is bad too;
+a model whose outputs are not finite on its check rows is refused before any line is read
+(``Predictor.check_outputs``).
 
 The output is written atomically: the decision log (JSONL, or a folder of Parquet parts when
 its name ends ``.parquet``) is written to a temporary name beside it and renamed into place
@@ -33,7 +35,7 @@ from horizon_engine import (
     atomic_output,
     command,
     parse_json_line,
-    strip_bom,
+    read_lines,
 )
 
 BATCH = 1024
@@ -120,7 +122,7 @@ def score_command(
         ParquetDecisionLog,
         decision_rows,
     )
-    from horizon_plugins_serving.predictor import Predictor
+    from horizon_plugins_serving.predictor import NonFiniteOutput, Predictor
     from horizon_plugins_serving.served_policy import PolicyFlags
 
     predictor = Predictor(
@@ -134,9 +136,29 @@ def score_command(
     log_kind = ParquetDecisionLog if output.name.endswith(".parquet") else DecisionLog
     with atomic_output(output) as temporary, log_kind(temporary) as log:
         batch: list[dict[str, Any]] = []
+        numbers: list[int] = []
 
         def flush() -> None:
-            result, actions, possible = predictor.decide(batch)
+            """Score and log the batch; a row whose output is not finite is a bad row."""
+            nonlocal scored
+            try:
+                result, actions, possible = predictor.decide(batch)
+            except NonFiniteOutput as exc:
+                if not skip_bad_rows:
+                    raise HorizonError(
+                        f"{rows}, line {numbers[exc.rows[0]]}: the model's {exc.output} is "
+                        f"{exc.found} (not finite) for its values (--skip-bad-rows counts and "
+                        "skips such rows)"
+                    ) from None
+                for index in reversed(exc.rows):
+                    problem = f"the model's {exc.output} is not finite for its values"
+                    bad.append((numbers.pop(index), problem))
+                    del batch[index]
+                scored -= len(exc.rows)
+                bad.sort()
+                if batch:
+                    flush()
+                return
             log.append(
                 decision_rows(
                     [row["state_features"] for row in batch],
@@ -151,13 +173,14 @@ def score_command(
                 )
             )
             batch.clear()
+            numbers.clear()
 
         with open(rows, "rb") as handle:
-            for number, line in enumerate(handle, start=1):
+            for number, line in read_lines(handle):
                 if not line.strip():
                     continue
                 try:
-                    row = parse_json_line(strip_bom(line) if number == 1 else line)
+                    row = parse_json_line(line)
                 except BadLine as exc:
                     problem: str | None = f"not JSON ({exc})"
                 else:
@@ -171,6 +194,7 @@ def score_command(
                     bad.append((number, problem))
                     continue
                 batch.append(row)
+                numbers.append(number)
                 scored += 1
                 if len(batch) == BATCH:
                     flush()

@@ -13,9 +13,12 @@ the timeline. ``open_decision_log`` picks the form by the path's name.
 JSONL (``DecisionLog``): appending is crash-safe in the reader's sense: a batch of records is
 encoded whole and given to the operating system in one ``os.write`` on a file opened
 ``O_APPEND`` (no Python buffer to flush later), so a crash can tear only the last line written.
-A log opened on a file whose last line is torn starts with a newline, so the torn line stays a
-line of its own; ``read_decisions`` skips every line that is not a whole JSON object and
-counts it, by line number.
+A log opened on a file whose last line is torn first cuts that line off (logging how many bytes):
+it is the line of a request the crash left unanswered, so nothing anybody was told is lost, and
+a torn line stays what only a crash in progress leaves, the last line; a last line that is a
+whole JSON object missing only its newline gets the newline. ``read_decisions`` skips a line
+that is not a whole JSON object and counts it, by line number; ``horizon join`` takes such a
+line anywhere but at the end as a bad row.
 
 Parquet (``ParquetDecisionLog``, a path ending ``.parquet``): a folder of part files
 ``part-<sequence>-<uuid>.parquet``, one per flush, each written under a temporary name
@@ -51,6 +54,7 @@ of the README repeats:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import threading
@@ -66,6 +70,11 @@ import numpy as np
 import orjson
 
 from horizon_engine import HorizonError, detect_layout
+
+logger = logging.getLogger("horizon.serve")
+
+TAIL_BLOCK_BYTES = 1 << 16
+"""Bytes read back at a time while looking for a JSONL log's last newline at opening."""
 
 RANDOM_POOL_BYTES = 1 << 14
 """Bytes drawn from ``os.urandom`` at a time for decision ids: 1,024 of them a system call."""
@@ -382,23 +391,56 @@ def _line_template(
     return template + b"}\n", columns
 
 
+def _after_last_newline(fd: int, size: int) -> int:
+    """The offset just after the last newline of the file's first ``size`` bytes (0: none),
+    read back from the end a block at a time."""
+    end = size
+    while end:
+        start = max(end - TAIL_BLOCK_BYTES, 0)
+        newline = os.pread(fd, end - start, start).rfind(b"\n")
+        if newline >= 0:
+            return start + newline + 1
+        end = start
+    return 0
+
+
 class DecisionLog:
     """Appends decision rows to a JSONL file; see the module's docstring for the guarantee."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         self.written = 0
         self._unwritten = b""
         self.pending = 0
         """Rows whose lines are not (all) written yet: a failed write's."""
+        self.cut_torn_bytes = self._end_last_line()
+        """Bytes of a torn last line cut off at opening (0 when the log ended whole)."""
+
+    def _end_last_line(self) -> int:
+        """End the file on a whole line: a newline after a last line that is a whole JSON
+        object, and a torn last line cut off (its length returned and logged)."""
         size = os.fstat(self._fd).st_size
-        if size:
-            with open(self.path, "rb") as handle:
-                handle.seek(size - 1)
-                if handle.read(1) != b"\n":
-                    self._write(b"\n")
+        start = _after_last_newline(self._fd, size)
+        if start == size:
+            return 0
+        tail = os.pread(self._fd, size - start, start)
+        try:
+            whole = isinstance(json.loads(tail), dict)
+        except (ValueError, RecursionError):
+            whole = False
+        if whole:
+            self._write(b"\n")
+            return 0
+        os.ftruncate(self._fd, start)
+        logger.warning(
+            "decision log %s: cut off its torn last line (%d bytes, a request a crash left "
+            "unanswered)",
+            self.path,
+            size - start,
+        )
+        return size - start
 
     def append(self, rows: Iterable[Mapping[str, Any]]) -> None:
         """Write the rows, complete lines, with one system call (after the rows of an earlier

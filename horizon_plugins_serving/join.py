@@ -25,11 +25,19 @@ rewards' (a join of 1M decisions and 500k rewards peaks at about 560 MB).
 ``--engine spark`` runs the same join on a SparkSession (``join_spark``) and writes the same
 rows, for logs larger than that.
 
-Every count lands in ``_JOINED.report.json`` and in the printed summary: torn last lines of the
-log (a crash mid-write) and rewards outside the window or for an unknown decision are counted,
-not fatal; a repeated decision_id keeps its first row only. A reward row without a decision_id,
-with a timestamp that is not ISO 8601 with a zone, or with a metric that is not a finite number
-fails the command naming its file and line, or with ``--skip-bad-rows`` is counted and skipped.
+Every count lands in ``_JOINED.report.json`` and in the printed summary: a torn last line of
+the log (a crash mid-write; only the last line, without its newline, can be one) and rewards
+outside the window or for an unknown decision are counted, not fatal; a repeated decision_id
+keeps its first row only. A line that is not a whole JSON object elsewhere in the log, a reward
+row without a decision_id, with a timestamp that is not ISO 8601 with a zone, or with a metric
+that is not a finite number fails the command naming its file and line, or with
+``--skip-bad-rows`` is counted and skipped.
+
+Before anything is read, the command refuses what would destroy or confuse its own inputs or a
+user's files (``join_writer.check_outputs``, ``join_readers.check_input``): JOINED or its report
+on an input however spelt (``..``, a link, a hard link) or inside an input's folder, a folder
+where a file belongs, a report file a join did not write, and a ``--default`` that breaks the
+rule of every row's values.
 
 This module holds the command and the local engine's join: the plan of the first pass and each
 chunk's metrics. The report is ``join_report``'s, the row checks ``join_rows``', the reading
@@ -52,18 +60,31 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from horizon_engine import FLOAT32_MAX, atomic_output, command, memory_budget, number_problem
+from horizon_engine import (
+    FLOAT32_MAX,
+    atomic_output,
+    command,
+    memory_budget,
+    number_problem,
+    text_problem,
+)
 from horizon_plugins_serving.join_readers import (
     DecisionChunk,
     DecisionLogReader,
     Rewards,
+    check_input,
     ignored_files,
     is_parquet,
     log_memory,
     read_rewards,
 )
 from horizon_plugins_serving.join_report import SHOWN, BadRows, JoinReport, report_path
-from horizon_plugins_serving.join_writer import JoinedWriter, first_row_types, threads_help
+from horizon_plugins_serving.join_writer import (
+    JoinedWriter,
+    check_outputs,
+    first_row_types,
+    threads_help,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -115,17 +136,30 @@ class MemoryType(click.ParamType):
 
 
 def parse_defaults(pairs: Sequence[str]) -> dict[str, float]:
-    """``--default METRIC=VALUE`` pairs as a map; none given means ``reward=0``."""
+    """``--default METRIC=VALUE`` pairs as a map; none given means ``reward=0``.
+
+    A default is a metric the joined rows hold as a reward row's would, so it follows the
+    rule of every row's values (``horizon_engine.number_problem``: finite, within float32)
+    and its name that of every text (``text_problem``): a default the next run's source
+    would quarantine on every defaulted row is refused here, before anything is joined.
+    A metric given twice is refused too: which value was meant is not for the join to guess.
+    """
     defaults: dict[str, float] = {}
     for pair in pairs:
         name, sep, text = pair.partition("=")
+        name = name.strip()
         try:
             value = float(text)
         except ValueError:
             value = math.nan
-        if not sep or not name.strip() or not math.isfinite(value):
+        if not sep or not name or math.isnan(value):
             raise ValueError(f"--default {pair!r}: expected METRIC=NUMBER, e.g. reward=0")
-        defaults[name.strip()] = value
+        problem = number_problem(value) or text_problem(name)
+        if problem is not None:
+            raise ValueError(f"--default {pair!r}: {problem}")
+        if name in defaults:
+            raise ValueError(f"--default {pair!r}: metric {name!r} is given a default twice")
+        defaults[name] = value
     return defaults or {"reward": 0.0}
 
 
@@ -494,6 +528,10 @@ def join_command(
         defaults = None if drop_unrewarded else parse_defaults(default_pairs)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--default") from None
+    inputs = {"decision log": decisions, "rewards file": rewards}
+    for what, path in inputs.items():
+        check_input(path, what)
+    check_outputs(output, inputs)
     if engine == "spark":
         from horizon_plugins_serving.join_spark import join_spark
 

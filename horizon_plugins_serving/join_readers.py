@@ -12,24 +12,31 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from threading import Event
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from horizon_engine import (
     FLOAT32_MAX,
+    MAX_LINE_BYTES,
     BadLine,
     HorizonError,
+    LongLine,
     invalid_text_rows,
+    line_prefix,
     number_problem,
     parse_json_line,
+    read_lines,
+    read_past_line,
     strip_bom,
 )
 from horizon_plugins_serving.join_report import SHOWN, BadRows
 from horizon_plugins_serving.join_rows import (
     JOINED_ALREADY,
     MISSING_ID,
+    bad_line_reason,
     decision_problem,
     parse_timestamps,
     reward_problem,
+    torn_line,
 )
 
 if TYPE_CHECKING:
@@ -49,9 +56,7 @@ def line_blocks(path: Path, count: int) -> Iterator[tuple[list[bytes], list[int]
     lines: list[bytes] = []
     numbers: list[int] = []
     with open(path, "rb") as handle:
-        for number, line in enumerate(handle, start=1):
-            if number == 1:
-                line = strip_bom(line)
+        for number, line in read_lines(handle):
             if line.strip():
                 lines.append(line)
                 numbers.append(number)
@@ -133,12 +138,20 @@ TEXT_BLOCK_BYTES = 16 * 2**20
 def text_blocks(path: Path, size: int = TEXT_BLOCK_BYTES) -> Iterator[tuple[bytes, int]]:
     """A text file in blocks of whole lines (the last may be torn) of about ``size`` bytes,
     each with the number of its first line (from 1); the first without a UTF-8 byte order
-    mark. Nothing is split into lines: a block Arrow reads whole never is."""
+    mark. Nothing is split into lines: a block Arrow reads whole never is. A line longer than
+    ``MAX_LINE_BYTES`` is a block of its own, a ``LongLine``, read past and never held whole
+    (one that never ends would otherwise grow without bound). Only a line begun in an earlier
+    read can be that long, as a read is no longer than the limit."""
     number = 1
     rest = b""
     with open(path, "rb") as handle:
         while read := handle.read(size):
             block = rest + read
+            if rest:
+                long_line, block = _long_first_line(handle, block)
+                if long_line is not None:
+                    yield long_line, number
+                    number += 1
             end = block.rfind(b"\n") + 1
             if end == 0:
                 rest = block
@@ -148,6 +161,18 @@ def text_blocks(path: Path, size: int = TEXT_BLOCK_BYTES) -> Iterator[tuple[byte
             number += block.count(b"\n")
     if rest:
         yield strip_bom(rest) if number == 1 else rest, number
+
+
+def _long_first_line(handle: BinaryIO, block: bytes) -> tuple[LongLine | None, bytes]:
+    """The block's first line as a ``LongLine`` when it is longer than ``MAX_LINE_BYTES``
+    (read past to its newline when the block holds none), and what follows it; else None and
+    the block as it was."""
+    first_end = block.find(b"\n") + 1
+    if first_end == 0 and len(block) > MAX_LINE_BYTES:
+        return read_past_line(handle, block, MAX_LINE_BYTES), b""
+    if first_end - 1 > MAX_LINE_BYTES:
+        return LongLine(line_prefix(block), first_end - 1, MAX_LINE_BYTES), block[first_end:]
+    return None, block
 
 
 def block_lines(block: bytes, first: int) -> tuple[list[bytes], list[int]]:
@@ -250,6 +275,21 @@ def is_parquet(path: Path) -> bool:
     return path.name.endswith(".parquet")
 
 
+def check_input(path: Path, what: str) -> None:
+    """Refuses an input either engine would read otherwise than as the join's docs say: a
+    folder is a Parquet log's part files only where its name ends ``.parquet`` (read as
+    JSONL, a folder raised ``IsADirectoryError`` locally where Spark read every file in it),
+    and a pipe or a device is no file to read twice."""
+    if path.is_dir():
+        if not is_parquet(path):
+            raise HorizonError(
+                f"{path}: the {what} is a folder; a folder is read as Parquet part files only "
+                "where its name ends .parquet (JSONL is one file)"
+            )
+    elif not path.is_file():
+        raise HorizonError(f"{path}: the {what} is neither a file nor a folder")
+
+
 ARROW_OVER_PARQUET = 2
 """A Parquet log's rows in Arrow's memory over their uncompressed size in its metadata (measured:
 200,000 rows ``horizon serve`` logged, 23.8 MB uncompressed, take 46.4 MB as an Arrow table; the
@@ -314,9 +354,9 @@ def bad_text_rows(batch: pa.RecordBatch) -> dict[int, str]:
 class DecisionLogReader:
     """Streams a decision log's good rows in chunks, the same rows in the same order each pass.
 
-    A JSONL line that is not a whole JSON object ending with a newline is torn (what a crash
-    mid-write leaves, as ``read_decisions`` counts it): counted, never fatal. A whole row
-    without a decision_id or a readable timestamp is a bad row.
+    A JSONL log's last line without its newline is torn (what a crash mid-write leaves):
+    counted, never fatal (``torn_line``). Any other line that is not a whole JSON object, and
+    a row without a decision_id or a readable timestamp, is a bad row.
     """
 
     def __init__(self, path: Path, bad: BadRows, chunk_rows: int = CHUNK_ROWS) -> None:
@@ -379,17 +419,19 @@ class DecisionLogReader:
         ids: list[str] = []
         texts: list[str] = []
         for number, line in zip(numbers, lines, strict=True):
+            refused: BadLine | None = None
             try:
                 row = parse_json_line(line)
             except BadLine as exc:
-                if exc.kind != "invalid_json":  # whole, but not a row the next run can take
-                    self.bad.found(f"{self.path}:{number}", exc.reason, "decision", number)
-                    continue
-                row = None
-            if not isinstance(row, dict) or not line.endswith(b"\n"):
+                refused, row = exc, None
+            if torn_line(line, refused):
                 self.torn += 1
                 if len(self.torn_lines) < SHOWN:
                     self.torn_lines.append(number)
+                continue
+            if refused is not None:
+                reason = bad_line_reason(refused)
+                self.bad.found(f"{self.path}:{number}", reason, "decision", number)
                 continue
             problem = decision_problem(row)
             if problem is not None:
@@ -555,9 +597,10 @@ def _metric_table(rows: Any, names: Any, values: Any) -> pa.Table:
 
 def _jsonl_rewards(path: Path, bad: BadRows) -> Iterator[tuple[pa.Table, pa.Table]]:
     for text, first in text_blocks(path):
-        block = _read_reward_block(text, first)
+        long_line = isinstance(text, LongLine)
+        block = None if long_line else _read_reward_block(text, first)
         if block is None:
-            lines, numbers = block_lines(text, first)
+            lines, numbers = ([text], [first]) if long_line else block_lines(text, first)
             if not lines:
                 continue
             block = _checked_reward_lines(path, lines, numbers, bad)
@@ -619,7 +662,7 @@ def _checked_reward_lines(
         try:
             row = parse_json_line(line)
         except BadLine as exc:
-            if exc.kind == "invalid_json" and not line.endswith(b"\n"):
+            if torn_line(line, exc):
                 # The last line, torn by a crash mid-write: counted, as a torn decision is.
                 bad.report.torn_reward_lines += 1
                 continue

@@ -99,6 +99,32 @@ def _examples(items: Sequence[str]) -> str:
     return f", e.g. {', '.join(items)}" if items else ""
 
 
+REPORT_KEYS = frozenset({"engine", "window_seconds", "decision_rows", "written"})
+"""Fields every join's report holds, by which a new join knows one it may replace."""
+
+MAX_REPORT_BYTES = 64 * 2**20
+"""A join's report names at most a few dozen ids and rows: a larger file is not one."""
+
+
+def is_join_report(path: Path) -> bool:
+    """Whether ``path`` is a report an earlier join wrote (a file holding a JSON object with
+    ``REPORT_KEYS`` and an engine's name), which the next join writing beside the same output
+    replaces; anything else there is a user's, and the join refuses rather than overwrite it."""
+    import json
+
+    if path.is_symlink() or not path.is_file() or path.stat().st_size > MAX_REPORT_BYTES:
+        return False
+    try:
+        fields = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return (
+        isinstance(fields, dict)
+        and fields.keys() >= REPORT_KEYS
+        and fields["engine"] in ("local", "spark")
+    )
+
+
 def report_path(output: Path) -> Path:
     """Where the report of a join writing ``output`` goes: ``_JOINED.report.json`` beside it,
     its name starting with ``_`` so that a folder of joined files read as a ``[source]`` (or

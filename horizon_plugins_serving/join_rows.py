@@ -89,14 +89,32 @@ def line_problem(text: str | bytes, check: Callable[[Any], str | None]) -> str |
 
 
 def decision_line_problem(line: bytes) -> str | None:
-    """What is wrong with a whole decision line, as the local engine's reader words it: a line
-    that is JSON but not one the next run can take (not UTF-8, a lone surrogate, too deep) by
-    the parser's reason alone; a line that is not JSON is torn, not bad (None)."""
+    """What is wrong with a decision line that is not the log's torn last line, as the local
+    engine's reader words it: text that is not JSON as ``not JSON (...)``, a line that is
+    JSON but not one the next run can take (not UTF-8, a lone surrogate, too deep) by the
+    parser's reason alone."""
     try:
         row = parse_json_line(line)
     except BadLine as exc:
-        return None if exc.kind == "invalid_json" else exc.reason
+        return bad_line_reason(exc)
     return decision_problem(row) or timestamp_problem(row["timestamp"])
+
+
+def bad_line_reason(exc: BadLine) -> str:
+    """Why a decision line the parser refused is a bad row (it is not the torn last line)."""
+    return f"not JSON ({exc.reason})" if exc.kind == "invalid_json" else exc.reason
+
+
+def torn_line(line: bytes, problem: BadLine | None) -> bool:
+    """Whether a decision line is torn, counted rather than bad: only the log's last line
+    can be cut by a crash mid-write, and it is the only line without a newline. One there
+    that the parser refuses (``problem``) for more than its JSON (not UTF-8, a lone
+    surrogate, too deep) is still a bad row, as anywhere.
+    A line cut short elsewhere (a file damaged or joined by hand: ``horizon serve``'s log,
+    reopened after a crash, first cuts off its torn last line) is a bad row: named, or
+    skipped with ``--skip-bad-rows``."""
+    at_end = not line.endswith(b"\n")
+    return at_end and (problem is None or problem.kind == "invalid_json")
 
 
 def bad_metrics(metrics: Any) -> str | None:

@@ -222,38 +222,41 @@ def check_jsonl_decisions(spark: SparkSession, path: Path, report: JoinReport) -
     )
     json = F.col("row.torn").isNull()
     whole = json & F.ltrim("text").startswith("{")
-    if torn_last is not None:
-        whole = whole & (F.col("line") != torn_last)
+    # Only the last line, without its newline, is torn (``join_rows.torn_line``).
+    at_end = F.lit(False) if torn_last is None else F.col("line") == torn_last
     frame = lines.select(
         F.col("line").alias("position"),
         "text",
         parsed.alias("row"),
         whole.alias("whole"),
+        at_end.alias("at_end"),
         # Not a row the next run can take, whole or not (as ``json_lines`` finds it).
         (~F.is_valid_utf8("text") | (json & lone_surrogate(F.col("text")))).alias("bad_text"),
     ).select(
         "position",
         "text",
         "whole",
+        "at_end",
         "bad_text",
         F.col("row.decision_id").alias("decision_id"),
         micros(F.col("row.timestamp")).alias("micros"),
         F.col("row.metrics").isNotNull().alias("has_metrics"),
     )
     bad = (
-        (F.coalesce(F.col("decision_id"), F.lit("")) == "")
+        ~F.col("whole")
+        | (F.coalesce(F.col("decision_id"), F.lit("")) == "")
         | ~F.col("text").rlike(STRING_ID)
         | F.col("micros").isNull()
         | F.col("has_metrics")
     )
     status = (
         F.when(F.col("bad_text"), "bad")
-        .when(~F.col("whole"), "torn")
+        .when(F.col("at_end"), "torn")
         .when(bad, "bad")
         .otherwise("good")
     )
     checked = Checked(
-        frame.withColumn("status", status).drop("whole", "bad_text", "has_metrics"),
+        frame.withColumn("status", status).drop("whole", "at_end", "bad_text", "has_metrics"),
         "decision",
         lambda row: f"{path}:{row.position}",
         lambda row: decision_line_problem(bytes(row.raw)) or "rejected by Spark's reader",

@@ -10,18 +10,121 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+import re
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from horizon_engine import BadLine, HorizonError, parse_json_line
+from horizon_plugins_serving.join_readers import is_parquet
+from horizon_plugins_serving.join_report import is_join_report, report_path
 
 if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
     from horizon_plugins_serving.join_readers import DecisionChunk
+
+
+JOINED_PART = re.compile(r"part-[^/]*\.parquet")
+"""The files of JOINED as a Parquet folder, as either engine writes them."""
+
+
+def check_outputs(output: Path, inputs: Mapping[str, Path]) -> None:
+    """Refuses, before anything is read or written, a join whose output or report would
+    replace or land inside one of its ``inputs`` (by what each is, e.g. ``"rewards file"``),
+    or replace what the join did not write.
+
+    An input is recognised however the output spells it: a relative or absolute path, one
+    through ``..`` or a link (paths compared resolved), or a hard link or a bind mount (files
+    and folders compared by device and inode where they exist). A folder given as an input
+    holds every path inside it; a Parquet output folder holds what is inside it. Past these,
+    ``-o`` may not be an existing folder for JSONL, nor a Parquet folder holding anything but
+    the part files a join writes; and the report's name beside it may hold only a report a
+    join wrote (``is_join_report``), which is replaced.
+    """
+    if output.name in ("", ".", ".."):
+        raise HorizonError(
+            f"-o {output}: name a file for JSONL, or a folder whose name ends .parquet"
+        )
+    report = report_path(output)
+    places = {f"-o {output}": output, f"the report {report}, beside -o {output},": report}
+    for label, place in places.items():
+        for what, source in inputs.items():
+            problem = _overlap(place, source)
+            if problem is not None:
+                raise HorizonError(
+                    f"{label} {problem} the {what} {source}: the join would "
+                    f"{'write into' if problem == 'lies inside' else 'replace'} it. Nothing "
+                    "was written; write the joined rows elsewhere"
+                )
+    _check_parent(output)
+    if output.is_dir():
+        _check_replaceable_folder(output)
+    if (report.exists() or report.is_symlink()) and not is_join_report(report):
+        raise HorizonError(
+            f"{report}: the join writes its report there (beside -o {output}), and this is "
+            "not a report a join wrote. Nothing was written; move it, or write the joined "
+            "rows elsewhere"
+        )
+
+
+def _same(first: Path, second: Path) -> bool:
+    """Whether two paths name one file or folder: the same resolved path, or the same device
+    and inode (a hard link, a bind mount)."""
+    if first.resolve() == second.resolve():
+        return True
+    try:
+        return os.path.samefile(first, second)
+    except OSError:  # one of them does not exist
+        return False
+
+
+def _within(inner: Path, outer: Path) -> bool:
+    """Whether ``inner`` is ``outer`` or lies inside it, links followed."""
+    resolved = inner.resolve()
+    return any(_same(place, outer) for place in (resolved, *resolved.parents))
+
+
+def _overlap(place: Path, source: Path) -> str | None:
+    """How an output ``place`` meets an input ``source``: ``is``, ``lies inside`` (a folder),
+    ``holds`` (a folder replaced), or None."""
+    inside, holds = _within(place, source), _within(source, place)
+    if inside and holds:
+        return "is"
+    if inside:
+        return "lies inside"
+    return "holds" if holds else None
+
+
+def _check_parent(output: Path) -> None:
+    """Refuses an output whose nearest existing parent is not a folder, which the write would
+    meet as ``NotADirectoryError`` once the join was done."""
+    for parent in output.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise HorizonError(f"-o {output}: {parent} is not a folder")
+            return
+
+
+def _check_replaceable_folder(output: Path) -> None:
+    """An existing folder at ``-o`` is replaced whole by a Parquet JOINED: only where it
+    holds nothing but the part files an earlier join wrote. JSONL is written to a file."""
+    if not is_parquet(output):
+        raise HorizonError(
+            f"-o {output} is a folder: JSONL is written to a file (name one, or end the name "
+            ".parquet to write a Parquet folder)"
+        )
+    if output.is_symlink():
+        return  # the link is replaced, not the folder it leads to
+    for entry in sorted(output.iterdir()):
+        if entry.is_symlink() or not entry.is_file() or not JOINED_PART.fullmatch(entry.name):
+            raise HorizonError(
+                f"-o {output} is a folder holding {entry.name}, which a join does not write: "
+                "the join replaces the folder whole. Nothing was written; move what is yours, "
+                "or write the joined rows elsewhere"
+            )
 
 
 THREADED_CORES = 3

@@ -15,10 +15,18 @@ every answered decision to the log, and exits 0. ``--log`` ending ``.parquet`` i
 Parquet parts (``decision_log``).
 
 Limits (``connections``): ``--request-timeout`` (5 s) to send a request whole, else 408;
-``--max-connections`` (1000, or what the open-file limit allows) served at once, else 503;
-``--keep-alive-timeout`` (5 s). A bearer token (``--token-file PATH`` or the environment's
-``HORIZON_SERVE_TOKEN``) makes POST /decisions answer 401 without ``Authorization: Bearer
-TOKEN``; a ``--host`` that is not loopback needs one, or ``--insecure``.
+``--max-connections`` (1000, or what the open-file limit allows) served at once: at the cap a
+newcomer sheds the connection that has sent the least for longest (408), and gets 503 only when
+every one is being answered; ``--keep-alive-timeout`` (5 s); a request head of 64 KiB, else 431.
+A bearer token (``--token-file PATH`` or the environment's ``HORIZON_SERVE_TOKEN``) makes POST
+/decisions answer 401 without ``Authorization: Bearer TOKEN`` (the scheme in any case). A
+``--host`` that is not loopback needs one, or ``--insecure``. A second SIGINT or SIGTERM
+during the shutdown is one log line; the shutdown goes on.
+
+A model whose outputs on two check rows are not finite (its training went NaN) is refused at
+load (``Predictor.check_outputs``); a row whose output is not finite all the same (values the
+model overflows on) gets its request a 500 naming the row and one log line, nothing decided or
+logged for it, while the requests decided with it are answered.
 
 The endpoints:
 
@@ -136,6 +144,7 @@ from horizon_plugins_serving.decision_log import (
     json_value,
     json_values,
 )
+from horizon_plugins_serving.predictor import NonFiniteOutput
 from horizon_plugins_serving.request_body import BodyError, decode_body
 
 if TYPE_CHECKING:
@@ -366,7 +375,7 @@ class DecisionService:
         token: str | None = None,
     ) -> None:
         self.predictor = predictor
-        self.token = None if token is None else f"Bearer {token}".encode()
+        self.token = None if token is None else token.encode()
         self.writer = writer
         self.max_body_bytes = max_body_bytes
         self.max_batch = max_batch
@@ -435,10 +444,13 @@ class DecisionService:
 
     def authorized(self, headers: Headers) -> bool:
         """Whether the request carries the bearer token (compared in constant time), or no
-        token is asked for."""
+        token is asked for. The scheme's name is case-insensitive (RFC 7235: ``bearer`` is
+        ``Bearer``), the token is not."""
         if self.token is None:
             return True
-        return hmac.compare_digest(_header(headers, b"authorization") or b"", self.token)
+        scheme, _, credentials = (_header(headers, b"authorization") or b"").partition(b" ")
+        given = credentials.strip(b" ") if scheme.lower() == b"bearer" else b""
+        return hmac.compare_digest(given, self.token)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """POST /decisions, as a plain ASGI app (``DecisionApp`` calls it without Starlette's
@@ -464,7 +476,17 @@ class DecisionService:
             client = "{}:{}".format(*scope["client"]) if scope.get("client") else "a client"
             logger.warning("%s closed before its request arrived whole", client)
             return  # nothing to answer: the connection is gone
-        answers = await self.decided(rows)
+        try:
+            answers = await self.decided(rows)
+        except NonFiniteOutput as exc:
+            client = "{}:{}".format(*scope["client"]) if scope.get("client") else "a client"
+            message = (
+                f"row {exc.rows[0]}: the model's {exc.output} is {exc.found} (not finite) for "
+                "its values; nothing decided or logged"
+            )
+            logger.error("%s: answered 500, %s", client, message)
+            await _respond(send, 500, json.dumps({"error": message}).encode())
+            return
         await _respond(send, 200, b'{"decisions":[%s]}' % b",".join(answers))
 
     async def decided(self, rows: list[dict[str, Any]]) -> list[bytes]:
@@ -499,6 +521,9 @@ class DecisionService:
                 try:
                     logged, answers = self.decide([row for rows, _ in batch for row in rows])
                     await self.writer.put(logged)
+                except NonFiniteOutput as exc:
+                    self._waiting.extendleft(reversed(self._refuse_rows(batch, exc)))
+                    continue
                 except Exception as exc:
                     for _, answered in batch:
                         if not answered.done():
@@ -514,6 +539,25 @@ class DecisionService:
             for _, answered in [*batch, *self._waiting]:
                 answered.cancel()  # a no-op for those answered
             self._waiting.clear()
+
+    @staticmethod
+    def _refuse_rows(
+        batch: list[tuple[list[dict[str, Any]], asyncio.Future[list[bytes]]]],
+        error: NonFiniteOutput,
+    ) -> list[tuple[list[dict[str, Any]], asyncio.Future[list[bytes]]]]:
+        """Fail the requests of ``batch`` holding a row whose output is not finite, each with
+        its own rows' indexes; the others, to be decided again without them."""
+        bad = set(error.rows)
+        kept = []
+        start = 0
+        for rows, answered in batch:
+            own = [row - start for row in range(start, start + len(rows)) if row in bad]
+            start += len(rows)
+            if not own:
+                kept.append((rows, answered))
+            elif not answered.done():
+                answered.set_exception(NonFiniteOutput(own, error.output, error.found))
+        return kept
 
     async def read_body(self, headers: Headers, receive: Receive) -> bytes:
         """The body, refused with 413 as soon as it is known to be over the cap."""
@@ -735,7 +779,30 @@ def uvicorn_server(
         log_level="warning",
         access_log=False,
     )
-    return uvicorn.Server(config)
+
+    class GracefulServer(uvicorn.Server):
+        """uvicorn's server, whose graceful shutdown a second signal does not cut short:
+        uvicorn took SIGINT during a shutdown as "force exit", skipped the app's shutdown
+        (leaving the decision log undrained and unclosed: a Parquet log's queued rows lost)
+        and printed the cancelled log writer's traceback. The shutdown lasts as long as the
+        requests in flight take, bounded by ``--request-timeout``."""
+
+        def __init__(self, config: uvicorn.Config) -> None:
+            super().__init__(config)
+            self.repeated: set[int] = set()
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if not self.should_exit:
+                super().handle_exit(sig, frame)  # re-raised once the server has stopped
+            elif sig not in self.repeated:
+                self.repeated.add(sig)
+                logger.warning(
+                    "%s while stopping: still answering the requests in flight and writing "
+                    "the decision log",
+                    signal.Signals(sig).name,
+                )
+
+    return GracefulServer(config)
 
 
 def _url(address: Sequence[Any]) -> str:
@@ -782,8 +849,18 @@ class _Stopped(Exception):
     """SIGINT or SIGTERM, raised once uvicorn has shut down gracefully and re-raised it."""
 
 
-def _stop(signum: int, frame: object) -> None:
-    raise _Stopped(signal.Signals(signum).name)
+def _stopping() -> Any:
+    """A handler for SIGINT and SIGTERM: the first one, re-raised by uvicorn once it has
+    stopped, raises ``_Stopped``; one after it, while ``serve`` writes its last lines, is
+    ignored rather than a traceback."""
+    stopped_by: list[str] = []
+
+    def stop(signum: int, frame: object) -> None:
+        if not stopped_by:
+            stopped_by.append(signal.Signals(signum).name)
+            raise _Stopped(stopped_by[0])
+
+    return stop
 
 
 def _listening_socket(host: str, port: int) -> socket.socket:
@@ -911,18 +988,24 @@ def serve(
         + ("bearer token required" if token else "no token")
         + ("; rows without a known feature refused" if strict_features else "")
     )
-    handlers = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stop = _stopping()
+    handlers = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     freeze_startup_objects()
     keep_freed_memory()
     stopped_by = "the server's end"
-    try:
-        uvicorn_server(app, limits=limits).run(sockets=[listening])
-    except _Stopped as exc:
-        stopped_by = str(exc)
+    try:  # the handlers stay until the last line: a late signal is ignored, not a traceback
+        try:
+            uvicorn_server(app, limits=limits).run(sockets=[listening])
+        except _Stopped as exc:
+            stopped_by = str(exc)
+        _report_stop(service.writer, log_path, stopped_by)
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
-    writer = service.writer
+
+
+def _report_stop(writer: LogWriter, log_path: Path, stopped_by: str) -> None:
+    """``serve``'s last line: what was logged, or, with status 1, how the log failed."""
     if writer.failure:
         click.echo(
             f"error: the decision log failed: {writer.failure}; {writer.logged} decisions "

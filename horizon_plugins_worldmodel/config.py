@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from horizon_engine import TrainerConfig
+from horizon_engine import LearningRate, TrainerConfig
 
 
 class WorldModelConfig(TrainerConfig):
@@ -35,13 +35,14 @@ class WorldModelConfig(TrainerConfig):
     model: Literal["mlp", "gru"] = "mlp"
     """"mlp": each transition from its own (state, action); "gru": a recurrent model over the
     episode, each step also seeing the steps before it (Horizon's MDN-RNN)."""
-    learning_rate: float = Field(default=3e-3, gt=0.0)
+    learning_rate: LearningRate = 3e-3
     """Adam's learning rate."""
     folds: int = Field(default=3, ge=2)
     """[analysis]: episodes are split into this many folds; each fold's held-out losses come
     from models fitted on the other folds, so every row's loss is a held-out one."""
-    num_bootstrap: int = Field(default=400, ge=10)
-    """[analysis]: resamples of episodes behind every interval."""
+    num_bootstrap: int = Field(default=400, ge=10, le=100_000)
+    """[analysis]: resamples of episodes behind every interval; at most 100,000, as the
+    estimators' (an interval has settled long before; time and memory grow with it)."""
     confidence: float = Field(default=0.95, gt=0.0, lt=1.0)
     """[analysis]: coverage of every interval."""
     min_information: float = Field(default=0.02, gt=0.0)

@@ -178,6 +178,9 @@ def test_crafted_check_rows_and_problem_files_stop_the_export_naming_file_and_fi
     crafted_problems = [
         ({"feature_ids": 4}, "field 'feature_ids' is not a list of strings"),
         ({"actions": [0, 1]}, "field 'actions' is not a list of strings"),
+        # An exported model serve refuses: an action index names one action.
+        ({"actions": ["0", "0"]}, "field 'actions' lists '0' more than once"),
+        ({"feature_ids": ["0", "1", "2", "0"]}, "field 'feature_ids' lists '0' more than once"),
         ({"n_step": 1.5}, "field 'n_step' is not a whole number"),
         ({"n_step": 0}, "field 'n_step' is below 1"),
         ({"max_feature_value": "big"}, "field 'max_feature_value' is not a number > 0"),

@@ -42,6 +42,9 @@ POLICIES = [
     {"policy": "greedy"},
     {"policy": "epsilon_greedy", "epsilon": 0.3},
     {"policy": "softmax", "temperature": 0.5},
+    # The extremes: below float32's smallest number (greedy, ties shared), its smallest, its
+    # smallest normal one, and one that makes every possible action as likely.
+    *({"policy": "softmax", "temperature": t} for t in (1e-300, 1e-45, 1e-38, 1e30)),
 ]
 
 
@@ -87,7 +90,7 @@ def torch_mask(possible: list[list[str] | None]) -> torch.Tensor:
     return mask
 
 
-@pytest.mark.parametrize("policy", POLICIES, ids=[p["policy"] for p in POLICIES])
+@pytest.mark.parametrize("policy", POLICIES, ids=[Exploration(**p).label for p in POLICIES])
 def test_serving_the_exported_model_and_cpe_give_the_same_probabilities(tmp_path, policy):
     model = HandWeightedDqn()
     export(tmp_path, model, **policy)
@@ -169,7 +172,7 @@ def dense_candidates() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return values, presence, mask
 
 
-@pytest.mark.parametrize("policy", POLICIES, ids=[p["policy"] for p in POLICIES])
+@pytest.mark.parametrize("policy", POLICIES, ids=[Exploration(**p).label for p in POLICIES])
 def test_parametric_serving_the_exported_model_and_cpe_give_the_same_probabilities(
     tmp_path, policy
 ):

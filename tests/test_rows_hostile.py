@@ -344,3 +344,21 @@ def test_serve_counts_rows_without_a_known_feature_and_refuses_them_when_strict(
     assert status == 422
     assert answer["error"].startswith("row 0: none of the state features ['speed'] is one")
     assert (tmp_path / "strict.jsonl").read_text() == ""
+
+
+def test_score_skips_a_line_too_long_and_one_naming_a_key_twice(model, tmp_path):
+    """Issue 33: score reads its lines as the sources do (``json_lines.read_lines``)."""
+    good = json.dumps({"state_features": {"0": 0.1}}).encode()
+    long_line = b'{"state_features": {"0": 0.1}, "note": "' + b"x" * 2**24 + b'"}'
+    source = tmp_path / "rows.jsonl"
+    source.write_bytes(
+        b"\n".join([good, b'{"state_features": {"0": 1, "0": 2}}', long_line, good]) + b"\n"
+    )
+    output = tmp_path / "decisions.jsonl"
+    printed = horizon("score", model, source, "-o", output, "--skip-bad-rows")
+    assert "scored 2 rows" in printed and "skipped 2 bad rows" in printed
+    assert "line 2: not JSON (the key '0' appears twice in one object)" in printed
+    assert (
+        f"line 3: not JSON (a line of {len(long_line):,} bytes, longer than the 16,777,216"
+        in printed
+    )

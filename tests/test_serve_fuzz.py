@@ -84,6 +84,51 @@ bodies = st.one_of(
     ),
     st.binary(max_size=64),
 )
+FIELDS = (
+    "rows",
+    "row",
+    "state_features",
+    "feature",
+    "mdp_id",
+    "sequence_number",
+    "possible_actions",
+    "possible_action",
+    "other",
+)
+"""Where ``deep_body`` puts its nested value: the body's ``rows``, a row, a row's field, a
+value inside ``state_features`` or ``possible_actions``, a field no row has."""
+LEAVES = ("1", '"0"', "null", "[]", "{}", "1e400")
+
+
+def deep_value(levels: list[str], depth: int, leaf: str) -> str:
+    """A JSON value ``depth`` containers deep, each a list or an object by ``levels`` in turn."""
+    kinds = [levels[level % len(levels)] for level in range(depth)]
+    opening = "".join("[" if kind == "list" else '{"0": ' for kind in kinds)
+    closing = "".join("]" if kind == "list" else "}" for kind in reversed(kinds))
+    return opening + leaf + closing
+
+
+def deep_body(field: str, value: str) -> bytes:
+    """A request body holding ``value`` at ``field`` (``FIELDS``), the rest of it good."""
+    row = {
+        "row": value,
+        "state_features": f'{{"state_features": {value}}}',
+        "feature": f'{{"state_features": {{"0": {value}}}}}',
+        "possible_action": f'{{"state_features": {{"0": 1}}, "possible_actions": ["0", {value}]}}',
+    }.get(field, f'{{"state_features": {{"0": 1}}, "{field}": {value}}}')
+    return (f'{{"rows": {value}}}' if field == "rows" else f'{{"rows": [{row}]}}').encode()
+
+
+deep_bodies = st.builds(
+    deep_body,
+    st.sampled_from(FIELDS),
+    st.builds(
+        deep_value,
+        st.lists(st.sampled_from(["list", "object"]), min_size=1, max_size=3),
+        st.one_of(st.integers(0, 40), st.integers(990, 1100), st.integers(1101, 5000)),
+        st.sampled_from(LEAVES),
+    ),
+)
 content_types = st.sampled_from(
     ["application/json", "text/plain", "application/x-www-form-urlencoded", ""]
 )
@@ -131,3 +176,29 @@ def test_the_door_refuses_with_a_reason_and_a_place(served, body, reason):
     answer = client.post("/decisions", content=body)
     assert answer.status_code == 400
     assert reason in answer.json()["error"]
+
+
+@given(body=deep_bodies)
+def test_any_depth_of_lists_and_objects_at_any_field_gets_decisions_or_a_4xx(served, body):
+    """Nested about 1,000 deep (within orjson's 1,024) in ``mdp_id``, ``possible_actions`` or a
+    feature, a value's ``repr`` in the row's reason raised ``RecursionError``: a 500."""
+    client, log = served
+    before = len(read_decisions(log).rows)
+    answer = client.post("/decisions", content=body)
+    assert answer.status_code in (200, 400, 422), answer.text
+    logged = len(read_decisions(log).rows) - before
+    assert logged == (len(answer.json()["decisions"]) if answer.status_code == 200 else 0)
+    assert len(answer.content) < 1000  # the reason shows a nested value cut short
+
+
+@pytest.mark.parametrize("field", FIELDS)
+@pytest.mark.parametrize("kind", ["list", "object"])
+def test_a_value_nested_1000_deep_anywhere_gets_a_4xx_naming_the_row(served, field, kind):
+    client, _ = served
+    answer = client.post("/decisions", content=deep_body(field, deep_value([kind], 1000, "1")))
+    if field == "other":  # a field no row has is not read
+        assert answer.status_code == 200
+    else:
+        assert answer.status_code == 422, answer.text
+        error = answer.json()["error"]
+        assert error.startswith("row 0: ") or (field == "rows" and '{"rows": [row' in error)

@@ -1,17 +1,26 @@
 """``horizon serve`` facing hostile clients over real sockets on 127.0.0.1: slow bodies and
-headers get 408 within the request deadline, connections over the cap get 503 and hold nothing,
-a file-descriptor limit lowered in a subprocess is never reached, a disconnecting client is one
-log line, and the decision log survives all of it; the bearer token; a non-loopback host
-without one; a log write failing with EMFILE stalls the log instead of failing it."""
+headers get 408 within the request deadline, stalled connections at the cap are shed for
+newcomers (503 only when every connection is busy), a file-descriptor limit lowered in a
+subprocess is never reached, a request head over 64 KiB gets 431, a half-closed pipelining
+client is answered and a disconnecting one is one log line, a second signal during shutdown is
+one line too, and the decision log survives all of it; the bearer token (its scheme in any
+case); a non-loopback host without one; a log write failing with EMFILE stalls the log instead
+of failing it; a model whose outputs are NaN is refused by serve and score, and a row whose
+output is not finite is refused alone."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
+import http.client
+import json
+import math
 import os
 import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -21,24 +30,26 @@ from test_serve import http_json, request_rows
 
 from horizon_engine import HorizonError
 from horizon_plugins_serving.commands import serve_token
-from horizon_plugins_serving.connections import ConnectionLimits, connection_cap
+from horizon_plugins_serving.connections import MAX_HEAD_BYTES, ConnectionLimits, connection_cap
 from horizon_plugins_serving.decision_log import DecisionLog, read_decisions
-from horizon_plugins_serving.predictor import Predictor
+from horizon_plugins_serving.predictor import NonFiniteOutput, Predictor
 from horizon_plugins_serving.server import BackgroundServer, build_app, is_loopback
 
 HORIZON = str(Path(sys.executable).with_name("horizon"))
 
 
-def tiny_model(path: Path) -> Path:
+def tiny_model(path: Path, weight: float | None = None) -> Path:
     """A two-action ONNX model on four features, built by hand in milliseconds (no training):
-    scores = (features * presence) @ W, with the metadata ``horizon export`` writes."""
+    scores = (features * presence) @ W, with the metadata ``horizon export`` writes; with
+    ``weight``, every entry of W is that (NaN: a model whose training went NaN)."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    weights = numpy_helper.from_array(
-        np.array([[1.0, -1.0], [0.5, 0.25], [-0.5, 0.5], [0.1, 0.2]], np.float32), "weights"
-    )
+    matrix = np.array([[1.0, -1.0], [0.5, 0.25], [-0.5, 0.5], [0.1, 0.2]], np.float32)
+    if weight is not None:
+        matrix[:] = weight
+    weights = numpy_helper.from_array(matrix, "weights")
     graph = helper.make_graph(
         [
             helper.make_node("Mul", ["features", "presence"], ["present"]),
@@ -98,25 +109,90 @@ def test_a_slow_body_and_slow_headers_get_408_within_the_deadline(model, tmp_pat
     assert len(read_decisions(tmp_path / "d.jsonl").rows) == 2
 
 
-def test_connections_over_the_cap_get_503_and_the_server_answers_once_they_go(model, tmp_path):
-    limits = ConnectionLimits(request_timeout=30.0, max_connections=5)
+def stalled_clients(port: int, count: int) -> list[socket.socket]:
+    """Connections that opened and sent nothing, part of a request line, or headers and the
+    body's first byte, then nothing more."""
+    partial = [
+        b"",
+        b"POST /deci",
+        b"POST /decisions HTTP/1.1\r\nHost: x\r\nContent-Length: 99\r\n\r\n{",
+    ]
+    clients = []
+    for number in range(count):
+        client = socket.create_connection(("127.0.0.1", port))
+        client.sendall(partial[number % len(partial)])
+        clients.append(client)
+    return clients
+
+
+def test_stalled_connections_at_the_cap_are_shed_for_ordinary_requests(model, tmp_path):
+    """20 stalled connections fill a cap of 20: a newcomer used to get 503 until their request
+    deadline (30 s here) cut them; now each newcomer sheds the connection furthest behind the
+    minimum data rate. 30 clients each keep their connection open after their answer, so all
+    20 stalled ones are shed (with 408), then the earliest of the idle ones."""
+    limits = ConnectionLimits(request_timeout=30.0, max_connections=20)
     app = build_app(Predictor(model), DecisionLog(tmp_path / "d.jsonl"))
+    body = json.dumps({"rows": request_rows(1)})
     with BackgroundServer(app, limits=limits) as server:
         port = int(server.url.rsplit(":", 1)[1])
-        holding = [slow_client(port) for _ in range(5)]
+        stalled = stalled_clients(port, 20)
         time.sleep(0.2)
-        refused = socket.create_connection(("127.0.0.1", port))  # sends nothing: no reset
+        ordinary, statuses = [], []
+        for _ in range(30):
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            connection.request("POST", "/decisions", body)
+            response = connection.getresponse()
+            statuses.append(response.status)
+            response.read()
+            ordinary.append(connection)  # kept open: an idle keep-alive connection
+        assert statuses == [200] * 30
+        for client in stalled:
+            answer = answer_of(client)
+            assert answer.startswith(b"HTTP/1.1 408") and b"--max-connections" in answer, answer
+            client.close()
+        for connection in ordinary:
+            connection.close()
+    assert len(read_decisions(tmp_path / "d.jsonl").rows) == 30
+
+
+async def held_app(scope, receive, send) -> None:
+    """An ASGI app whose answers wait until ``RELEASE`` is set: connections busy with a request."""
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    while (await receive()).get("more_body"):
+        pass
+    while not RELEASE.is_set():
+        await asyncio.sleep(0.01)
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"{}"})
+
+
+RELEASE = threading.Event()
+
+
+def test_at_the_cap_with_every_connection_busy_a_newcomer_gets_503(tmp_path):
+    """Shedding takes only a connection waiting on its client: one whose request arrived whole
+    is being answered, so with every one such a newcomer is refused, and the rest answered."""
+    RELEASE.clear()
+    with BackgroundServer(held_app, limits=ConnectionLimits(max_connections=3)) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        busy = []
+        for _ in range(3):
+            client = socket.create_connection(("127.0.0.1", port))
+            client.sendall(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+            busy.append(client)
+        time.sleep(0.3)
+        refused = socket.create_connection(("127.0.0.1", port))
         answer = answer_of(refused)
         assert answer.startswith(b"HTTP/1.1 503") and b"--max-connections" in answer
-        for client in holding:
+        RELEASE.set()
+        for client in busy:
+            client.settimeout(30)
+            assert client.recv(4096).startswith(b"HTTP/1.1 200")
             client.close()
-        deadline = time.monotonic() + 30
-        while (
-            status := http_json(server.url, "POST", "/decisions", {"rows": request_rows(1)})[0]
-        ) != 200:
-            assert status == 503 and time.monotonic() < deadline
-            time.sleep(0.05)
-    assert len(read_decisions(tmp_path / "d.jsonl").rows) == 1
 
 
 SLOW_CLIENTS = r"""
@@ -229,12 +305,17 @@ def test_a_bearer_token_guards_decisions_and_is_compared_whole(model, tmp_path):
             refused = client.post("/decisions", json=rows, headers=headers)
             assert refused.status_code == 401 and "bearer token" in refused.json()["error"]
             assert refused.headers["www-authenticate"] == "Bearer"
-        answered = client.post(
-            "/decisions", json=rows, headers={"Authorization": "Bearer s3cret-token"}
+        for scheme in ("Bearer", "bearer", "BEARER"):  # the scheme is case-insensitive
+            answered = client.post(
+                "/decisions", json=rows, headers={"Authorization": f"{scheme} s3cret-token"}
+            )
+            assert answered.status_code == 200
+        refused = client.post(
+            "/decisions", json=rows, headers={"Authorization": "bearer S3CRET-TOKEN"}
         )
-        assert answered.status_code == 200
+        assert refused.status_code == 401  # the token is not
         assert client.get("/health").status_code == 200
-    assert len(read_decisions(tmp_path / "d.jsonl").rows) == 1
+    assert len(read_decisions(tmp_path / "d.jsonl").rows) == 3
 
 
 def test_the_token_comes_from_a_file_or_the_environment_never_empty(tmp_path):
@@ -304,3 +385,172 @@ def test_serve_on_another_host_with_a_token_requires_it(model, tmp_path):
         server.terminate()
         out, err = server.communicate(timeout=60)
     assert server.returncode == 0 and "Traceback" not in err and "tok-123" not in err + out
+
+
+def test_a_model_whose_outputs_are_nan_is_refused_by_serve_and_score(tmp_path):
+    """A model whose training went NaN used to be served, answering ``"scores": null`` and
+    logging ``"action_probability": null``."""
+    broken = tiny_model(tmp_path / "nan.onnx", weight=float("nan"))
+    with pytest.raises(HorizonError, match=r"scores is nan .* refusing to load it"):
+        Predictor(broken)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"state_features": {"0": 1.0}}) + "\n")
+    for command in (
+        ["serve", str(broken), "--port", "0", "--log", str(tmp_path / "d.jsonl")],
+        ["score", str(broken), str(rows), "-o", str(tmp_path / "scored.jsonl")],
+    ):
+        run = subprocess.run([HORIZON, *command], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 1, run.stdout
+        assert "error:" in run.stderr and "(not finite) on its check rows" in run.stderr
+        assert "Traceback" not in run.stderr
+    assert not (tmp_path / "d.jsonl").exists() and not (tmp_path / "scored.jsonl").exists()
+
+
+HUGE = {"0": 3e38, "1": 3e38, "2": 0.0, "3": 0.0}
+"""Values the row check takes (within float32) whose scores overflow to infinity."""
+
+
+def test_a_non_finite_output_for_a_request_is_a_500_with_one_log_line(model, tmp_path, caplog):
+    log = tmp_path / "d.jsonl"
+    with TestClient(build_app(Predictor(model), DecisionLog(log))) as client:
+        rows = [request_rows(1)[0], {"state_features": HUGE}]
+        answer = client.post("/decisions", json={"rows": rows})
+        assert answer.status_code == 500
+        assert answer.json()["error"] == (
+            "row 1: the model's scores is inf (not finite) for its values; nothing decided or "
+            "logged"
+        )
+        assert client.post("/decisions", json={"rows": request_rows(2)}).status_code == 200
+    errors = [record for record in caplog.records if record.levelname == "ERROR"]
+    assert len(errors) == 1 and errors[0].exc_info is None
+    assert "answered 500, row 1: the model's scores is inf" in errors[0].getMessage()
+    assert len(read_decisions(log).rows) == 2
+
+
+def test_requests_decided_with_one_whose_output_is_not_finite_are_answered(model, tmp_path):
+    """Requests arriving together are decided as one batch: only the one holding the row the
+    model cannot score is refused, the others are decided again without it."""
+    log = tmp_path / "d.jsonl"
+    app = build_app(Predictor(model), DecisionLog(log))
+    with TestClient(app) as client:
+        service = app.state.service
+
+        async def together() -> list[object]:
+            requests = [request_rows(2), [{"state_features": HUGE}], request_rows(3, seed=1)]
+            return await asyncio.gather(
+                *(service.decided(rows) for rows in requests), return_exceptions=True
+            )
+
+        first, refused, last = client.portal.call(together)
+    assert len(first) == 2 and len(last) == 3
+    assert isinstance(refused, NonFiniteOutput) and refused.rows == [0]
+    logged = read_decisions(log).rows
+    assert len(logged) == 5
+    assert all(math.isfinite(row["action_probability"]) for row in logged)
+
+
+def test_a_request_head_over_64_kib_gets_431(model, tmp_path):
+    """httptools sets no limit: a 30 MB header used to be read whole."""
+    app = build_app(Predictor(model), DecisionLog(tmp_path / "d.jsonl"))
+    with BackgroundServer(app) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        client = socket.create_connection(("127.0.0.1", port))
+        client.sendall(b"POST /decisions HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        try:
+            for _ in range(13):  # 208 KiB, far past the limit
+                client.sendall(b"a" * 16384)
+        except OSError:  # closed by the server: what remains unsent is refused
+            pass
+        answer = answer_of(client)
+        assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+        assert str(MAX_HEAD_BYTES).encode() in answer
+        client.close()
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        connection.request("GET", "/health", headers={"X-Fine": "a" * 8000})
+        assert connection.getresponse().status == 200  # a large head within the limit
+        connection.close()
+
+
+HALF_CLOSE = r"""
+import json, re, signal, socket, subprocess, sys, time
+horizon, model, log = sys.argv[1:4]
+server = subprocess.Popen(
+    [horizon, "serve", model, "--port", "0", "--log", log, "--request-timeout", "2"],
+    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+)
+port = int(re.search(r":(\d+);", server.stdout.readline())[1])
+body = json.dumps({"rows": [{"state_features": {"0": 0.1}}]}).encode()
+request = b"POST /decisions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (
+    len(body), body)
+half_closed = socket.create_connection(("127.0.0.1", port))
+half_closed.sendall(request * 5)
+half_closed.shutdown(socket.SHUT_WR)
+half_closed.settimeout(30)
+answers = b""
+while chunk := half_closed.recv(65536):
+    answers += chunk
+closed = socket.create_connection(("127.0.0.1", port))
+closed.sendall(request * 5)
+closed.close()
+time.sleep(0.5)
+slow = socket.create_connection(("127.0.0.1", port))
+slow.sendall(b"POST /decisions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+time.sleep(0.2)
+server.send_signal(signal.SIGTERM)  # the shutdown waits for the slow request's deadline
+time.sleep(0.5)
+server.send_signal(signal.SIGINT)
+out, err = server.communicate(timeout=60)
+print(json.dumps({"answered": answers.count(b"HTTP/1.1 200"), "code": server.returncode,
+                  "out": out, "err": err}))
+"""
+
+
+def test_half_closed_and_closed_pipelining_clients_and_sigint_during_shutdown(model, tmp_path):
+    """A client half-closing after five pipelined requests got no answer, one closing got an
+    "Exception in ASGI application" traceback a request, and SIGINT during the SIGTERM
+    shutdown cut it short (the log undrained) with a traceback."""
+    log = tmp_path / "d.jsonl"
+    run = subprocess.run(
+        [sys.executable, "-c", HALF_CLOSE, HORIZON, str(model), str(log)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    assert result["answered"] == 5
+    assert result["code"] == 0 and "stopped on SIGTERM" in result["out"]
+    err = result["err"]
+    assert "Traceback" not in err and "Exception in ASGI" not in err, err
+    assert "SIGINT while stopping" in err
+    closed = [line for line in err.splitlines() if "answer(s) were sent" in line]
+    assert len(closed) == 1
+    logged = int(result["out"].rstrip().rsplit(": ", 1)[1])
+    assert logged == len(read_decisions(log).rows) >= 5
+
+
+def test_score_names_the_line_whose_output_is_not_finite_or_skips_it(model, tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    lines = [{"state_features": {"0": 1.0}}, {"state_features": HUGE}, {"state_features": {}}]
+    rows.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    output = tmp_path / "scored.jsonl"
+    run = subprocess.run(
+        [HORIZON, "score", str(model), str(rows), "-o", str(output)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert f"{rows}, line 2: the model's scores is inf (not finite)" in run.stderr
+    assert not output.exists()
+    run = subprocess.run(
+        [HORIZON, "score", str(model), str(rows), "-o", str(output), "--skip-bad-rows"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    assert f"skipped {rows}, line 2: the model's scores is not finite" in run.stderr
+    assert "scored 2 rows" in run.stdout and "skipped 1 bad rows" in run.stdout
+    logged = read_decisions(output).rows
+    assert len(logged) == 2 and all(math.isfinite(row["action_probability"]) for row in logged)

@@ -182,7 +182,7 @@ def test_send_or_drop_logs_the_propensity_of_what_it_did(model):
     np.testing.assert_allclose(result.propensities, np.where(sent, p_send, 1 - p_send))
 
 
-def test_decision_log_round_trips_and_a_torn_last_line_is_skipped_and_counted(tmp_path, model):
+def test_decision_log_round_trips_and_a_torn_last_line_is_cut_on_reopening(tmp_path, model):
     predictor = Predictor(model, Exploration("epsilon_greedy", epsilon=0.5), seed=0)
     rows = states(5)
     result = predictor.predict(rows)
@@ -195,17 +195,41 @@ def test_decision_log_round_trips_and_a_torn_last_line_is_skipped_and_counted(tm
     with open(path, "ab") as handle:  # a crash in the middle of a record
         handle.write(json.dumps(records[3]).encode()[:40])
     assert read_decisions(path).torn_lines == [4]
-    with DecisionLog(path) as log:  # the next writer starts on a fresh line
+    with DecisionLog(path) as log:  # the next writer cuts the unanswered request's torn line
+        assert log.cut_torn_bytes == 40
         log.append(records[4:])
     contents = read_decisions(path)
     assert contents.rows == records[:3] + records[4:]
-    assert contents.torn_lines == [4]
+    assert contents.torn_lines == []
     first = contents.rows[0]
     assert first["mdp_id"] == first["decision_id"] and len(first["decision_id"]) == 32
     assert first["model_id"] == predictor.model_id and len(first["model_id"]) == 16
     assert first["possible_actions"] == ["0", "1"] and first["sequence_number"] == 0
     assert first["state_features"] == rows[0] and first["action"] in ("0", "1")
     assert first["action_probability"] in (0.25, 0.75)
+
+
+def test_a_decision_log_reopened_keeps_a_whole_last_line_that_lost_only_its_newline(tmp_path):
+    path = tmp_path / "decisions.jsonl"
+    path.write_bytes(b'{"decision_id": "a"}\n' + b"x" * 70_000 + b'\n{"decision_id": "b"}')
+    with DecisionLog(path) as log:
+        assert log.cut_torn_bytes == 0
+        log.append([{"decision_id": "c"}])
+    assert path.read_bytes().endswith(b'{"decision_id": "b"}\n{"decision_id":"c"}\n')
+
+
+def test_a_decision_log_reopened_cuts_a_torn_line_longer_than_a_read_back_block(tmp_path):
+    path = tmp_path / "decisions.jsonl"
+    torn = b'{"decision_id": "b", "state_features": {"' + b"1" * 150_000
+    path.write_bytes(b'{"decision_id": "a"}\n' + torn)
+    with DecisionLog(path) as log:
+        assert log.cut_torn_bytes == len(torn)
+    assert path.read_bytes() == b'{"decision_id": "a"}\n'
+    only_torn = tmp_path / "only_torn.jsonl"
+    only_torn.write_bytes(torn)
+    with DecisionLog(only_torn) as log:
+        assert log.cut_torn_bytes == len(torn)
+    assert only_torn.read_bytes() == b""
 
 
 @pytest.mark.parametrize("name", ["decisions.jsonl", "decisions.parquet"])

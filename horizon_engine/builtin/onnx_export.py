@@ -451,14 +451,29 @@ def _check_close(
 ) -> float:
     """The largest difference between PyTorch's output ``ours`` and onnxruntime's ``theirs``,
     or an error naming the worst excess over ``bound`` (which ``rule`` describes). ``rows``
-    numbers the rows of a selection, for the message."""
+    numbers the rows of a selection, for the message.
+
+    A value that is not finite on either side is an error of its own, naming the output: NaN
+    agrees with NaN, but a model that scores NaN (a diverged training) is no model to serve.
+    """
+    broken = ~(np.isfinite(ours) & np.isfinite(theirs))
+    if broken.any():
+        at = int(broken.argmax())
+        where = [int(i) for i in np.unravel_index(at, broken.shape)]
+        if rows is not None:
+            where[0] = int(rows[where[0]])
+        raise HorizonError(
+            f"[export] the model's {name!r} is not finite in {int(broken.sum())} of the "
+            f"{broken.size} values checked, first at {tuple(where)}: {float(ours.flat[at])} in "
+            f"PyTorch, {float(theirs.flat[at])} in ONNX; the trained policy gives no usable "
+            f"{name} (was its training finite?)"
+        )
     difference = np.abs(ours.astype(np.float64) - theirs.astype(np.float64))
-    # The same infinity, or NaN, on both sides is agreement.
-    difference[(ours == theirs) | (np.isnan(ours) & np.isnan(theirs))] = 0.0
+    difference[ours == theirs] = 0.0
     if not difference.size:
         return 0.0
     bound = np.broadcast_to(bound, difference.shape)
-    excess = np.where(np.isnan(difference), np.inf, difference - bound)
+    excess = difference - bound
     at = int(excess.argmax())
     if excess.flat[at] > 0:
         where = [int(i) for i in np.unravel_index(at, difference.shape)]

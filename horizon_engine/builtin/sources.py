@@ -17,18 +17,22 @@ from typing import IO, TYPE_CHECKING, Any
 from pydantic import Field
 
 from horizon_engine import (
+    INTEGER_ACTION_NOTE,
+    MAX_LINE_BYTES,
     BadLine,
     DataSource,
     HorizonError,
     PathPatterns,
     SourceBatch,
     SourceConfig,
+    duplicate_key_rows,
     expand_paths,
     hookimpl,
     invalid_text_rows,
+    line_prefix,
     parse_json_line,
     path_problems,
-    strip_bom,
+    read_lines,
 )
 from horizon_engine.builtin.gym_source import GymSource
 
@@ -53,27 +57,53 @@ def open_binary(path: Path) -> IO[bytes]:
     return path.open("rb")
 
 
-def read_lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    """Each line of a file, as bytes, with its number; the first without a byte order mark.
+@dataclass(frozen=True)
+class Damage:
+    """Where a file stopped being readable: after line ``lines`` (``offset`` bytes of its
+    text, decompressed), and what the reader said."""
+
+    lines: int
+    offset: int
+    error: str
+
+    def __str__(self) -> str:
+        return (
+            f"the file cannot be read past line {self.lines} (byte {self.offset:,} of its "
+            f"text): {self.error}; the {self.lines} lines before it were read"
+        )
+
+
+def file_lines(path: Path, max_line_bytes: int) -> Iterator[tuple[int, bytes | Damage]]:
+    """Each line of a file, as bytes, with its number (``json_lines.read_lines``: the first
+    without a byte order mark, a line over ``max_line_bytes`` as a ``LongLine``).
 
     Lines are decoded one by one by their reader (``parse_json_line``), so a byte that is not
-    UTF-8 costs its line only. A file that cannot be read on (a truncated or corrupt ``.gz``
-    or ``.bz2``) is a user's error naming the last line read.
+    UTF-8 costs its line only. A file that stops being readable part way (a ``.gz`` cut off
+    mid-stream or with bytes after its last member, a corrupt ``.bz2``) gives the lines read
+    before, then its ``Damage`` as the next line: the rows before it are kept. One that cannot
+    be read at all is a user's error naming it.
     """
-    number = 0
+    number = offset = 0
     try:
         with open_binary(path) as handle:
-            for number, line in enumerate(handle, start=1):
-                yield number, strip_bom(line) if number == 1 else line
+            for number, line in read_lines(handle, max_line_bytes):
+                offset += getattr(line, "length", len(line))
+                yield number, line
     except (OSError, EOFError, zlib.error) as exc:
-        raise HorizonError(
-            f"{path}: cannot read the file (after {number} lines): {exc or type(exc).__name__}"
-        ) from None
+        error = str(exc) or type(exc).__name__
+        if number == 0:
+            raise HorizonError(f"{path}: cannot read the file (after 0 lines): {error}") from None
+        yield number + 1, Damage(number, offset, error)
 
 
 class JsonlSourceConfig(SourceConfig):
     path: PathPatterns = Field(min_length=1)
     """A file, folder or glob pattern (or a list of them); ``.bz2`` and ``.gz`` are read too."""
+    max_line_bytes: int = Field(MAX_LINE_BYTES, ge=1024, le=2**31)
+    """The longest line (in bytes, its newline not counted) read as a row, 16 MiB by default
+    (a row of 10,000 features is about 300 KB); a longer line is a bad row (``too_long``),
+    read past without being held in memory, and its quarantine keeps its first 4 KiB. Raise
+    it for rows larger than that."""
 
 
 class JsonlSource(DataSource):
@@ -90,17 +120,21 @@ class JsonlSource(DataSource):
         from horizon_engine import BadRow, RowShaper
 
         shaper: RowShaper | None = None
-        for path in expand_paths(self.config.path, JSONL_SUFFIXES):
+        run_folder = run.output_dir if run is not None else None
+        for path in expand_paths(self.config.path, JSONL_SUFFIXES, run_folder):
             pending: list[tuple[str, Any]] = []
             invalid: list[BadRow] = []
-            for number, line in read_lines(path):
+            for number, line in file_lines(path, self.config.max_line_bytes):
+                location = f"{path}:{number}"
+                if isinstance(line, Damage):
+                    invalid.append(BadRow(location, str(line), "damaged_file"))
+                    continue
                 if not line.strip():
                     continue
-                location = f"{path}:{number}"
                 try:
                     row = parse_json_line(line)
                 except BadLine as exc:
-                    text = line.decode("utf-8", "backslashreplace")
+                    text = line_prefix(line).decode("utf-8", "backslashreplace")
                     invalid.append(BadRow(location, exc.reason, exc.kind, text))
                     continue
                 pending.append((location, row))
@@ -137,6 +171,7 @@ def _shaped_batch(shaper: Any, pending: list[tuple[str, Any]], invalid: list) ->
         shaped.locations,
         invalid + shaped.bad_rows,
         shaped.ignored_fields,
+        shaped.notes,
     )
 
 
@@ -178,7 +213,8 @@ class ParquetSource(DataSource):
 
         from horizon_engine import BadRow
 
-        for path in expand_paths(self.config.path, (".parquet",)):
+        run_folder = run.output_dir if run is not None else None
+        for path in expand_paths(self.config.path, (".parquet",), run_folder):
             try:
                 parquet = pq.ParquetFile(path)
             except (OSError, pa.ArrowException) as exc:
@@ -192,13 +228,17 @@ class ParquetSource(DataSource):
             for batch in parquet.iter_batches(batch_size=BATCH_ROWS * 10):
                 conformed = conform(batch)
                 locations: Sequence[str] = RowLocations(str(path), first, batch.num_rows)
+                bad = sorted(conformed.bad.items())
+                contents = _rows_of(batch, [index for index, _ in bad])
                 bad_rows = [
-                    BadRow(locations[index], reason, "wrong_type", _row_of(batch, index))
-                    for index, reason in sorted(conformed.bad.items())
+                    BadRow(locations[index], reason, kind, content)
+                    for (index, (kind, reason)), content in zip(bad, contents, strict=True)
                 ]
                 if bad_rows:
                     locations = [locations[index] for index in conformed.kept]
-                yield SourceBatch(conformed.table, layout, locations, bad_rows, conformed.ignored)
+                yield SourceBatch(
+                    conformed.table, layout, locations, bad_rows, conformed.ignored, conformed.notes
+                )
                 first += batch.num_rows
 
     def _layout(self, parquet: Any, path: Path) -> RowLayout:
@@ -219,25 +259,35 @@ LAYOUT_ROWS = 1000
 it and the config says ``auto``."""
 
 
-def _row_of(batch: pa.RecordBatch, index: int) -> Any:
-    """A bad row's content for the quarantine; None where its text is not even UTF-8."""
+def _rows_of(batch: pa.RecordBatch, indices: list[int]) -> list[Any]:
+    """Bad rows' contents for the quarantine, taken at once; where that fails (a text that
+    is not UTF-8), row by row, with None for a row that is not even UTF-8. A map naming a key
+    twice keeps its last value there (the row's reason names the key)."""
     import pyarrow as pa
 
+    from horizon_engine import rows_as_dicts
+
+    if not indices:
+        return []
     try:
-        return batch.slice(index, 1).to_pylist(maps_as_pydicts="lossy")[0]
+        return rows_as_dicts(pa.Table.from_batches([batch]).take(pa.array(indices, pa.int64())))
     except (UnicodeDecodeError, pa.ArrowException):
-        return None
+        if len(indices) == 1:
+            return [None]
+    return [row for index in indices for row in _rows_of(batch, [index])]
 
 
 @dataclass
 class Conformed:
     """A Parquet batch conformed to the layout's schema: the good rows, the index in the
-    batch of each (``kept``), why each other row was left out (by index), ignored fields."""
+    batch of each (``kept``), the kind and reason each other row was left out for (by index),
+    ignored fields, and what was read as something else (``SourceBatch.notes``)."""
 
     table: pa.Table
     kept: list[int]
-    bad: dict[int, str]
+    bad: dict[int, tuple[str, str]]
     ignored: dict[str, int]
+    notes: dict[str, int]
 
 
 def _conformer(
@@ -256,6 +306,11 @@ def _conformer(
     sources: dict[str, str | None] = {}
     for column in layout.columns:
         found = next((n for n in (column.name, *column.aliases) if n in schema.names), None)
+        if found is not None and schema.names.count(found) > 1:
+            raise HorizonError(
+                f"{where}: the file has {schema.names.count(found)} columns named '{found}'; "
+                "which one holds the rows cannot be told, so rename or drop the others"
+            )
         if found is None and column.required:
             also = "".join(f" or '{alias}'" for alias in column.aliases)
             raise HorizonError(
@@ -266,10 +321,11 @@ def _conformer(
     used = {name for name in sources.values() if name}
     known = layout.known_fields
     ignored_names = [name for name in schema.names if name not in used and name not in known]
+    integer_actions = _integer_action_columns(schema, layout, sources)
 
     def conform(batch: pa.RecordBatch) -> Conformed:
         arrays = []
-        bad: dict[int, str] = {}
+        bad: dict[int, tuple[str, str]] = {}
         for field in target:
             name = sources[field.name]
             if name is None:
@@ -288,17 +344,45 @@ def _conformer(
                 )
             arrays.append(cast)
             for index, reason in failed.items():
-                bad.setdefault(index, f"{found}: {reason}")
+                bad.setdefault(index, ("wrong_type", f"{found}: {reason}"))
             for index in invalid_text_rows(cast):
-                bad.setdefault(index, f"{found}: not valid UTF-8")
+                bad.setdefault(index, ("wrong_type", f"{found}: not valid UTF-8"))
+            for index, key in duplicate_key_rows(cast).items():
+                reason = f"{found}: a map holds the key {key!r} twice"
+                bad.setdefault(index, ("duplicate_key", reason))
         table = pa.Table.from_arrays(arrays, schema=target)
         kept = [index for index in range(batch.num_rows) if index not in bad]
         if bad:
             table = table.take(pa.array(kept, pa.int64()))
         ignored = {name: batch.num_rows for name in ignored_names}
-        return Conformed(table, kept, bad, ignored)
+        notes = {INTEGER_ACTION_NOTE: len(kept)} if integer_actions and kept else {}
+        return Conformed(table, kept, bad, ignored, notes)
 
     return conform
+
+
+def _integer_action_columns(
+    schema: pa.Schema, layout: RowLayout, sources: dict[str, str | None]
+) -> bool:
+    """Whether a file's discrete action names (``action``, ``possible_actions``) are stored as
+    integers, which the cast reads as their decimal names, as the JSONL source does."""
+    import pyarrow as pa
+
+    from horizon_engine import ActionType, RowFormat
+
+    if (
+        layout.action_type is not ActionType.DISCRETE
+        or layout.row_format is not RowFormat.PRE_TIMELINE
+    ):
+        return False
+    for column in ("action", "possible_actions"):
+        name = sources.get(column)
+        kind = schema.field(name).type if name else None
+        if kind is not None and pa.types.is_list(kind):
+            kind = kind.value_type
+        if kind is not None and pa.types.is_integer(kind):
+            return True
+    return False
 
 
 def _cast_rows(column: pa.Array, target: pa.DataType) -> tuple[pa.Array, dict[int, str]]:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from horizon_engine import RunFolder, hookimpl
+from horizon_engine import RunFolder, append_output, hookimpl
 
 if TYPE_CHECKING:
     from horizon_engine import RunContext, StageReport
@@ -39,9 +39,8 @@ class _EventFile:
     def __init__(self, folder: Path, run_id: str) -> None:
         from tensorboardX.proto.event_pb2 import Event
 
-        folder.mkdir(parents=True, exist_ok=True)
         name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{run_id}"
-        self._file = (folder / name).open("ab")
+        self._file = append_output(folder / name)
         self._append(Event(wall_time=time.time(), file_version="brain.Event:2"))
 
     def write(self, metrics: dict[str, float], step: int) -> None:

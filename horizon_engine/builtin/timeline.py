@@ -46,6 +46,7 @@ from horizon_engine import (
     TimelineResult,
     eval_episodes,
     hookimpl,
+    rows_as_dicts,
     sort_episodes,
     timeline_schema,
     weighted_reward,
@@ -611,7 +612,7 @@ def _bad_rows(
     """The rejected rows of ``table`` (the first ``limit`` of them), located in ``rows``,
     whose row number ``first_row`` is the table's first."""
     chosen = np.flatnonzero(rejections.mask)[:limit]
-    contents = table.take(chosen).to_pylist(maps_as_pydicts="lossy")
+    contents = rows_as_dicts(table.take(chosen))
     return [
         BadRow(
             f"{rows}:row {first_row + row}",

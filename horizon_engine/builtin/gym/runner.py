@@ -15,6 +15,7 @@ import numpy as np
 
 from horizon_engine import (
     ActionType,
+    EarlierRun,
     Exploration,
     ExploresOnline,
     HorizonError,
@@ -177,11 +178,23 @@ class OnlineRun:
         raised (its cause the original); any other exception keeps its traceback.
         The runner's resume state is removed once the manifest says the run succeeded.
         """
-        import torch
-
         started = time.perf_counter()
         earlier = check_resumable(self.spec) if resume else None
-        self.output_dir.mkdir(parents=True, exist_ok=True)
+        with self.folder.held():
+            return self._train_and_export(started, earlier, rows, reward_history, resume)
+
+    def _train_and_export(
+        self,
+        started: float,
+        earlier: EarlierRun | None,
+        rows: Path | None,
+        reward_history: Path | None,
+        resume: bool,
+    ) -> GymTrainingResult:
+        """``run`` once the folder is held (``RunFolder.held``): nothing it writes or removes
+        goes through a link swapped into the folder meanwhile."""
+        import torch
+
         manifest = self._start_manifest()
         if earlier is not None:
             continued = earlier.manifest.get("continued_runs")
