@@ -401,17 +401,23 @@ def identify_feature_sets(
     sets: Mapping[str, tuple[Mapping[str, np.ndarray], Mapping[str, Any], bool]],
     config: NormalizationConfig,
     feature_types: Mapping[str, FeatureType],
+    spec: PipelineSpec | None = None,
 ) -> tuple[Normalization, list[str]]:
     """Identify and fit each feature set (``state_features``, ``action_features``: its
     samples by feature, its overrides, whether its features are continuous actions), for the
     normalization stage from the timeline and for ``horizon gym train`` from its warm-up
-    alike: the same rules, overrides and notes. Returns the normalization and the notes."""
+    alike: the same rules, overrides and notes. Returns the normalization and the notes. An
+    override of a feature the samples lack is an error, named with its file and line when the
+    pipeline's ``spec`` is given."""
     from horizon_engine.normalization import identify_all
 
     normalization: Normalization = {}
     notes: list[str] = []
     for name, (samples, overrides, action) in sets.items():
-        where = f"[normalization] {'action_' if name == 'action_features' else ''}overrides"
+        option = f"{'action_' if name == 'action_features' else ''}overrides"
+        where = f"[normalization] {option}"
+        if spec is not None:
+            where = f"{spec.where('normalization', option)}: {where}"
         result = identify_all(samples, config, overrides, feature_types, action, where)
         normalization[name] = result.parameters
         notes += result.notes
@@ -445,7 +451,9 @@ def run_normalization_stage(run: StageRun, choice: Choice) -> StageReport:
         )
         for name, (column, overrides, action) in columns.items()
     }
-    normalization, notes = identify_feature_sets(sets, config, run.plugins.feature_types())
+    normalization, notes = identify_feature_sets(
+        sets, config, run.plugins.feature_types(), run.spec
+    )
     written = folder.write_normalization(normalization)
     report = StageReport("normalization", outputs=[written])
     report.warnings += notes

@@ -180,3 +180,20 @@ def test_an_override_of_a_feature_the_timeline_on_disk_lacks_is_found_by_validat
         f"{path}:14: [normalization] overrides: feature '7' is not in the data: no row of "
         f"{run}/timeline/train holds it; features: 0, 1"
     )
+
+
+def test_an_override_of_a_feature_absent_on_a_full_run_is_named_with_its_line(tmp_path, engine):
+    """On a full run the data is not on disk when validate runs: the normalization stage,
+    which first reads it, names the override's line."""
+    rows = logged_rows(tmp_path / "rows.jsonl")
+    path = tmp_path / "pipeline.toml"
+    text = PIPELINE.format(run=tmp_path / "run", rows=rows)
+    path.write_text(
+        text + '\n[normalization]\noverrides = { "1" = "continuous", "7" = "continuous" }\n',
+        encoding="utf-8",
+    )
+    with pytest.raises(HorizonError) as caught:
+        engine.run(path)
+    assert str(caught.value) == (
+        f"{path}:12: [normalization] overrides: feature '7' is not in the data; features: 0, 1"
+    )
