@@ -327,8 +327,9 @@ def report(run_dirs: tuple[Path, ...], output: Path, title: str | None) -> None:
     each section shows them side by side, and every run's policy is evaluated on the last
     run's eval data. `horizon run` writes the page of each run into its folder
     (report.html)."""
-    from horizon_engine.report import write_report
+    from horizon_engine.report import check_report_output, write_report
 
+    check_report_output(output)
     written = write_report(list(run_dirs), output, _plugin_host(), title)
     click.echo(f"wrote {written} ({written.stat().st_size:,} bytes)")
 

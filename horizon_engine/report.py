@@ -25,6 +25,7 @@ from horizon_engine.components import ComponentConfig
 from horizon_engine.errors import HorizonError
 from horizon_engine.files import atomic_output
 from horizon_engine.report_page import (
+    GENERATOR,
     MAX_PAGE_BYTES,
     ReportSection,
     html_heading,
@@ -120,6 +121,38 @@ def build_report(
             "section draws more than it should (please report this)"
         )
     return html
+
+
+REPORT_SUFFIXES = (".html", ".htm")
+"""What a report page's name ends with: ``-o`` naming anything else (``manifest.json``, a
+pipeline.toml) is a slip that would replace that file with a page."""
+
+LEGACY_PAGE_START = (
+    b'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">\n<meta name="viewport" '
+)
+"""How a page written before ``GENERATOR`` was added begins, so that it may be replaced too."""
+
+
+def check_report_output(output: Path) -> None:
+    """Refuse (``HorizonError``), before the page is built, an ``-o`` that does not name an
+    HTML page, or that names an existing file other than a page ``horizon report`` wrote: the
+    page would replace it (``horizon report RUN -o RUN/manifest.json`` once did)."""
+    if output.suffix.lower() not in REPORT_SUFFIXES:
+        raise HorizonError(
+            f"-o {output}: a report is an HTML page; name it with .html (nothing was written)"
+        )
+    if not (output.exists() or output.is_symlink()):
+        return
+    try:
+        with open(output, "rb") as handle:
+            start = handle.read(4096) if output.is_file() else b""
+    except OSError:
+        start = b""
+    if GENERATOR.encode() not in start and not start.startswith(LEGACY_PAGE_START):
+        raise HorizonError(
+            f"-o {output}: there is a file there that horizon report did not write; nothing "
+            "was written: move it, or name another page"
+        )
 
 
 def write_report(

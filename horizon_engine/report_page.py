@@ -60,6 +60,11 @@ class ReportSection:
         return self.body
 
 
+GENERATOR = '<meta name="generator" content="horizon report">'
+"""The line of every report page's head that tells it from a user's own file: ``horizon
+report -o`` replaces only a page that holds it (``report.check_report_output``)."""
+
+
 def html_paragraph(text: str, css_class: str | None = None) -> str:
     """A paragraph of plain text (escaped)."""
     attribute = f' class="{css_class}"' if css_class else ""
@@ -135,6 +140,7 @@ def page(
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
+        GENERATOR,
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>",
         f"<h1>{escape(title)}</h1>",

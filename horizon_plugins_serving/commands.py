@@ -122,9 +122,12 @@ def score_command(
         ParquetDecisionLog,
         decision_rows,
     )
+    from horizon_plugins_serving.output_paths import refuse_output_over_inputs
     from horizon_plugins_serving.predictor import NonFiniteOutput, Predictor
     from horizon_plugins_serving.served_policy import PolicyFlags
 
+    inputs = {"rows file": rows, "model": model}
+    refuse_output_over_inputs(f"-o {output}", output, inputs, "score", "decision log")
     predictor = Predictor(
         model,
         seed=seed,
@@ -313,9 +316,14 @@ def serve_command(
     SIGINT or SIGTERM stops the server once the requests in flight are answered and every
     answered decision is in the log. A host other than loopback needs a bearer token
     (--token-file or HORIZON_SERVE_TOKEN) or --insecure."""
+    from horizon_plugins_serving.output_paths import refuse_output_over_inputs
     from horizon_plugins_serving.served_policy import PolicyFlags
     from horizon_plugins_serving.server import serve
 
+    inputs = {"model": model, **({"token file": token_file} if token_file else {})}
+    refuse_output_over_inputs(
+        f"--log {log_path}", log_path, inputs, "server", "decision log", appends=True
+    )
     token = serve_token(token_file, os.environ.get(TOKEN_VARIABLE))
     serve(
         model,

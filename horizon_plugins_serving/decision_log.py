@@ -69,7 +69,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from horizon_engine import HorizonError, detect_layout
+from horizon_engine import MAX_LINE_BYTES, HorizonError, detect_layout
 
 logger = logging.getLogger("horizon.serve")
 
@@ -391,17 +391,36 @@ def _line_template(
     return template + b"}\n", columns
 
 
-def _after_last_newline(fd: int, size: int) -> int:
+def _after_last_newline(fd: int, size: int) -> int | None:
     """The offset just after the last newline of the file's first ``size`` bytes (0: none),
-    read back from the end a block at a time."""
+    read back from the end a block at a time; None when none is within ``MAX_LINE_BYTES`` of
+    the end (no log line is longer)."""
     end = size
     while end:
+        if size - end > MAX_LINE_BYTES:
+            return None
         start = max(end - TAIL_BLOCK_BYTES, 0)
         newline = os.pread(fd, end - start, start).rfind(b"\n")
         if newline >= 0:
             return start + newline + 1
         end = start
     return 0
+
+
+def _last_line_is_a_row(fd: int, end: int) -> bool:
+    """Whether the whole line that ends at ``end`` (just after its newline) is a JSON object."""
+    start = _after_last_newline(fd, end - 1)
+    return start is not None and _is_a_row(os.pread(fd, end - start, start))
+
+
+def _is_a_row(line: bytes) -> bool:
+    """Whether a line is a JSON object (a log row), or blank."""
+    if not line.strip():
+        return True
+    try:
+        return isinstance(json.loads(line), dict)
+    except (ValueError, RecursionError):
+        return False
 
 
 class DecisionLog:
@@ -420,17 +439,24 @@ class DecisionLog:
 
     def _end_last_line(self) -> int:
         """End the file on a whole line: a newline after a last line that is a whole JSON
-        object, and a torn last line cut off (its length returned and logged)."""
+        object, and a torn last line cut off (its length returned and logged). A file that
+        does not end as a decision log does (its last whole line no JSON object, a tail that
+        is no JSON object's start, or no line end within ``MAX_LINE_BYTES``: a model or any
+        other file named by mistake) is refused untouched, the log closed."""
         size = os.fstat(self._fd).st_size
         start = _after_last_newline(self._fd, size)
-        if start == size:
+        tail = os.pread(self._fd, size - start, start) if start is not None else b""
+        before = start is not None and (start == 0 or _last_line_is_a_row(self._fd, start))
+        if start is None or not before or (tail and not tail.lstrip().startswith(b"{")):
+            self.close()
+            raise HorizonError(
+                f"{self.path} does not end as a decision log does (one JSON object a line), "
+                "and a log is appended to: name a new file or an earlier log; nothing was "
+                "written"
+            )
+        if not tail:
             return 0
-        tail = os.pread(self._fd, size - start, start)
-        try:
-            whole = isinstance(json.loads(tail), dict)
-        except (ValueError, RecursionError):
-            whole = False
-        if whole:
+        if _is_a_row(tail):
             self._write(b"\n")
             return 0
         os.ftruncate(self._fd, start)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from horizon_engine import BadLine, HorizonError, parse_json_line
 from horizon_plugins_serving.join_readers import is_parquet
 from horizon_plugins_serving.join_report import is_join_report, report_path
+from horizon_plugins_serving.output_paths import refuse_output_over_inputs
 
 if TYPE_CHECKING:
     import numpy as np
@@ -36,10 +37,7 @@ def check_outputs(output: Path, inputs: Mapping[str, Path]) -> None:
     replace or land inside one of its ``inputs`` (by what each is, e.g. ``"rewards file"``),
     or replace what the join did not write.
 
-    An input is recognised however the output spells it: a relative or absolute path, one
-    through ``..`` or a link (paths compared resolved), or a hard link or a bind mount (files
-    and folders compared by device and inode where they exist). A folder given as an input
-    holds every path inside it; a Parquet output folder holds what is inside it. Past these,
+    An input is recognised however the output spells it (``output_paths``). Past these,
     ``-o`` may not be an existing folder for JSONL, nor a Parquet folder holding anything but
     the part files a join writes; and the report's name beside it may hold only a report a
     join wrote (``is_join_report``), which is replaced.
@@ -51,14 +49,7 @@ def check_outputs(output: Path, inputs: Mapping[str, Path]) -> None:
     report = report_path(output)
     places = {f"-o {output}": output, f"the report {report}, beside -o {output},": report}
     for label, place in places.items():
-        for what, source in inputs.items():
-            problem = _overlap(place, source)
-            if problem is not None:
-                raise HorizonError(
-                    f"{label} {problem} the {what} {source}: the join would "
-                    f"{'write into' if problem == 'lies inside' else 'replace'} it. Nothing "
-                    "was written; write the joined rows elsewhere"
-                )
+        refuse_output_over_inputs(label, place, inputs, "join", "joined rows")
     _check_parent(output)
     if output.is_dir():
         _check_replaceable_folder(output)
@@ -68,34 +59,6 @@ def check_outputs(output: Path, inputs: Mapping[str, Path]) -> None:
             "not a report a join wrote. Nothing was written; move it, or write the joined "
             "rows elsewhere"
         )
-
-
-def _same(first: Path, second: Path) -> bool:
-    """Whether two paths name one file or folder: the same resolved path, or the same device
-    and inode (a hard link, a bind mount)."""
-    if first.resolve() == second.resolve():
-        return True
-    try:
-        return os.path.samefile(first, second)
-    except OSError:  # one of them does not exist
-        return False
-
-
-def _within(inner: Path, outer: Path) -> bool:
-    """Whether ``inner`` is ``outer`` or lies inside it, links followed."""
-    resolved = inner.resolve()
-    return any(_same(place, outer) for place in (resolved, *resolved.parents))
-
-
-def _overlap(place: Path, source: Path) -> str | None:
-    """How an output ``place`` meets an input ``source``: ``is``, ``lies inside`` (a folder),
-    ``holds`` (a folder replaced), or None."""
-    inside, holds = _within(place, source), _within(source, place)
-    if inside and holds:
-        return "is"
-    if inside:
-        return "lies inside"
-    return "holds" if holds else None
 
 
 def _check_parent(output: Path) -> None:

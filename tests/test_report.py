@@ -217,6 +217,28 @@ def test_horizon_report_refuses_a_folder_that_is_not_there(tmp_path):
     assert "Traceback" not in result.output
 
 
+def test_horizon_report_replaces_only_a_page_it_wrote(tmp_path):
+    """``horizon report RUN -o RUN/manifest.json`` replaced the run's manifest with the page
+    (issue 33): ``-o`` names an HTML page, and a file there that is not one of the command's
+    pages is kept; a page it wrote, the run stage's ``report.html`` included, is replaced."""
+    config = discrete_config(tmp_path / "run")
+    output = run({**config, "trainer": {"kind": "dqn", "epochs": 1, "layers": [16]}})
+    manifest = (output / RunFolder.MANIFEST).read_bytes()
+    mine = tmp_path / "mine.html"
+    mine.write_text("<html>my own page</html>")
+    for target, why in (
+        (output / RunFolder.MANIFEST, "a report is an HTML page; name it with .html"),
+        (mine, "there is a file there that horizon report did not write"),
+    ):
+        result = CliRunner().invoke(main, ["report", str(output), "-o", str(target)])
+        assert result.exit_code == 1 and f"error: -o {target}: {why}" in result.output
+    assert (output / RunFolder.MANIFEST).read_bytes() == manifest
+    assert mine.read_text() == "<html>my own page</html>"
+    for target in (output / RunFolder.REPORT, tmp_path / "page.html", tmp_path / "page.html"):
+        result = CliRunner().invoke(main, ["report", str(output), "-o", str(target)])
+        assert result.exit_code == 0, result.output
+
+
 def test_report_enabled_false_leaves_the_stage_out(tmp_path):
     config = discrete_config(tmp_path / "run")
     config["report"] = {"enabled": False}

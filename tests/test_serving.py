@@ -5,6 +5,7 @@ send-rate controller, the decision log and ``horizon score``."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from horizon_engine.cli import main
+from horizon_engine.errors import HorizonError
 from horizon_plugins_serving.decision_log import DecisionLog, decision_rows, read_decisions
 from horizon_plugins_serving.predictor import (
     Exploration,
@@ -211,11 +213,32 @@ def test_decision_log_round_trips_and_a_torn_last_line_is_cut_on_reopening(tmp_p
 
 def test_a_decision_log_reopened_keeps_a_whole_last_line_that_lost_only_its_newline(tmp_path):
     path = tmp_path / "decisions.jsonl"
-    path.write_bytes(b'{"decision_id": "a"}\n' + b"x" * 70_000 + b'\n{"decision_id": "b"}')
+    path.write_bytes(
+        b'{"decision_id": "a"}\n{"pad": "' + b"x" * 70_000 + b'"}\n{"decision_id": "b"}'
+    )
     with DecisionLog(path) as log:
         assert log.cut_torn_bytes == 0
         log.append([{"decision_id": "c"}])
     assert path.read_bytes().endswith(b'{"decision_id": "b"}\n{"decision_id":"c"}\n')
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        bytes(range(256)) * 300,  # a binary file: no line end within reach, or no JSON
+        b"ds,mdp_id\n2019-01-01,a\n",  # a CSV file: its last line is no JSON object
+        b'{"decision_id": "a"}\nnot a row',  # a tail that is no JSON object's start
+    ],
+    ids=["binary", "csv", "foreign_tail"],
+)
+def test_a_file_that_is_no_decision_log_is_refused_untouched(tmp_path, content):
+    """A log is appended to, and a torn last line cut off: a file named by mistake (a model,
+    a CSV) is refused whole rather than cut or written into."""
+    path = tmp_path / "not_a_log"
+    path.write_bytes(content)
+    with pytest.raises(HorizonError, match="does not end as a decision log does"):
+        DecisionLog(path)
+    assert path.read_bytes() == content
 
 
 def test_a_decision_log_reopened_cuts_a_torn_line_longer_than_a_read_back_block(tmp_path):
@@ -230,6 +253,55 @@ def test_a_decision_log_reopened_cuts_a_torn_line_longer_than_a_read_back_block(
     with DecisionLog(only_torn) as log:
         assert log.cut_torn_bytes == len(torn)
     assert only_torn.read_bytes() == b""
+
+
+@pytest.mark.parametrize(
+    ("spelling", "named"),
+    [
+        ("rows.jsonl", "rows file"),
+        ("./sub/../rows.jsonl", "rows file"),
+        ("SYMLINK", "rows file"),
+        ("HARDLINK", "rows file"),
+        ("MODEL", "model"),
+    ],
+)
+def test_horizon_score_refuses_an_output_that_is_one_of_its_inputs(
+    tmp_path, model, monkeypatch, spelling, named
+):
+    """``horizon score -o rows.jsonl`` replaced the rows it scored with its decisions (the
+    join's defect 1, issue 33): every spelling of an input is refused, nothing changed."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"state_features": row}) + "\n" for row in states(3)))
+    copied = tmp_path / "model.onnx"
+    copied.write_bytes(model.read_bytes())
+    output = {
+        "SYMLINK": tmp_path / "link.jsonl",
+        "HARDLINK": tmp_path / "hard.jsonl",
+        "MODEL": copied,
+    }.get(spelling, Path(spelling))
+    if spelling == "SYMLINK":
+        output.symlink_to(rows)
+    if spelling == "HARDLINK":
+        os.link(rows, output)
+    before = {path: path.read_bytes() for path in (rows, copied)}
+    result = CliRunner().invoke(main, ["score", str(copied), "rows.jsonl", "-o", str(output)])
+    assert result.exit_code == 1, result.output
+    assert f"error: -o {output} is the {named} " in result.output
+    assert "the score would replace it. Nothing was written" in result.output
+    assert {path: path.read_bytes() for path in before} == before
+
+
+def test_horizon_serve_refuses_a_log_that_is_its_model(tmp_path, model):
+    """``--log`` is appended to: naming the model would have written decisions into it."""
+    copied = tmp_path / "model.onnx"
+    copied.write_bytes(model.read_bytes())
+    for log, meets in ((copied, "is"), (copied / "decisions.jsonl", "lies inside")):
+        result = CliRunner().invoke(main, ["serve", str(copied), "--log", str(log)])
+        assert result.exit_code == 1, result.output
+        assert f"error: --log {log} {meets} the model {copied}: the server would" in result.output
+    assert copied.read_bytes() == model.read_bytes()
 
 
 @pytest.mark.parametrize("name", ["decisions.jsonl", "decisions.parquet"])
