@@ -459,12 +459,10 @@ def _check_close(
     broken = ~(np.isfinite(ours) & np.isfinite(theirs))
     if broken.any():
         at = int(broken.argmax())
-        where = [int(i) for i in np.unravel_index(at, broken.shape)]
-        if rows is not None:
-            where[0] = int(rows[where[0]])
+        where = _position(at, broken.shape, rows)
         raise HorizonError(
             f"[export] the model's {name!r} is not finite in {int(broken.sum())} of the "
-            f"{broken.size} values checked, first at {tuple(where)}: {float(ours.flat[at])} in "
+            f"{broken.size} values checked, first at {where}: {float(ours.flat[at])} in "
             f"PyTorch, {float(theirs.flat[at])} in ONNX; the trained policy gives no usable "
             f"{name} (was its training finite?)"
         )
@@ -476,15 +474,22 @@ def _check_close(
     excess = difference - bound
     at = int(excess.argmax())
     if excess.flat[at] > 0:
-        where = [int(i) for i in np.unravel_index(at, difference.shape)]
-        if rows is not None:
-            where[0] = int(rows[where[0]])
         raise HorizonError(
             f"[export] the ONNX model's {name!r} differs from PyTorch's by "
-            f"{float(difference.flat[at]):.3g} at {tuple(where)}: {ours.flat[at]!r} vs "
+            f"{float(difference.flat[at]):.3g} at {_position(at, difference.shape, rows)}: "
+            f"{ours.flat[at]!r} vs "
             f"{theirs.flat[at]!r} (allowed {float(bound.flat[at]):.3g}: {rule})"
         )
     return float(difference.max())
+
+
+def _position(at: int, shape: tuple[int, ...], rows: np.ndarray | None) -> tuple[int, ...]:
+    """The index of the flat position ``at`` in an output of ``shape``, its row numbered as
+    ``rows`` numbers a selection's rows."""
+    where = [int(i) for i in np.unravel_index(at, shape)]
+    if rows is not None:
+        where[0] = int(rows[where[0]])
+    return tuple(where)
 
 
 def _declare_output_shapes(model: onnx.ModelProto, bundle: PolicyBundle) -> None:
