@@ -29,6 +29,7 @@ BENCHMARKS = (
     "normalization.py",
     "cpe.py",
     "cpe_overhead.py",
+    "cpe_truth.py",
     "serving.py",
     "join.py",
 )
