@@ -14,7 +14,20 @@ from pathlib import Path
 
 import click
 
-from horizon_engine import RunFolder, atomic_output, command, estimates_table, evaluate_run
+from horizon_engine import (
+    HorizonError,
+    RunFolder,
+    atomic_output,
+    command,
+    estimates_table,
+    evaluate_run,
+)
+
+RECORD_FIELDS = ("run_dir", "data", "entries", "final")
+"""What every record ``horizon evaluate`` writes holds: ``-o`` replaces only such a file."""
+
+RECORD_BYTES = 64 * 2**20
+"""The largest file at ``-o`` read to tell whether it is such a record."""
 
 
 @command("evaluate")
@@ -46,10 +59,29 @@ def evaluate_command(
     entries, or every CPE estimator when it has none, on its eval split or on --data."""
     from horizon_plugins_cpe.estimators import KINDS
 
-    record = evaluate_run(run_dir, data, [{"kind": kind} for kind in KINDS], overrides)
     output = output or RunFolder(run_dir).file(RunFolder.CPE_EVALUATE)
+    check_output(output)
+    record = evaluate_run(run_dir, data, [{"kind": kind} for kind in KINDS], overrides)
     with atomic_output(output) as temporary:
         temporary.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     click.echo(f"{run_dir}'s latest checkpoint on {record['data']}:")
     click.echo(estimates_table(record))
     click.echo(f"wrote {output}")
+
+
+def check_output(output: Path) -> None:
+    """Refuse (``HorizonError``), before evaluating, an ``-o`` that names a file other than a
+    record ``horizon evaluate`` wrote: ``-o RUN/manifest.json`` once replaced the run's
+    manifest with the estimates."""
+    if not (output.exists() or output.is_symlink()):
+        return
+    try:
+        small = output.is_file() and output.stat().st_size <= RECORD_BYTES
+        record = json.loads(output.read_text(encoding="utf-8")) if small else None
+    except (OSError, ValueError, RecursionError):
+        record = None
+    if not (isinstance(record, dict) and all(field in record for field in RECORD_FIELDS)):
+        raise HorizonError(
+            f"-o {output}: there is a file there that horizon evaluate did not write; nothing "
+            "was written: move it, or name another file"
+        )

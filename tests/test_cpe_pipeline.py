@@ -212,6 +212,25 @@ def test_horizon_evaluate_on_another_runs_timeline(finished, tmp_path):
     assert written["entries"]["dr"]["details"]["seed"] == 3
 
 
+def test_horizon_evaluate_replaces_only_a_record_it_wrote(finished, tmp_path):
+    """``horizon evaluate RUN -o RUN/manifest.json`` replaced the run's manifest with the
+    estimates (issue 33's class of defect): a file at ``-o`` is replaced only when it is a
+    record the command wrote."""
+    run, _ = finished
+    manifest = (run / "manifest.json").read_bytes()
+    mine = tmp_path / "mine.json"
+    mine.write_text('{"my": "notes"}')
+    for target in (run / "manifest.json", mine):
+        result = CliRunner().invoke(main, ["evaluate", str(run), "-o", str(target)])
+        assert result.exit_code == 1, result.output
+        assert f"error: -o {target}: there is a file there that horizon evaluate" in result.output
+    assert (run / "manifest.json").read_bytes() == manifest
+    assert mine.read_text() == '{"my": "notes"}'
+    again = tmp_path / "estimates.json"
+    horizon("evaluate", run, "-o", again)
+    horizon("evaluate", run, "-o", again)  # its own record: replaced
+
+
 def test_horizon_evaluate_names_features_the_other_data_lacks(finished, tmp_path):
     run, _ = finished
     rows = tmp_path / "rows.jsonl"
