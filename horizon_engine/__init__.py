@@ -178,6 +178,7 @@ from horizon_engine.normalization import (
     group_map_values,
 )
 from horizon_engine.optimizers import ForeachAdam, ForeachOptimizer, ForeachSgd
+from horizon_engine.output_paths import refuse_output_over_inputs
 from horizon_engine.plugins import PluginHost, get_plugin_host
 from horizon_engine.policies import (
     ExplorationConfig,
@@ -396,6 +397,7 @@ __all__ = [
     "read_past_line",
     "record_failure",
     "recorded_possible",
+    "refuse_output_over_inputs",
     "remove_path",
     "rows_as_dicts",
     "run_pipeline",

@@ -117,12 +117,12 @@ def score_command(
     """Score ROWS.jsonl's state_features with MODEL (an exported model.onnx) and write a
     decision log with each chosen action and its propensity under the policy the model was
     exported with, or --policy."""
+    from horizon_engine import refuse_output_over_inputs
     from horizon_plugins_serving.decision_log import (
         DecisionLog,
         ParquetDecisionLog,
         decision_rows,
     )
-    from horizon_plugins_serving.output_paths import refuse_output_over_inputs
     from horizon_plugins_serving.predictor import NonFiniteOutput, Predictor
     from horizon_plugins_serving.served_policy import PolicyFlags
 
@@ -316,7 +316,7 @@ def serve_command(
     SIGINT or SIGTERM stops the server once the requests in flight are answered and every
     answered decision is in the log. A host other than loopback needs a bearer token
     (--token-file or HORIZON_SERVE_TOKEN) or --insecure."""
-    from horizon_plugins_serving.output_paths import refuse_output_over_inputs
+    from horizon_engine import refuse_output_over_inputs
     from horizon_plugins_serving.served_policy import PolicyFlags
     from horizon_plugins_serving.server import serve
 

@@ -16,10 +16,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from horizon_engine import BadLine, HorizonError, parse_json_line
+from horizon_engine import BadLine, HorizonError, parse_json_line, refuse_output_over_inputs
 from horizon_plugins_serving.join_readers import is_parquet
 from horizon_plugins_serving.join_report import is_join_report, report_path
-from horizon_plugins_serving.output_paths import refuse_output_over_inputs
 
 if TYPE_CHECKING:
     import numpy as np
@@ -37,10 +36,10 @@ def check_outputs(output: Path, inputs: Mapping[str, Path]) -> None:
     replace or land inside one of its ``inputs`` (by what each is, e.g. ``"rewards file"``),
     or replace what the join did not write.
 
-    An input is recognised however the output spells it (``output_paths``). Past these,
-    ``-o`` may not be an existing folder for JSONL, nor a Parquet folder holding anything but
-    the part files a join writes; and the report's name beside it may hold only a report a
-    join wrote (``is_join_report``), which is replaced.
+    An input is recognised however the output spells it (``horizon_engine.output_paths``).
+    Past these, ``-o`` may not be an existing folder for JSONL, nor a Parquet folder holding
+    anything but the part files a join writes; and the report's name beside it may hold only a
+    report a join wrote (``is_join_report``), which is replaced.
     """
     if output.name in ("", ".", ".."):
         raise HorizonError(

@@ -808,6 +808,38 @@ def test_cli_reports_a_config_mistake_without_traceback(tmp_path):
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(
+    ("option", "target", "said"),
+    [
+        ("-f", "gym.toml", "-f gym.toml is the gym file"),
+        ("-r", "run/manifest.json", "-r run/manifest.json lies inside the run folder"),
+        ("-f", "history.csv", "-r history.csv is the -f file"),
+    ],
+)
+def test_gym_outputs_that_are_its_inputs_or_the_runs_files_are_refused(
+    tmp_path, monkeypatch, option, target, said
+):
+    """``-f gym.toml`` would have replaced the config with training rows, and ``-r`` inside
+    the run's folder written over the run's own files (issue 33's class of defect)."""
+    monkeypatch.chdir(tmp_path)
+    Path("gym.toml").write_text(GOOD)
+    arguments = ["gym", "train", "gym.toml", "-o", "run", "-r", "history.csv", option, target]
+    result = CliRunner().invoke(main, arguments)
+    assert result.exit_code == 1, result.output
+    assert f"error: {said}" in result.output
+    assert Path("gym.toml").read_text() == GOOD and not Path("run").exists()
+
+
+def test_gym_collect_refuses_an_output_that_is_its_model(tmp_path):
+    model = tmp_path / "model.onnx"
+    model.write_bytes(b"not read: refused before")
+    arguments = ["gym", "collect", "--epsilon", "0.1", "--model", str(model), "-o", str(model)]
+    result = CliRunner().invoke(main, arguments)
+    assert result.exit_code == 1, result.output
+    assert f"error: -o {model} is the model {model}" in result.output
+    assert model.read_bytes() == b"not read: refused before"
+
+
 # --- learning ----------------------------------------------------------------------------------
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "cartpole_online.toml"

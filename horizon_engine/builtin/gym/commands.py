@@ -61,9 +61,11 @@ def collect(
     output: Path,
 ) -> None:
     """Log a random or epsilon-greedy policy's decisions as pre-timeline JSON rows."""
-    from horizon_engine import atomic_output, progress_bar
+    from horizon_engine import atomic_output, progress_bar, refuse_output_over_inputs
     from horizon_engine.builtin.gym_source import GymSourceConfig, collect_rows
 
+    if model is not None:
+        refuse_output_over_inputs(f"-o {output}", output, {"model": Path(model)}, "collect", "rows")
     _check_env_option(env_id)
     if epsilon < 1.0 and model is None:
         raise click.UsageError(
@@ -89,6 +91,26 @@ def collect(
             count += 1
             advance(int(row["sequence_number"] == 0))
     click.echo(f"wrote {count} rows from {episodes} episodes of {env_id} to {output}")
+
+
+def _check_outputs(
+    gym_toml: Path, output_dir: Path, reward_history: Path | None, rows: Path | None
+) -> None:
+    """Refuse, before anything runs, a ``-r`` or ``-f`` file that is the gym file, the other
+    one, or lies in the run's folder (whose files are the run's own)."""
+    from horizon_engine import refuse_output_over_inputs
+
+    outputs = {"-r": reward_history, "-f": rows}
+    for option, path in outputs.items():
+        if path is None:
+            continue
+        others = {"gym file": gym_toml, "run folder": output_dir}
+        others |= {
+            f"{other} file": given
+            for other, given in outputs.items()
+            if other != option and given is not None
+        }
+        refuse_output_over_inputs(f"{option} {path}", path, others, "training", "file")
 
 
 def _check_env_option(env_id: str) -> None:
@@ -158,6 +180,7 @@ def gym_train(
     if output_dir is not None:
         settings.append(f"gym.output_dir={json.dumps(str(output_dir))}")
     spec = load_gym_spec(gym_toml, None, settings)
+    _check_outputs(gym_toml, Path(spec.gym.output_dir), reward_history, rows)
     try:
         with sigterm_as_interrupt():
             result = train_gym(spec, None, rows, reward_history, sys.stdout.isatty(), resume)

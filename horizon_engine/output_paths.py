@@ -1,7 +1,8 @@
 """Where a command's output may go: never onto, into or over one of its own inputs.
 
 ``horizon join -o rew.jsonl`` once replaced the rewards it read with the joined rows, and
-``horizon score -o rows.jsonl`` the rows it scored with its decisions. An output is compared
+``horizon score -o rows.jsonl`` the rows it scored with its decisions; ``horizon gym collect``,
+``horizon gym train`` and ``horizon serve`` check their outputs the same way. An output is compared
 with each input however it is spelt: a relative or absolute path, one through ``..`` or a link
 (paths compared resolved), a hard link or a bind mount (compared by device and inode where
 both exist). A folder given as an input holds every path inside it; an output folder (a
@@ -14,7 +15,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from horizon_engine import HorizonError
+from horizon_engine.errors import HorizonError
 
 
 def refuse_output_over_inputs(
