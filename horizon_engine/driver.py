@@ -325,13 +325,11 @@ def restore_trainer(
 ) -> tuple[TrainerBase, TrainingProblem]:
     """A run's trainer as its latest checkpoint left it, set up on ``device`` from the run's
     normalization: for an export or an evaluation (``purpose``, named in errors)."""
-    from horizon_engine.training import load_checkpoint, restore_trainer_state
+    from horizon_engine.training import restore_latest
 
     normalization = RunFolder(run_dir).normalization(plugins)
     trainer, problem = set_up_trainer(choice, description, normalization, plugins, device)
-    checkpoint = load_checkpoint(Path(run_dir), purpose)
-    path = RunFolder(run_dir).latest_checkpoint
-    restore_trainer_state(trainer, checkpoint, path, f"{purpose} of {run_dir}")
+    restore_latest(trainer, Path(run_dir), purpose)
     return trainer, problem
 
 
@@ -529,11 +527,7 @@ class TrainingDriver:
         import torch
 
         from horizon_engine.plugins import get_plugin_host
-        from horizon_engine.training import (
-            load_checkpoint,
-            resolve_device,
-            restore_trainer_state,
-        )
+        from horizon_engine.training import resolve_device, restore_latest
 
         self.run = run
         self.config = choice.config
@@ -546,10 +540,7 @@ class TrainingDriver:
         if distributed.rank() > 0:
             torch.manual_seed(description.seed + distributed.rank())
         if self.config.warm_start_from:
-            earlier = Path(self.config.warm_start_from)
-            where = f"[trainer] warm_start_from = {str(earlier)!r}"
-            path = RunFolder(earlier).latest_checkpoint
-            restore_trainer_state(self.trainer, load_checkpoint(earlier), path, where)
+            restore_latest(self.trainer, Path(self.config.warm_start_from))
         self.training = training_fingerprint(choice, description)
         """What this training's checkpoints record: ``resume`` refuses another's."""
         self.callbacks = list(callbacks)

@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from horizon_engine.components import Component, ComponentConfig
 from horizon_engine.errors import HorizonError
+from horizon_engine.row_values import FLOAT32_MAX, FLOAT32_SMALLEST_NORMAL
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping
@@ -113,11 +114,6 @@ class NormalizationParameters(FeatureParameters):
             return cls.model_validate(fields)
         except (ValueError, KeyError, TypeError) as exc:
             raise HorizonError(f"{where}: not Horizon normalization parameters: {exc}") from None
-
-
-FLOAT32_SMALLEST_NORMAL = 2.0**-126
-"""The smallest positive float32 with full precision (about 1.2e-38): a ``stddev`` below it is
-0, or nearly, once the network holds it in float32, and dividing by it gives infinity or NaN."""
 
 
 class TypeOverride(BaseModel):
@@ -381,8 +377,6 @@ def parameter_problem(parameters: FeatureParameters) -> str | None:
 def _value_problem(name: str, value: Any) -> str | None:
     """``parameter_problem`` for one field's value."""
     import math
-
-    from horizon_engine.row_values import FLOAT32_MAX
 
     listed = isinstance(value, list | tuple)
     items = value if listed else [value]

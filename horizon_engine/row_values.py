@@ -45,7 +45,11 @@ OUT_OF_RANGE = f"beyond the {FLOAT32_MAX:.2g} in magnitude that training's float
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
-MIN_PROPENSITY = float(np.finfo(np.float32).tiny)
+FLOAT32_SMALLEST_NORMAL = float(np.finfo(np.float32).tiny)
+"""float32's smallest normal number, 2**-126, about 1.18e-38: below it float32 loses precision
+(subnormal) and then rounds to 0, so nothing the network divides by may be smaller."""
+
+MIN_PROPENSITY = FLOAT32_SMALLEST_NORMAL
 """The smallest logged propensity (``action_probability``) a row may carry: float32's smallest
 normal number, about 1.18e-38. Training and the estimators hold propensities as float32, where a
 smaller positive value is subnormal or rounds to 0 (``5e-324`` reads as 0.0, and the estimators

@@ -461,8 +461,9 @@ def duplicate_key_rows(array: pa.Array) -> dict[int, str]:
     pairs = parents.astype(np.int64) * (len(encoded.dictionary) + 1) + codes + 1
     _, first, counts = np.unique(pairs, return_index=True, return_counts=True)
     found: dict[int, str] = {}
+    raw = keys.cast(pa.binary())
     for entry in np.sort(first[counts > 1]):
-        key = keys.cast(pa.binary())[int(entry)].as_py()
+        key = raw[int(entry)].as_py()
         found.setdefault(int(parents[entry]), key.decode("utf-8", "backslashreplace"))
     return found
 

@@ -275,12 +275,26 @@ def load_checkpoint(run_folder: Path, purpose: str = "warm start") -> dict[str, 
     earlier one for a warm start, or this one for an export (``purpose`` = "export"), named in
     the error when there is none."""
     path = RunFolder(run_folder).latest_checkpoint
-    where = f"[trainer] warm_start_from = {str(run_folder)!r}"
-    if purpose != "warm start":
-        where = f"{purpose} of {run_folder}"
+    where = _checkpoint_use(run_folder, purpose)
     if not path.is_file():
         raise HorizonError(f"{where}: no checkpoint at {path}")
     return read_epoch_checkpoint(path, where)
+
+
+def restore_latest(trainer: TrainerBase, run_folder: Path, purpose: str = "warm start") -> None:
+    """Load a run's latest checkpoint (``load_checkpoint``) into ``trainer``
+    (``restore_trainer_state``), every error naming the use, the file and the field."""
+    path = RunFolder(run_folder).latest_checkpoint
+    checkpoint = load_checkpoint(run_folder, purpose)
+    restore_trainer_state(trainer, checkpoint, path, _checkpoint_use(run_folder, purpose))
+
+
+def _checkpoint_use(run_folder: Path, purpose: str) -> str:
+    """How an error names the use of a run's checkpoint: the warm start's option, or the
+    purpose (an export, an evaluation) and the run."""
+    if purpose == "warm start":
+        return f"[trainer] warm_start_from = {str(run_folder)!r}"
+    return f"{purpose} of {run_folder}"
 
 
 def read_checkpoint(path: Path, where: str) -> Any:
