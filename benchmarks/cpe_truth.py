@@ -44,7 +44,15 @@ over every episode it logged.
 Each estimator is judged in the unit it claims: the one-step kinds (``dm``, ``ips``,
 ``snips``, ``dr``) the mean reward per decision, the sequential kinds and ``fqe`` the
 discounted return per episode, ``logged_value`` (the logger's ``reward_per_episode``, the
-estimate of a user who assumes no change) the undiscounted return per episode. Per estimator
+estimate of a user who assumes no change) the undiscounted return per episode. The sequential
+kinds and ``fqe`` run again at gamma 1 (labelled ``<kind>.g1``: finite-horizon FQE over the
+longest eval episode, ``horizon_plugins_cpe.horizon_fqe``) and are judged against the
+undiscounted return of each played episode's first ``H`` steps, ``H`` the longest logged
+episode of the data set (nothing past what was logged can be known; CartPole-v1's own cap is
+500), and again (``<kind>.g1@eval``) over the eval split's longest episode, the horizon the
+estimator values (shorter than the logged one where the eval split is small). ``--no-refit``
+holds ``fqe.g1``'s model fixed in its interval (the figures before its
+refit per resample). Per estimator
 and data set the suite prints: the median relative error of the raw estimate against the
 truth in that unit, and of the relative value (estimate / logged) against the true ratio
 (policy / logger, same unit); the interval's coverage (the share of policies whose truth lies
@@ -85,9 +93,29 @@ UNDISCOUNTED = "return per episode, undiscounted"
 PER_STEP = "reward per step"
 
 
+UNDISCOUNTED_KINDS = ("sequential_dr", "weighted_dr", "magic", "fqe", "mis")
+"""The kinds also run at gamma 1 (finite-horizon FQE, ``horizon_plugins_cpe.horizon_fqe``),
+labelled ``<kind>.g1`` and judged against the undiscounted return cut at the logged horizon."""
+GAMMA_ONE = ".g1"
+EVAL_CUT = "@eval"
+"""``<kind>.g1@eval``: the same estimate judged against the return of the first ``H`` steps,
+``H`` the eval split's longest episode (the horizon the estimator itself values)."""
+
+
 def discounted_unit(gamma: float) -> str:
     """The sequential kinds' unit."""
     return f"return per episode, discounted at {gamma:g}"
+
+
+def cut_unit(horizon: int) -> str:
+    """The unit of the kinds run at gamma 1."""
+    return f"return per episode, first {horizon} steps"
+
+
+def at_gamma_one(kind: str) -> bool:
+    """Whether ``kind`` is a label of a kind run at gamma 1 (or its judgement at the eval
+    split's horizon)."""
+    return GAMMA_ONE in kind
 
 
 @dataclass(frozen=True)
@@ -147,11 +175,17 @@ BORROWED = ("bad", "few")
 """``cartpole_random``'s policies that are candidates on the other data sets too."""
 
 
+def judged_kinds() -> tuple[str, ...]:
+    """``estimator_kinds`` and each kind at gamma 1 judged at the eval split's horizon too."""
+    return (*estimator_kinds(), *(kind + GAMMA_ONE + EVAL_CUT for kind in UNDISCOUNTED_KINDS))
+
+
 def estimator_kinds() -> tuple[str, ...]:
-    """Every ``[[evaluation]]`` kind: the cpe plugin's estimators and ``logged_value``."""
+    """Every ``[[evaluation]]`` kind: the cpe plugin's estimators, the sequential ones again at
+    gamma 1 (``<kind>.g1``), and ``logged_value``."""
     from horizon_plugins_cpe.formulas import KINDS
 
-    return (*KINDS, "logged_value")
+    return (*KINDS, *(kind + GAMMA_ONE for kind in UNDISCOUNTED_KINDS), "logged_value")
 
 
 @dataclass(frozen=True)
@@ -165,6 +199,13 @@ class Truth:
     undiscounted_error: float
     """The standard error of ``undiscounted`` (the truth is a sample mean too)."""
     discounted_error: float
+    cut: float = math.nan
+    """The undiscounted return of each episode's first ``horizon`` steps (the logged
+    horizon: what the kinds at gamma 1 estimate), and its standard error."""
+    cut_error: float = math.nan
+    eval_cut: float = math.nan
+    """The same over the first ``H`` steps, ``H`` the eval split's longest episode."""
+    eval_cut_error: float = math.nan
 
     def in_unit(self, kind: str) -> float:
         """The truth in the unit ``kind`` claims."""
@@ -172,6 +213,10 @@ class Truth:
             return self.per_step
         if kind == "logged_value":
             return self.undiscounted
+        if kind.endswith(EVAL_CUT):
+            return self.eval_cut
+        if at_gamma_one(kind):
+            return self.cut
         return self.discounted
 
     def error_in_unit(self, kind: str) -> float:
@@ -181,13 +226,25 @@ class Truth:
             return 0.0
         if kind == "logged_value":
             return self.undiscounted_error
+        if kind.endswith(EVAL_CUT):
+            return self.eval_cut_error
+        if at_gamma_one(kind):
+            return self.cut_error
         return self.discounted_error
 
 
-def truth_of_episodes(rewards: Sequence[Sequence[float]], gamma: float) -> Truth:
-    """The mean returns of episodes given as their rewards."""
+def truth_of_episodes(
+    rewards: Sequence[Sequence[float]],
+    gamma: float,
+    horizon: int | None = None,
+    eval_horizon: int | None = None,
+) -> Truth:
+    """The mean returns of episodes given as their rewards (``cut`` over their first
+    ``horizon`` steps, ``eval_cut`` over their first ``eval_horizon``; all when None)."""
     undiscounted = [float(np.sum(episode)) for episode in rewards]
     discounted = [float(np.dot(gamma ** np.arange(len(episode)), episode)) for episode in rewards]
+    cut = [float(np.sum(episode[:horizon])) for episode in rewards]
+    eval_cut = [float(np.sum(episode[:eval_horizon])) for episode in rewards]
     steps = sum(len(episode) for episode in rewards)
     root = math.sqrt(len(rewards))
     return Truth(
@@ -197,12 +254,30 @@ def truth_of_episodes(rewards: Sequence[Sequence[float]], gamma: float) -> Truth
         len(rewards),
         statistics.stdev(undiscounted) / root if len(rewards) > 1 else math.nan,
         statistics.stdev(discounted) / root if len(rewards) > 1 else math.nan,
+        statistics.fmean(cut),
+        statistics.stdev(cut) / root if len(rewards) > 1 else math.nan,
+        statistics.fmean(eval_cut),
+        statistics.stdev(eval_cut) / root if len(rewards) > 1 else math.nan,
     )
 
 
+def play(
+    model: Path | None,
+    episodes: int,
+    gamma: float,
+    horizon: int | None = None,
+    eval_horizon: int | None = None,
+    env_id: str = "CartPole-v1",
+) -> Truth:
+    """The truth of the exported ``model`` played greedily (uniform random play for None),
+    cut at ``horizon`` and ``eval_horizon`` steps for the kinds at gamma 1."""
+    rewards = played_rewards(model, episodes, env_id)
+    return truth_of_episodes(rewards, gamma, horizon, eval_horizon)
+
+
 @functools.cache
-def play(model: Path | None, episodes: int, gamma: float, env_id: str = "CartPole-v1") -> Truth:
-    """The truth of the exported ``model`` played greedily (uniform random play for None)."""
+def played_rewards(model: Path | None, episodes: int, env_id: str) -> list[list[float]]:
+    """Each played episode's rewards (kept: the borrowed policies are played once)."""
     import gymnasium
     import onnxruntime
 
@@ -234,7 +309,7 @@ def play(model: Path | None, episodes: int, gamma: float, env_id: str = "CartPol
             played.append(rewards)
     finally:
         env.close()
-    return truth_of_episodes(played, gamma)
+    return played
 
 
 def log_rows(spec: DatasetSpec, seed: int, path: Path, logger_model: Path | None) -> None:
@@ -252,8 +327,19 @@ def log_rows(spec: DatasetSpec, seed: int, path: Path, logger_model: Path | None
             handle.write(json.dumps(row) + "\n")
 
 
-def logged_truth(rows: Path, gamma: float) -> Truth:
-    """The logger's truth: the mean over every episode in ``rows`` (in logged order)."""
+def eval_horizon(run: Path) -> int:
+    """The longest episode of ``run``'s eval split, in rows (the estimators' ``H``)."""
+    import pyarrow.parquet as pq
+
+    lengths: dict[str, int] = {}
+    for path in sorted((run / "timeline" / "eval").glob("*.parquet")):
+        for mdp_id in pq.read_table(path, columns=["mdp_id"]).column("mdp_id").to_pylist():
+            lengths[mdp_id] = lengths.get(mdp_id, 0) + 1
+    return max(lengths.values())
+
+
+def logged_episodes(rows: Path) -> list[list[float]]:
+    """Every logged episode's rewards, in step order."""
     episodes: dict[str, list[tuple[int, float]]] = {}
     with rows.open(encoding="utf-8") as handle:
         for line in handle:
@@ -261,14 +347,30 @@ def logged_truth(rows: Path, gamma: float) -> Truth:
             episodes.setdefault(row["mdp_id"], []).append(
                 (int(row["sequence_number"]), float(row["reward"]))
             )
-    return truth_of_episodes(
-        [[reward for _, reward in sorted(steps)] for steps in episodes.values()], gamma
-    )
+    return [[reward for _, reward in sorted(steps)] for steps in episodes.values()]
 
 
-def train(rows: Path, output: Path, seed: int, epochs: int, negated: bool = False) -> Path:
+def suite_entries(num_bootstrap: int) -> list[dict[str, Any]]:
+    """The suite's ``[[evaluation]]`` entries: every estimator, run once after training."""
+    entries = []
+    for label in estimator_kinds():
+        kind = label.removesuffix(GAMMA_ONE)
+        entry: dict[str, Any] = {"kind": kind, "every_epoch": False}
+        if at_gamma_one(label):
+            entry |= {"label": label, "gamma": 1.0}
+        if kind != "logged_value":
+            entry["num_bootstrap"] = num_bootstrap
+        entries.append(entry)
+    return entries
+
+
+def train(
+    rows: Path, output: Path, seed: int, epochs: int, num_bootstrap: int, negated: bool = False
+) -> Path:
     """A ``horizon run`` of the dqn defaults on ``rows`` for ``epochs`` epochs (on the negated
-    reward where ``negated``); returns its folder."""
+    reward where ``negated``), with the suite's entries (``suite_entries``) as its
+    ``[[evaluation]]``, which its evaluation stage runs once (without them the run records
+    the evaluation's defaults, and ``horizon evaluate`` runs those); returns its folder."""
     from horizon_engine import Engine
 
     shutil.rmtree(output, ignore_errors=True)
@@ -280,6 +382,7 @@ def train(rows: Path, output: Path, seed: int, epochs: int, negated: bool = Fals
         "source": {"kind": "jsonl", "path": str(rows)},
         "timeline": timeline,
         "trainer": {"kind": "dqn", "epochs": epochs, "threads": 1},
+        "evaluation": suite_entries(num_bootstrap),
     }
     Engine(show_progress=False).run(config)
     return output
@@ -290,15 +393,14 @@ def evaluate(run: Path, reference: Path, num_bootstrap: int, random_policy: bool
     uniform random where ``random_policy``): what ``cpe_evaluate.json`` would hold."""
     from horizon_engine import evaluate_run
 
-    entries = []
-    for kind in estimator_kinds():
-        entry: dict[str, Any] = {"kind": kind}
-        if kind != "logged_value":
-            entry["num_bootstrap"] = num_bootstrap
-            if random_policy:
-                entry |= {"policy": "epsilon_greedy", "epsilon": 1.0}
-        entries.append(entry)
-    return evaluate_run(run, data=reference, default_evaluation=entries)
+    entries = suite_entries(num_bootstrap)
+    overrides = []
+    if random_policy:
+        for index, entry in enumerate(entries):
+            if entry["kind"] != "logged_value":
+                overrides += [f"evaluation.{index}.policy=epsilon_greedy"]
+                overrides += [f"evaluation.{index}.epsilon=1.0"]
+    return evaluate_run(run, data=reference, default_evaluation=entries, overrides=overrides)
 
 
 @dataclass
@@ -319,6 +421,9 @@ class PolicyResult:
     name: str
     truth: Truth
     estimates: dict[str, Estimate] = field(default_factory=dict)
+    final: dict[str, Any] = field(default_factory=dict)
+    """``evaluate_run``'s ``final``: every entry's estimates as ``cpe.json`` holds them (what
+    the verdict is decided from)."""
 
 
 @dataclass
@@ -331,6 +436,10 @@ class DatasetResult:
     eval_episodes: int
     policies: list[PolicyResult]
     seconds: float
+    horizon: int = 0
+    """The longest logged episode's steps: where the truth of the kinds at gamma 1 is cut."""
+    eval_horizon: int = 0
+    """The eval split's longest episode's (``<kind>.g1@eval``'s cut)."""
 
 
 def estimates_of(evaluation: dict) -> tuple[dict[str, Estimate], float]:
@@ -338,7 +447,8 @@ def estimates_of(evaluation: dict) -> tuple[dict[str, Estimate], float]:
     found: dict[str, Estimate] = {}
     gamma = math.nan
     for label, entry in evaluation["final"].items():
-        gamma = evaluation["entries"][label]["details"].get("gamma", gamma)
+        if not at_gamma_one(label):
+            gamma = evaluation["entries"][label]["details"].get("gamma", gamma)
         if label == "logged_value":
             value = entry["reward_per_episode"]
             found[label] = Estimate(value, None, None, 1.0, value)
@@ -368,13 +478,26 @@ def run_dataset(
     rows = folder / f"{spec.name}.jsonl"
     logger_model = None if spec.logger == "random" else borrowed[spec.logger] / "model.onnx"
     log_rows(spec, seed, rows, logger_model)
+    logged = logged_episodes(rows)
+    horizon = max(map(len, logged))
     runs = {
-        "few": train(rows, folder / f"{spec.name}-few", seed, profile.few_epochs),
-        "mid": train(rows, folder / f"{spec.name}-mid", seed, profile.mid_epochs),
-        "many": train(rows, folder / f"{spec.name}-many", seed, profile.many_epochs),
-        "bad": train(rows, folder / f"{spec.name}-bad", seed, profile.many_epochs, negated=True),
+        name: train(rows, folder / f"{spec.name}-{name}", seed, epochs, profile.num_bootstrap)
+        for name, epochs in (
+            ("few", profile.few_epochs),
+            ("mid", profile.mid_epochs),
+            ("many", profile.many_epochs),
+        )
     }
+    runs["bad"] = train(
+        rows,
+        folder / f"{spec.name}-bad",
+        seed,
+        profile.many_epochs,
+        profile.num_bootstrap,
+        negated=True,
+    )
     candidates = {name: runs["few" if name == "random" else name] for name in POLICIES}
+    valued = eval_horizon(runs["few"])
     if borrowed:
         candidates |= {f"random:{name}": borrowed[name] for name in BORROWED}
     reference = runs["few"]
@@ -385,16 +508,19 @@ def run_dataset(
         estimates, gamma = estimates_of(evaluation)
         eval_episodes = evaluation["episodes"]
         model = None if name == "random" else run / "model.onnx"
-        policies.append(PolicyResult(name, play(model, profile.played, gamma), estimates))
+        truth = play(model, profile.played, gamma, horizon, valued)
+        policies.append(PolicyResult(name, truth, estimates, evaluation["final"]))
     if not borrowed:
         borrowed.update(runs)
     return DatasetResult(
         spec.name,
-        logged_truth(rows, gamma),
+        truth_of_episodes(logged, gamma, horizon, valued),
         gamma,
         eval_episodes,
         policies,
         time.perf_counter() - start,
+        horizon,
+        valued,
     )
 
 
@@ -431,11 +557,16 @@ def figures(result: DatasetResult, kind: str) -> Figures:
         if kind in ONE_STEP
         else UNDISCOUNTED
         if kind == "logged_value"
+        else cut_unit(result.eval_horizon)
+        if kind.endswith(EVAL_CUT)
+        else cut_unit(result.horizon)
+        if at_gamma_one(kind)
         else discounted_unit(result.gamma)
     )
     errors, ratio_errors, covered, near, intervals = [], [], 0, 0, 0
     for policy in result.policies:
-        estimate, truth = policy.estimates[kind], policy.truth.in_unit(kind)
+        estimate = policy.estimates[kind.removesuffix(EVAL_CUT)]
+        truth = policy.truth.in_unit(kind)
         errors.append(abs(estimate.value - truth) / abs(truth))
         ratio = truth / result.logger.in_unit(kind)
         if estimate.relative is not None:
@@ -446,7 +577,8 @@ def figures(result: DatasetResult, kind: str) -> Figures:
             margin = 2 * policy.truth.error_in_unit(kind)
             near += estimate.low <= truth + margin and truth - margin <= estimate.high
     values = [
-        float(f"{policy.estimates[kind].value:.{RANKED_DIGITS}g}") for policy in result.policies
+        float(f"{policy.estimates[kind.removesuffix(EVAL_CUT)].value:.{RANKED_DIGITS}g}")
+        for policy in result.policies
     ]
     truths = [policy.truth.undiscounted for policy in result.policies]
     spearman = None
@@ -474,7 +606,10 @@ ratio err: the same of its relative value (estimate / logged) against truth / lo
 coverage: share of the policies whose truth lies in the interval; cov.2se: whose interval
 meets the truth's mean +- 2 standard errors (the truth is a sample mean); spearman: the estimates'
 rank correlation with the undiscounted truth; regret: the share of the gap between the worst
-and best policy's undiscounted truth lost by shipping the policy with the highest estimate."""
+and best policy's undiscounted truth lost by shipping the policy with the highest estimate;
+<kind>.g1: the kind at gamma 1 (finite-horizon FQE), judged against the undiscounted return of
+the first H steps, H the longest logged episode; <kind>.g1@eval: the same estimate judged over
+the first H steps, H the longest eval episode (the horizon the estimator values)."""
 
 
 def _number(value: float | None, digits: int = 3) -> str:
@@ -490,14 +625,18 @@ def report(result: DatasetResult) -> str:
         f"logger: {logger.undiscounted:.1f} undiscounted / {logger.discounted:.2f} discounted "
         f"return per episode, {logger.per_step:.3f} reward per step (all logged episodes)",
         "",
-        "truth (played; return per episode: undiscounted, discounted, each +- its standard "
-        "error; reward per step; episodes):",
+        "truth (played; return per episode: undiscounted, discounted, over the first "
+        f"{result.horizon} steps (the longest logged episode), over the first "
+        f"{result.eval_horizon} (the longest eval episode), each +- its standard error; "
+        "reward per step; episodes):",
     ]
     for policy in result.policies:
         truth = policy.truth
         lines.append(
             f"  {policy.name:<11}{truth.undiscounted:>7.1f} +-{truth.undiscounted_error:<6.1f}"
             f"{truth.discounted:>7.2f} +-{truth.discounted_error:<6.2f}"
+            f"{truth.cut:>7.1f} +-{truth.cut_error:<6.1f}"
+            f"{truth.eval_cut:>7.1f} +-{truth.eval_cut_error:<6.1f}"
             f"{truth.per_step:>6.3f} {truth.episodes:>5}"
         )
     lines += [
@@ -516,16 +655,16 @@ def report(result: DatasetResult) -> str:
             cells.append(
                 f"{policy.name} {estimate.value:.2f}{interval} x{_number(estimate.relative, 2)}"
             )
-        lines.append(f"  {kind:<14}" + "; ".join(cells))
+        lines.append(f"  {kind:<17}" + "; ".join(cells))
     lines += [
         "",
-        f"{'estimator':<14}{'unit':<40}{'rel.err':>8}{'ratio err':>10}{'coverage':>9}"
+        f"{'estimator':<22}{'unit':<40}{'rel.err':>8}{'ratio err':>10}{'coverage':>9}"
         f"{'cov.2se':>8}{'spearman':>9}{'regret':>7}",
     ]
-    for kind in estimator_kinds():
+    for kind in judged_kinds():
         figure = figures(result, kind)
         lines.append(
-            f"{kind:<14}{figure.unit:<40}{_number(figure.relative_error):>8}"
+            f"{kind:<22}{figure.unit:<40}{_number(figure.relative_error):>8}"
             f"{_number(figure.ratio_error):>10}{_number(figure.coverage, 2):>9}"
             f"{_number(figure.near_coverage, 2):>8}"
             f"{_number(figure.spearman, 2):>9}{_number(figure.regret, 2):>7}"
@@ -533,12 +672,152 @@ def report(result: DatasetResult) -> str:
     return "\n".join(lines)
 
 
+def default_labels() -> dict[str, str]:
+    """The suite's label of each entry a pipeline runs at its defaults (each estimator's
+    ``default_entries``), by the label the pipeline gives it: the same kind at the same
+    gamma (the suite runs every kind at the trainer's gamma, and the sequential ones again at
+    gamma 1 as ``<kind>.g1``)."""
+    from horizon_engine import get_plugin_host
+
+    labels = {}
+    for component in get_plugin_host().components("estimators"):
+        for entry in component.cls.default_entries:
+            label = entry.get("label") or component.name
+            gamma_one = entry.get("gamma") == 1.0 and component.name in UNDISCOUNTED_KINDS
+            labels[label] = component.name + (GAMMA_ONE if gamma_one else "")
+    return labels
+
+
+def default_verdict(final: dict[str, Any], episodes: int) -> dict[str, Any]:
+    """The verdict a pipeline at its default ``[[evaluation]]`` reaches: its entries' estimates
+    taken from the suite's ``final`` (``default_labels``), decided as the evaluation stage
+    decides (``horizon_engine.verdict``)."""
+    from horizon_engine import get_plugin_host
+    from horizon_engine.verdict import candidates_of, decide
+
+    classes = {c.name: c.cls for c in get_plugin_host().components("estimators")}
+    chosen, kinds, preferences = {}, {}, {}
+    for label, suite_label in default_labels().items():
+        if suite_label in final:
+            kind = suite_label.removesuffix(GAMMA_ONE)
+            chosen[label] = final[suite_label]
+            kinds[label] = kind
+            preferences[label] = classes[kind].verdict_preference
+    return decide(candidates_of(chosen, kinds, preferences, episodes), episodes)
+
+
+@dataclass(frozen=True)
+class VerdictFigures:
+    """The default verdict's figures on one data set, against the played truth over the
+    eval split's horizon (the verdict's unit when it is the return per episode)."""
+
+    coverage: float
+    """Share of the policies whose truth lies in the verdict's interval."""
+    relative_error: float
+    """Median |estimate - truth| / |truth|."""
+    spearman: float | None
+    """Rank correlation of the verdicts' lower bounds with the truths."""
+    regret: float
+    """Share of the gap between the worst and best policy's truth lost by shipping the one
+    whose verdict has the highest lower bound (the conservative choice: an unclear verdict's
+    interval reaches down to what the rewards allow)."""
+    false_ships: list[str]
+    """Policies decided ``better`` whose truth is below the logger's."""
+    missed: list[str]
+    """Policies at least 20% above the logger (in truth) not decided ``better``."""
+    decisions: dict[str, str]
+    """Each policy's decision and recommended estimator, ``better (fqe)``."""
+
+
+BETTER_BY = 1.2
+"""A policy this many times the logger's truth must be shipped (``VerdictFigures.missed``)."""
+
+
+def verdict_figures(result: DatasetResult) -> VerdictFigures:
+    """The default verdict's coverage, error, ranking, regret and decisions on ``result``."""
+    from scipy.stats import spearmanr
+
+    logger = result.logger.eval_cut
+    covered, errors, lows, truths = 0, [], [], []
+    false_ships, missed, decisions = [], [], {}
+    for policy in result.policies:
+        verdict = default_verdict(policy.final, result.eval_episodes)
+        truth = policy.truth.eval_cut
+        low, high = verdict["interval"] or (math.nan, math.nan)
+        covered += low <= truth <= high
+        estimate = verdict["estimate"] if verdict["estimate"] is not None else math.nan
+        errors.append(abs(estimate - truth) / abs(truth))
+        lows.append(low)
+        truths.append(truth)
+        decision = verdict["decision"]
+        decisions[policy.name] = f"{decision} ({verdict['estimator']})"
+        if decision == "better" and truth < logger:
+            false_ships.append(policy.name)
+        if truth >= BETTER_BY * logger and decision != "better":
+            missed.append(policy.name)
+    correlation = spearmanr(lows, truths).statistic if len(set(lows)) > 1 else None
+    best, worst = max(truths), min(truths)
+    shipped = truths[int(np.nanargmax(lows))] if not all(map(math.isnan, lows)) else worst
+    return VerdictFigures(
+        coverage=covered / len(result.policies),
+        relative_error=statistics.median(errors),
+        spearman=None if correlation is None or math.isnan(correlation) else float(correlation),
+        regret=(best - shipped) / (best - worst) if best > worst else 0.0,
+        false_ships=false_ships,
+        missed=missed,
+        decisions=decisions,
+    )
+
+
+def verdict_report(result: DatasetResult) -> str:
+    """The default verdict's figures on one data set, for people."""
+    figure = verdict_figures(result)
+    lines = [
+        f"  verdict at the defaults (truth over the first {result.eval_horizon} steps; "
+        f"logger {result.logger.eval_cut:.1f}): coverage {figure.coverage:.2f}, median "
+        f"relative error {figure.relative_error:.3f}, Spearman {_number(figure.spearman, 2)}, "
+        f"regret {figure.regret:.2f}, false ships {figure.false_ships or 'none'}, missed "
+        f"ships {figure.missed or 'none'}"
+    ]
+    for policy in result.policies:
+        verdict = default_verdict(policy.final, result.eval_episodes)
+        interval = verdict["interval"] or [math.nan, math.nan]
+        lines.append(
+            f"    {policy.name:<11} truth {policy.truth.eval_cut:7.1f}  "
+            f"{figure.decisions[policy.name]:<24} {_number(verdict['estimate'], 1):>7} "
+            f"[{_number(interval[0], 1)}, {_number(interval[1], 1)}]"
+        )
+    return "\n".join(lines)
+
+
+def saved(results: Sequence[DatasetResult]) -> list[dict[str, Any]]:
+    """Every data set's truths and every policy's estimates, as JSON (``--save``): what a
+    change to the verdict's rules can be measured on without training again."""
+    from dataclasses import asdict
+
+    return [
+        {
+            "name": result.name,
+            "logger": asdict(result.logger),
+            "gamma": result.gamma,
+            "eval_episodes": result.eval_episodes,
+            "horizon": result.horizon,
+            "eval_horizon": result.eval_horizon,
+            "policies": [
+                {"name": p.name, "truth": asdict(p.truth), "final": p.final}
+                for p in result.policies
+            ],
+        }
+        for result in results
+    ]
+
+
 def result_lines(result: DatasetResult) -> list[str]:
     """One ``RESULT`` line per estimator, as ``benchmarks/run_all.py`` gathers them: ours is
     the median relative error against the baseline, the played truth (in the estimator's
     unit), with the coverage, rank correlation and regret beside it."""
     lines = []
-    for kind in estimator_kinds():
+    for kind in judged_kinds():
         figure = figures(result, kind)
         lines.append(
             f"RESULT name=cpe_truth_{result.name}_{kind}_relative_error"
@@ -548,6 +827,14 @@ def result_lines(result: DatasetResult) -> list[str]:
             f" spearman={_number(figure.spearman, 2)}"
             f" regret={figure.regret:.3g}"
         )
+    verdict = verdict_figures(result)
+    lines.append(
+        f"RESULT name=cpe_truth_{result.name}_verdict_relative_error"
+        f" ours={verdict.relative_error:.4g} baseline=played_truth"
+        f" coverage={verdict.coverage:.2f} spearman={_number(verdict.spearman, 2)}"
+        f" regret={verdict.regret:.3g} false_ships={len(verdict.false_ships)}"
+        f" missed={len(verdict.missed)}"
+    )
     return lines
 
 
@@ -574,7 +861,17 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7, help="logging and training seed")
     parser.add_argument("--played", type=int, help="episodes per played truth (the profile's)")
     parser.add_argument("--folder", type=Path, help="keep the runs here (default: a temp dir)")
+    parser.add_argument("--save", type=Path, help="write every truth and estimate here (JSON)")
+    parser.add_argument(
+        "--no-refit",
+        action="store_true",
+        help="hold fqe.g1's finite-horizon model fixed in its interval (before the refit)",
+    )
     args = parser.parse_args()
+    if args.no_refit:
+        from horizon_plugins_cpe import horizon_fqe
+
+        horizon_fqe.REFIT_WORK = 0.0
     if args.quick:
         args.profile = "short"
     profile = PROFILES[args.profile]
@@ -592,6 +889,9 @@ def main() -> None:
         results = run_suite(profile, args.seed, folder, args.datasets)
     for result in results:
         print(report(result), flush=True)
+        print(verdict_report(result), flush=True)
+    if args.save:
+        args.save.write_text(json.dumps(saved(results), indent=1) + "\n", encoding="utf-8")
     print()
     for result in results:
         print("\n".join(result_lines(result)))

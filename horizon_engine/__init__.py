@@ -43,8 +43,9 @@ names, and an import-linter contract run by ``make test`` holds them to it.
   ``policy_output``, ``ExplorationConfig``; and ``Exploration``, the numpy policy (action
   probabilities and draws) everything that acts outside torch uses;
 - estimators: ``EstimatorBase``, ``EstimatorConfig``, ``EvaluationEpisodes``, ``Estimate``,
-  ``NotApplicable``; and for commands that evaluate a finished run: ``evaluate_run``,
-  ``estimates_table``;
+  ``NotApplicable``, and the verdict's bar on eval episodes every estimator checks itself
+  against (``MIN_VERDICT_EPISODES``, ``few_episodes_warning``); and for commands that evaluate a
+  finished run: ``evaluate_run``, ``estimates_table``, ``verdict_lines``;
 - exporters: ``ExporterBase``, ``ExportConfig``, ``PolicyBundle``, ``write_model_card``, and
   for checking an exported model's choices, ``recorded_possible`` and ``top_two_gap``; for
   everything that loads an exported model, its checked metadata: ``ModelCard``
@@ -125,11 +126,13 @@ from horizon_engine.errors import (
     NothingToResume,
 )
 from horizon_engine.estimation import (
+    MIN_VERDICT_EPISODES,
     Estimate,
     EstimatorBase,
     EstimatorConfig,
     EvaluationEpisodes,
     NotApplicable,
+    few_episodes_warning,
 )
 from horizon_engine.evaluation import estimates_table
 from horizon_engine.evaluation_stage import evaluate_run
@@ -247,6 +250,7 @@ from horizon_engine.training import (
     TrainingProblem,
     read_checkpoint,
 )
+from horizon_engine.verdict import verdict_lines
 
 if TYPE_CHECKING:
     from horizon_engine.pipeline import Engine, identify_feature_sets, run_pipeline
@@ -262,6 +266,7 @@ __all__ = [
     "INTERRUPTED_EXIT_STATUS",
     "MAX_LINE_BYTES",
     "MIN_PROPENSITY",
+    "MIN_VERDICT_EPISODES",
     "WRITE_REFUSED",
     "ActionBounds",
     "ActionType",
@@ -365,6 +370,7 @@ __all__ = [
     "export_policy",
     "feature_map_problem",
     "feature_module",
+    "few_episodes_warning",
     "get_plugin_host",
     "group_map_values",
     "grouped_bars",
@@ -409,6 +415,7 @@ __all__ = [
     "text_problem",
     "timeline_schema",
     "top_two_gap",
+    "verdict_lines",
     "weighted_reward",
     "write_model_card",
     "write_report",

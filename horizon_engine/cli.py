@@ -185,6 +185,11 @@ def run(
         _echo_estimates(Path(output_dir))
     manifest_path = RunFolder(output_dir).file(RunFolder.MANIFEST)
     click.echo(f"run {manifest['run_id']} {manifest['status']}: {manifest_path}")
+    if "evaluation" in manifest["executed"] and isinstance(manifest.get("verdict"), dict):
+        from horizon_engine.verdict import verdict_lines
+
+        for line in verdict_lines(manifest["verdict"]):
+            click.echo(line)
 
 
 def _echo_estimates(run_dir: Path) -> None:

@@ -130,9 +130,9 @@ class PipelineSpec:
     def settings_origin(self, section: str) -> str:
         """Where ``[section]``'s settings come from, for ``horizon validate``: its header's
         line in the file, the ``--set`` options that made it, or its defaults."""
-        if section in self.at_defaults:
-            return f"defaults (no [{section}] section)"
         header = f"[[{section}]]" if self.rules[section].many else f"[{section}]"
+        if section in self.at_defaults:
+            return f"defaults (no {header} section)"
         if self.locate is None:
             return f"{header} in {self.origin}"
         return self.locate.origin_of(section, header)
@@ -387,12 +387,16 @@ class ConfigBuilder:
                     spec.sections[name] = choice
         # Which sections are implied is known once the written ones are valid; until then a
         # stage of a section that could be implied is not reported as lacking its section.
-        implied = implied_sections(spec) if not self.problems else list(DEFAULT_BODIES)
+        implied = implied_sections(spec) if not self.problems else [*DEFAULT_BODIES, "evaluation"]
         if pipeline is not None:
             self.check_stages(pipeline.stages, [*raw, *implied])
         if self.problems:
             raise ConfigError(self.problems)
         for name in implied:
+            if name == "evaluation":
+                spec.evaluation = self.default_evaluation()
+                spec.at_defaults.append(name)
+                continue
             choice = self.choose(name, self.sections[name], dict(DEFAULT_BODIES[name]))
             if choice is not None:
                 spec.sections[name] = choice
@@ -403,6 +407,19 @@ class ConfigBuilder:
         if self.problems:
             raise ConfigError(self.problems)
         return spec
+
+    def default_evaluation(self) -> list[Choice]:
+        """The ``[[evaluation]]`` entries a pipeline that writes none runs: each registered
+        estimator's ``default_entries``, in registration order."""
+        rule = self.sections["evaluation"]
+        choices = []
+        for component in self.plugins.components(rule.family):
+            for entry in getattr(component.cls, "default_entries", ()):
+                body = {rule.selector: component.name, **entry}
+                choice = self.choose("evaluation", rule, body, len(choices))
+                if choice is not None:
+                    choices.append(choice)
+        return choices
 
     def check_values(self, raw: Mapping[str, Any]) -> None:
         """Report what no option can hold, before any model reads it: nesting deeper than
@@ -721,7 +738,9 @@ def _option_problems(
 def implied_sections(spec: PipelineSpec) -> list[str]:
     """The sections of ``DEFAULT_BODIES`` that ``spec`` leaves out though its stages need them:
     the data stages (timeline, normalization) between ``[source]`` and any later section, and
-    the export of a trainer whose model is a policy, and the report of any pipeline.
+    the export of a trainer whose model is a policy, the report of any pipeline, and
+    ``[[evaluation]]`` (each estimator's ``default_entries``) for a trainer of a policy whose
+    timeline holds episodes out: the verdict on the policy is what a run is for.
 
     Without ``[source]`` the data stages are not implied: such a pipeline trains on the
     timeline and normalization its output folder already holds (a user's own), and the
@@ -743,7 +762,20 @@ def implied_sections(spec: PipelineSpec) -> list[str]:
         implied.append("export")
     if "report" not in configured and configured:
         implied.append("report")
+    if "evaluation" not in configured and "evaluation" in spec.rules and _holds_out(spec):
+        implied.append("evaluation")
     return implied
+
+
+def _holds_out(spec: PipelineSpec) -> bool:
+    """Whether ``spec`` trains a policy that the evaluation stage can judge: its trainer
+    trains one and its timeline (configured or at its defaults) holds episodes out."""
+    trainer = spec.sections.get("trainer")
+    if trainer is None or not trainer.component.cls.trains_policy:
+        return False
+    timeline = spec.sections.get("timeline")
+    eval_fraction = getattr(timeline.config, "eval_fraction", None) if timeline else None
+    return eval_fraction is None or eval_fraction > 0
 
 
 def build_spec(

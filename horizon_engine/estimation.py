@@ -16,8 +16,11 @@ and the evaluation stage runs them once after training (``horizon_engine.evaluat
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import Field
 
 from horizon_engine.capabilities import NO_EVALUATION_MODELS, EvaluationModels
 from horizon_engine.components import ComponentConfig, Estimator
@@ -30,6 +33,28 @@ if TYPE_CHECKING:
     from horizon_engine.dataset import TimelineTensors
     from horizon_engine.policies import PolicyOutput
     from horizon_engine.schema import ActionType
+
+
+LABEL_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"
+"""What an ``[[evaluation]] label`` may be: a TensorBoard tag's part and a plain word."""
+
+
+MIN_VERDICT_EPISODES = 20
+"""The fewest eval episodes an estimate may rest on to count in the verdict: a percentile
+bootstrap over fewer understates the spread (it cannot show what the few episodes did not
+happen to hold), and the issue that asked for the verdict set its bar for a decision here."""
+
+
+def few_episodes_warning(episodes: int) -> str | None:
+    """The warning an estimate on ``episodes`` eval episodes carries, None when they are
+    enough (``MIN_VERDICT_EPISODES``): one sentence, which every estimator and the verdict
+    share."""
+    if episodes >= MIN_VERDICT_EPISODES:
+        return None
+    return (
+        f"only {episodes} eval episodes: an interval resampled from so few understates the "
+        f"uncertainty (at least {MIN_VERDICT_EPISODES} are needed)"
+    )
 
 
 class NotApplicable(HorizonError):
@@ -47,8 +72,16 @@ class Estimate:
     when none was computed), ``logged_value`` the logging policy's value of the same quantity
     on the same rows, ``relative`` = ``value / logged_value`` (1.0 = parity, the Horizon paper's
     Figure 2) with its interval, None when the logged value is too near zero to divide by (the
-    ``note`` says so), and ``effective_sample_size`` of the importance weights where there are
-    any.
+    ``note`` says so), ``difference_low`` and ``difference_high`` the interval of ``value -
+    logged_value`` from the same resamples (what decides better or worse whatever the sign of
+    the values), and ``effective_sample_size`` of the importance weights where there are any.
+
+    ``unit`` says what ``value`` measures ("return per episode", "return per episode,
+    discounted at 0.99", "reward per decision"); ``diagnostics`` the figures the estimator
+    checked its assumptions with (effective sample size, the share of episodes with a weight,
+    the model's fit on held-out rows, ...); ``warnings`` each check it failed, as a reason not
+    to trust it: an estimate with any is shown but left out of the verdict
+    (``horizon_engine.verdict``).
     """
 
     value: float
@@ -60,6 +93,11 @@ class Estimate:
     relative_high: float | None = None
     effective_sample_size: float | None = None
     note: str | None = None
+    difference_low: float | None = None
+    difference_high: float | None = None
+    unit: str | None = None
+    diagnostics: Mapping[str, float | None] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The fields as a JSON object; a value that is not finite becomes null."""
@@ -68,6 +106,10 @@ class Estimate:
         def plain(value: Any) -> Any:
             if value is None or isinstance(value, str):
                 return value
+            if isinstance(value, Mapping):
+                return {str(key): plain(item) for key, item in value.items()}
+            if isinstance(value, tuple | list):
+                return [plain(item) for item in value]
             number = float(value)
             return number if math.isfinite(number) else None
 
@@ -80,6 +122,10 @@ class EstimatorConfig(ExplorationConfig):
 
     every_epoch: bool = True
     """Also run after every training epoch, on the eval split (TensorBoard ``CPE/...``)."""
+    label: str | None = Field(default=None, pattern=LABEL_PATTERN)
+    """The entry's name in ``cpe.json``, on TensorBoard (``CPE/<metric>/<label>``) and in the
+    verdict; by default its kind (with ``[i]``, its position, when two entries share a
+    name). Letters, digits, ``_``, ``.`` and ``-``, at most 64."""
 
 
 @dataclass
@@ -127,6 +173,14 @@ class EstimatorBase(Estimator):
     as an estimator; ``[[evaluation]] kind`` selects it by ``name``."""
 
     Config: ClassVar[type[ComponentConfig]] = EstimatorConfig
+    default_entries: ClassVar[tuple[Mapping[str, Any], ...]] = ()
+    """The ``[[evaluation]]`` entries of this kind (options, without ``kind``) that a pipeline
+    training a policy runs when it writes no ``[[evaluation]]`` (``config.implied_sections``):
+    each estimator says where it belongs in the default set, so an installed plugin's joins."""
+    verdict_preference: ClassVar[int] = 0
+    """Among the estimates that pass their checks in the verdict's unit, the verdict recommends
+    the one of the highest preference (the narrowest interval among equals): how much the
+    estimator's figures have earned trust on the truth suite (``benchmarks/cpe_truth.py``)."""
     details: dict[str, Any]
     """What the last ``estimate`` wants recorded beside its figures (the options in force, such
     as the discount it resolved); the core writes it into ``cpe.json``'s ``entries``."""

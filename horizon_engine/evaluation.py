@@ -64,12 +64,11 @@ Results = dict[str, dict[str, "Estimate | float"]]
 
 
 def estimator_labels(choices: list[Choice]) -> list[str]:
-    """Each entry's label: its kind, with ``[i]`` (its position) when two entries share one."""
-    counts = Counter(choice.component.name for choice in choices)
-    return [
-        choice.component.name + (f"[{index}]" if counts[choice.component.name] > 1 else "")
-        for index, choice in enumerate(choices)
-    ]
+    """Each entry's label: its ``label``, else its kind, with ``[i]`` (its position) when two
+    entries share one."""
+    names = [getattr(choice.config, "label", None) or choice.component.name for choice in choices]
+    counts = Counter(names)
+    return [name + (f"[{index}]" if counts[name] > 1 else "") for index, name in enumerate(names)]
 
 
 def read_metrics(split: Path) -> dict[str, torch.Tensor]:

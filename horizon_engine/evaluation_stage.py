@@ -63,6 +63,8 @@ def run_evaluation_stage(run: StageRun, choices: list[Choice]) -> StageReport:
     description, _ = timeline_problem(run)
     folder = RunFolder(run.output_dir)
     split = folder.split("eval")
+    if "evaluation" in run.spec.at_defaults and not _holds_rows(split):
+        return _no_eval_split(folder, split)
     if not any(split.glob("*.parquet")):
         raise HorizonError(
             f"[[evaluation]] {split} holds no rows: the estimators need an eval split "
@@ -71,11 +73,13 @@ def run_evaluation_stage(run: StageRun, choices: list[Choice]) -> StageReport:
     evaluation, results, warnings = _evaluate_split(run, choices, description, split, "evaluation")
     epochs = folder.cpe_epochs()
     final = results_json(results)
+    verdict = verdict_of(final, choices, evaluation.labels, evaluation.episode_count)
     record = {
         "eval_rows": len(evaluation.data),
         "episodes": evaluation.episode_count,
         "entries": evaluation.entries(),
         "final": final,
+        "verdict": verdict,
         "epochs": epochs,
     }
     folder.write_json(RunFolder.CPE, record)
@@ -89,7 +93,51 @@ def run_evaluation_stage(run: StageRun, choices: list[Choice]) -> StageReport:
             "episodes": evaluation.episode_count,
             "estimates": final,
             "not_applicable": dict(evaluation.not_applicable),
+            "verdict": verdict,
         },
+    )
+
+
+def verdict_of(
+    final: dict[str, Any], choices: list[Choice], labels: list[str], episodes: int
+) -> dict[str, Any]:
+    """The verdict (``horizon_engine.verdict``) on the estimates ``final`` that the entries
+    ``choices``, labelled ``labels``, made on ``episodes`` eval episodes."""
+    from horizon_engine.verdict import candidates_of, decide
+
+    kinds = {label: choice.component.name for label, choice in zip(labels, choices, strict=True)}
+    preferences = {
+        label: int(getattr(choice.component.cls, "verdict_preference", 0))
+        for label, choice in zip(labels, choices, strict=True)
+    }
+    return decide(candidates_of(final, kinds, preferences, episodes), episodes)
+
+
+def _holds_rows(split: Path) -> bool:
+    """Whether the split folder's Parquet files hold any row (their footers say)."""
+    import pyarrow.parquet as pq
+
+    return any(pq.ParquetFile(path).metadata.num_rows > 0 for path in split.glob("*.parquet"))
+
+
+def _no_eval_split(folder: RunFolder, split: Path) -> StageReport:
+    """The evaluation stage at its defaults on a timeline that held no episode out: no
+    estimate, and a verdict that says why (asked for, no eval split is an error instead)."""
+    from horizon_engine.verdict import decide
+
+    verdict = decide([], 0)
+    where = split.relative_to(folder.path) if split.is_relative_to(folder.path) else split
+    verdict["reasons"] = [f"the eval split ({where}) holds no rows, so nothing could be estimated"]
+    verdict["settle"] = "hold episodes out for evaluation ([timeline] eval_fraction > 0)"
+    folder.write_json(
+        RunFolder.CPE,
+        {"eval_rows": 0, "episodes": 0, "entries": {}, "final": {}, "verdict": verdict},
+    )
+    return StageReport(
+        "evaluation",
+        outputs=[RunFolder.CPE],
+        warnings=[verdict["reasons"][0]],
+        details={"episodes": 0, "estimates": {}, "not_applicable": {}, "verdict": verdict},
     )
 
 
@@ -136,13 +184,15 @@ def evaluate_run(
     evaluation, results, warnings = _evaluate_split(
         run, spec.evaluation, description, split, "evaluation"
     )
+    final = results_json(results)
     return {
         "run_dir": str(run_dir),
         "data": str(split),
         "eval_rows": len(evaluation.data),
         "episodes": evaluation.episode_count,
         "entries": evaluation.entries(),
-        "final": results_json(results),
+        "final": final,
+        "verdict": verdict_of(final, spec.evaluation, evaluation.labels, evaluation.episode_count),
         **({"warnings": warnings} if warnings else {}),
     }
 

@@ -619,14 +619,13 @@ def planned_stages(spec: PipelineSpec, stages: list[Stage]) -> list[PlannedStage
     planned = []
     for stage in select_stages(spec, stages, spec.pipeline.stages):
         choice = stage.choice(spec)
-        chosen = choice if isinstance(choice, list) else [choice]
-        planned.append(
-            PlannedStage(
-                stage.name,
-                ", ".join(component(item) for item in chosen),
-                spec.settings_origin(stage.section),
-            )
-        )
+        if isinstance(choice, list):  # [[evaluation]]: each entry by its label
+            from horizon_engine.evaluation import estimator_labels
+
+            shown = ", ".join(estimator_labels(choice))
+        else:
+            shown = component(choice)
+        planned.append(PlannedStage(stage.name, shown, spec.settings_origin(stage.section)))
     return planned
 
 
@@ -963,6 +962,8 @@ class Engine:
     ) -> None:
         """Record a finished stage; carried-over outputs of later stages become stale."""
         manifest["stages"][stage.name] = {**asdict(report), "run_id": run.run_id}
+        if "verdict" in report.details:
+            manifest["verdict"] = report.details["verdict"]
         manifest["incomplete_stages"].pop(stage.name, None)
         if stage.name not in manifest["executed"]:
             manifest["executed"].append(stage.name)
@@ -973,6 +974,10 @@ class Engine:
                     f"written by run {record['run_id']} from the outputs of stage "
                     f"'{stage.name}' that run {run.run_id} has since replaced"
                 )
+                if "verdict" in record.get("details", {}) and isinstance(
+                    manifest.get("verdict"), dict
+                ):
+                    manifest["verdict"]["stale"] = record["stale"]
         manifest["running_stage"] = None
         RunFolder(run.output_dir).write_manifest(manifest)
 
@@ -1001,6 +1006,7 @@ class Engine:
             stages=carried,
             incomplete_stages=incomplete,
             warnings=list(notes),
+            **_carried_verdict(carried),
         )
 
     def _finish(self, run: StageRun, manifest: dict[str, Any]) -> None:
@@ -1014,6 +1020,20 @@ class Engine:
         RunFolder(run.output_dir).finish_interrupted(
             manifest, partial(self.plugins.on_run_end, run)
         )
+
+
+def _carried_verdict(carried: dict[str, Any]) -> dict[str, Any]:
+    """``{"verdict": ...}`` of a carried-over evaluation stage's record, so that a run that
+    continues an evaluated one still opens with its verdict (marked stale with the record);
+    nothing when no evaluation was carried."""
+    record = carried.get("evaluation")
+    details = record.get("details") if isinstance(record, dict) else None
+    verdict = details.get("verdict") if isinstance(details, dict) else None
+    if not isinstance(verdict, dict):
+        return {}
+    if record.get("stale"):
+        verdict = {**verdict, "stale": record["stale"]}
+    return {"verdict": verdict}
 
 
 def _check_shared(output_dir: Path, run_id: str) -> None:

@@ -2,12 +2,13 @@
 by side.
 
 The page answers what a user checks before shipping a policy, each question a section
-(``report_sections``): the run, the rows, normalization, training, counterfactual evaluation,
-the actions, the export, and what plugins add (``horizon_report_sections``: the world model's
-MDP check). With several runs (yesterday's and today's retraining, a closed loop's rounds),
-every section shows them side by side, and a last section evaluates each earlier run's policy
-on the last run's eval data with that run's estimators (``evaluate_run``), where the runs'
-problems allow it.
+(``report_sections``): first the verdict, where the run recorded one (is the trained policy
+better than the logged one, and the estimates behind the answer), then the run, the rows,
+normalization, training, counterfactual evaluation, the actions, the export, and what plugins
+add (``horizon_report_sections``: the world model's MDP check). With several runs (yesterday's
+and today's retraining, a closed loop's rounds), every section shows them side by side, and a
+last section evaluates each earlier run's policy on the last run's eval data with that run's
+estimators (``evaluate_run``), where the runs' problems allow it.
 
 ``horizon run`` writes the page as its last stage (``report``: it reads every other stage's
 outputs) into ``report.html`` and prints where; ``[report] enabled = false`` leaves it out.
@@ -34,8 +35,11 @@ from horizon_engine.report_page import (
     page,
 )
 from horizon_engine.report_sections import (
+    ESTIMATORS_TITLE,
+    VERDICT_TITLE,
     actions_section,
     cpe_section,
+    estimators_section,
     export_section,
     guarded,
     interval_text,
@@ -43,6 +47,7 @@ from horizon_engine.report_sections import (
     rows_section,
     run_section,
     training_section,
+    verdict_section,
 )
 from horizon_engine.run_context import StageReport
 from horizon_engine.run_folder import RunFolder
@@ -66,14 +71,21 @@ class ReportConfig(ComponentConfig):
 def run_sections(
     folder: RunFolder, plugins: PluginHost, *, written_by_run: bool = False
 ) -> list[ReportSection]:
-    """Every section for one run folder, in page order, each shown or absent with why."""
+    """Every section for one run folder, in page order, each shown or absent with why; the
+    verdict's two first, and only where the manifest records a verdict (an older run's page,
+    or one of a run that trained no policy, is as it was before verdicts)."""
     try:
         manifest = folder.manifest()
     except HorizonError as exc:
         return [ReportSection("run", "The run", absent=str(exc))]
     if written_by_run:
         manifest = {**manifest, "status": "finishing (this page is the run's last stage)"}
+    verdict = [
+        ("verdict", VERDICT_TITLE, lambda: verdict_section(manifest)),
+        ("estimators", ESTIMATORS_TITLE, lambda: estimators_section(manifest)),
+    ]
     builders = [
+        *(verdict if manifest.get("verdict") is not None else []),
         ("run", "The run", lambda: run_section(folder, manifest)),
         ("rows", "Rows", lambda: rows_section(manifest)),
         (
@@ -104,7 +116,9 @@ def build_report(
         if not Path(path).is_dir():
             raise HorizonError(f"{path}: no such run folder")
     folders = [RunFolder(path) for path in run_dirs]
-    sections = [run_sections(folder, plugins, written_by_run=written_by_run) for folder in folders]
+    sections = _verdicts_first(
+        [run_sections(folder, plugins, written_by_run=written_by_run) for folder in folders]
+    )
     labels = _labels(folders)
     across = [_same_data_section(folders, labels, plugins)] if len(folders) > 1 else []
     name = title or (labels[0] if len(labels) == 1 else f"{len(labels)} runs side by side")
@@ -183,6 +197,25 @@ def run_report_stage(run: StageRun, choice: Choice) -> StageReport:
         written_by_run=True,
     )
     return StageReport("report", outputs=[RunFolder.REPORT], details={"page": str(written)})
+
+
+def _verdicts_first(sections: list[list[ReportSection]]) -> list[list[ReportSection]]:
+    """Runs side by side where some recorded a verdict and others did not: the others get the
+    verdict's sections too, absent with why, so that the page still opens with the verdicts
+    (``page`` orders sections as the first run that has them lists them)."""
+    if not any(section.key == "verdict" for run in sections for section in run):
+        return sections
+    missing = "the run recorded no verdict (made before verdicts, or it trained no policy)"
+    return [
+        run
+        if any(section.key == "verdict" for section in run)
+        else [
+            ReportSection("verdict", VERDICT_TITLE, absent=missing),
+            ReportSection("estimators", ESTIMATORS_TITLE, absent=missing),
+            *run,
+        ]
+        for run in sections
+    ]
 
 
 def _labels(folders: Sequence[RunFolder]) -> list[str]:

@@ -20,6 +20,15 @@ MAX_PAGE_BYTES = 8 * 1024 * 1024
 draws its worst-behaved features only and lists the rest), so a run with 1,000 features makes
 a page of a few hundred kilobytes; this bound catches a section that stops being bounded."""
 
+VERDICT_COLOURS = {
+    "better": ("#e6f4ea", "#2e7d32"),
+    "worse": ("#fdecea", "#c62828"),
+    "unclear": ("#fff4d6", "#b7791f"),
+    "unknown": ("#eeeeee", "#777777"),
+}
+"""Each decision's box on the page (background, border), its CSS class ``verdict-DECISION``:
+green better, red worse, amber unclear, grey a decision the page does not know."""
+
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 0 auto; padding: 1em 2em; max-width: 1600px;
   color: #222; }
@@ -39,7 +48,18 @@ pre { background: #f7f7f7; padding: 0.6em; overflow-x: auto; font-size: 0.85em; 
 img { max-width: 100%; height: auto; }
 details { margin: 0.4em 0; }
 .charts { display: flex; flex-wrap: wrap; gap: 0.8em; align-items: flex-start; }
-"""
+.verdict { border-left: 6px solid; border-radius: 4px; padding: 0.4em 1.2em; margin: 0.6em 0;
+  overflow-wrap: anywhere; }
+.estimates { overflow-x: auto; }
+.verdict .headline { font-size: 1.4em; font-weight: 600; margin: 0.3em 0; }
+.verdict .figures { font-size: 1.1em; }
+.verdict ul { margin: 0.3em 0; }
+tr.recommended td { font-weight: 600; }
+tr.untrusted td { color: #777; }
+""" + "".join(
+    f".verdict-{decision} {{ background: {background}; border-color: {border}; }}\n"
+    for decision, (background, border) in VERDICT_COLOURS.items()
+)
 
 
 @dataclass(frozen=True)
@@ -76,20 +96,28 @@ def html_heading(text: str) -> str:
     return f"<h3>{escape(text)}</h3>"
 
 
-def html_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+def html_table(
+    header: Sequence[str],
+    rows: Iterable[Sequence[object]],
+    row_classes: Sequence[str | None] = (),
+) -> str:
     """A table of plain cells (escaped); numbers are right-aligned, floats shown to 4
-    significant digits. A header of empty names is left out (a table of name and value)."""
+    significant digits. A header of empty names is left out (a table of name and value).
+    ``row_classes`` names a CSS class per row, in order (None for none: a row of an estimate
+    that failed its checks is greyed)."""
     head = "".join(f"<th>{escape(str(cell))}</th>" for cell in header)
     head = f"<tr>{head}</tr>" if any(header) else ""
     body = []
-    for row in rows:
+    for index, row in enumerate(rows):
+        css_class = row_classes[index] if index < len(row_classes) else None
+        opening = f'<tr class="{escape(css_class)}">' if css_class else "<tr>"
         cells = []
         for cell in row:
             if isinstance(cell, bool) or not isinstance(cell, int | float):
                 cells.append(f"<td>{escape('-' if cell is None else str(cell))}</td>")
             else:
                 cells.append(f'<td class="number">{escape(number(cell))}</td>')
-        body.append(f"<tr>{''.join(cells)}</tr>")
+        body.append(f"{opening}{''.join(cells)}</tr>")
     return f"<table>{head}{''.join(body)}</table>"
 
 
@@ -106,6 +134,18 @@ def number(value: float | int | None) -> str:
 def html_folded(summary: str, body: str) -> str:
     """``body`` under a summary line that unfolds it."""
     return f"<details><summary>{escape(summary)}</summary>{body}</details>"
+
+
+def html_list(items: Iterable[str]) -> str:
+    """A bulleted list of plain-text items (escaped)."""
+    return "<ul>" + "".join(f"<li>{escape(item)}</li>" for item in items) + "</ul>"
+
+
+def html_verdict_box(decision: str, body: str) -> str:
+    """``body`` in the box of ``decision`` (a key of ``VERDICT_COLOURS``; any other reads as
+    ``unknown``): the run's answer, set apart from the facts around it."""
+    known = decision if decision in VERDICT_COLOURS else "unknown"
+    return f'<div class="verdict verdict-{known}">{body}</div>'
 
 
 def html_preformatted(text: str) -> str:

@@ -5,6 +5,9 @@ shown, or absent with the reason (the stage did not run, the file is missing). A
 come from anywhere: a file that cannot be read or holds the wrong shapes makes its section
 say so (``guarded``), never the page fail.
 
+- verdict (first, where the manifest records one): is the trained policy better than the
+  logged one, by the recommended estimate, with why; then every estimate considered, each
+  marked trusted or not with the checks it failed, and its diagnostics;
 - run: the config as resolved, plugins and versions, each stage's seconds and import time;
 - rows: the funnel from rows in to the train and eval splits, every reason rows were dropped;
 - normalization: each feature's type and parameters, the worst-behaved features' samples
@@ -23,6 +26,7 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from html import escape
+from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,9 +37,11 @@ from horizon_engine.report_page import (
     html_charts,
     html_folded,
     html_heading,
+    html_list,
     html_paragraph,
     html_preformatted,
     html_table,
+    html_verdict_box,
     number,
 )
 from horizon_engine.run_folder import RunFolder
@@ -470,6 +476,331 @@ def cpe_section(folder: RunFolder) -> ReportSection:
         header = ("estimator", "metric", "relative [interval]", "value [interval]")
         body.append(html_table((*header, "logged", "ESS", "note"), rows))
     return ReportSection("cpe", "Counterfactual evaluation", "".join(body))
+
+
+VERDICT_TITLE = "Verdict"
+ESTIMATORS_TITLE = "Estimators behind the verdict"
+DECISION_HEADLINES = {
+    "better": "Better than the logged policy",
+    "worse": "Worse than the logged policy",
+    "unclear": "Unclear whether it is better than the logged policy",
+}
+"""The verdict's headline per decision (the manifest's ``verdict.decision``)."""
+SHOWN_TEXT = 400
+"""Characters of one string from the verdict shown; the rest are counted. A manifest can come
+from anywhere, and a reason of megabytes would push the page over ``MAX_PAGE_BYTES``."""
+SHOWN_ITEMS = 10
+"""Items of one list in the verdict shown (reasons, one estimate's failed checks), the rest
+counted."""
+SHOWN_CANDIDATES = 20
+"""Estimates the estimators' table shows, the recommended first; the rest are counted."""
+LONGEST_INT = 10**15
+"""An integer from the verdict at least this large is shown as text (cut at ``SHOWN_TEXT``),
+not formatted as a number: JSON integers may have thousands of digits."""
+SHOWN_DIAGNOSTICS = 12
+"""Diagnostics (columns) the diagnostics' table shows, in the order first met; the rest are
+counted."""
+
+
+def verdict_section(manifest: Mapping[str, Any]) -> ReportSection:
+    """The run's answer (the manifest's ``verdict``): the decision, the recommended estimate
+    with its interval in the user's unit against the logged policy's value, the reasons, what
+    would settle an unclear one, and the checkpoint shipped; a box coloured by the decision.
+    Every field may be missing or of the wrong type (a folder from elsewhere): what is there is
+    shown as text, bounded, and what is not is left out of the sentence."""
+    verdict = manifest.get("verdict")
+    if not isinstance(verdict, Mapping):
+        return ReportSection(
+            "verdict",
+            VERDICT_TITLE,
+            absent=f"the manifest's verdict is {_kind(verdict)}, not an object",
+        )
+    decision = verdict.get("decision")
+    headline = DECISION_HEADLINES.get(decision) if isinstance(decision, str) else None
+    if headline is None:
+        headline = (
+            "No decision recorded"
+            if decision is None
+            else f"An unknown decision: {_shown(decision)}"
+        )
+    body = [html_paragraph(headline, "headline"), html_paragraph(_figures(verdict), "figures")]
+    source = _source(verdict)
+    if source:
+        body.append(html_paragraph(source))
+    reasons = verdict.get("reasons")
+    if reasons is not None:
+        listed = reasons if isinstance(reasons, list) else [reasons]
+        shown = [_shown(reason) for reason in listed[:SHOWN_ITEMS]]
+        if len(listed) > SHOWN_ITEMS:
+            shown.append(f"and {len(listed) - SHOWN_ITEMS:,} more reasons, not shown")
+        body.append(html_list(shown))
+    if verdict.get("settle") is not None:
+        body.append(html_paragraph(f"What would settle it: {_shown(verdict['settle'])}"))
+    checkpoint = verdict.get("checkpoint")
+    if checkpoint is not None:
+        body.append(html_paragraph(_checkpoint(checkpoint)))
+    known = decision if isinstance(decision, str) else "unknown"
+    return ReportSection("verdict", VERDICT_TITLE, html_verdict_box(known, "".join(body)))
+
+
+def estimators_section(manifest: Mapping[str, Any]) -> ReportSection:
+    """Every estimate the verdict considered (``verdict.candidates``, the recommended first):
+    its unit, estimate, interval and value relative to the logged policy, whether it passed its
+    checks (a row that did not is greyed) and why not; their diagnostics folded below."""
+    verdict = _mapping(manifest.get("verdict"))
+    candidates = verdict.get("candidates")
+    if candidates is None:
+        return ReportSection(
+            "estimators", ESTIMATORS_TITLE, absent="the verdict lists no candidates"
+        )
+    if not isinstance(candidates, list):
+        return ReportSection(
+            "estimators",
+            ESTIMATORS_TITLE,
+            absent=f"the verdict's candidates is {_kind(candidates)}, not a list",
+        )
+    if not candidates:
+        return ReportSection(
+            "estimators", ESTIMATORS_TITLE, absent="the verdict considered no estimate"
+        )
+    shown = candidates[:SHOWN_CANDIDATES]
+    recommended = verdict.get("estimator")
+    rows, classes = [], []
+    marked = False
+    for index, entry in enumerate(shown):
+        if not isinstance(entry, Mapping):
+            rows.append((f"(entry {index + 1} is {_kind(entry)}, not an object)", *[""] * 7))
+            classes.append("untrusted")
+            continue
+        label = _shown(entry.get("estimator"))
+        trusted = entry.get("trusted")
+        is_recommended = (
+            not marked
+            and isinstance(recommended, str)
+            and entry.get("estimator") == recommended
+            and trusted is not False
+        )
+        marked = marked or is_recommended
+        rows.append(
+            (
+                f"{label} (recommended)" if is_recommended else label,
+                _shown(entry.get("unit")),
+                _cell(entry.get("estimate")),
+                _interval(entry.get("interval")) or "-",
+                _cell(entry.get("logged")),
+                _with_interval(entry.get("relative"), entry.get("relative_interval")) or "-",
+                _trusted(trusted),
+                _failed(entry.get("failed")),
+            )
+        )
+        classes.append(
+            "recommended" if is_recommended else "untrusted" if trusted is False else None
+        )
+    header = (
+        "estimator",
+        "unit",
+        "estimate",
+        "interval",
+        "logged",
+        "relative [interval]",
+        "trusted",
+        "failed checks",
+    )
+    body = [html_table(header, rows, classes)]
+    if len(candidates) > len(shown):
+        body.append(
+            html_paragraph(
+                f"{len(candidates) - len(shown):,} more estimates were considered; the first "
+                f"{len(shown)} are shown.",
+                "warning",
+            )
+        )
+    diagnostics = _diagnostics_table(shown)
+    if diagnostics:
+        body.append(html_folded("Diagnostics of each estimate", diagnostics))
+    return ReportSection(
+        "estimators", ESTIMATORS_TITLE, f'<div class="estimates">{"".join(body)}</div>'
+    )
+
+
+def _figures(verdict: Mapping[str, Any]) -> str:
+    """The verdict's numbers as one sentence: the estimate with its interval in its unit (over
+    at most ``horizon`` steps), against the logged policy's value, their ratio, and the
+    interval of their difference that decided."""
+    unit = verdict.get("unit")
+    unit_text = f" {_shown(unit)}" if unit is not None else ""
+    if verdict.get("horizon") is not None:
+        unit_text += f" (over at most {_shown(verdict['horizon'])} steps)"
+    estimate = _with_interval(verdict.get("estimate"), verdict.get("interval"))
+    sentence = f"Estimated {estimate}{unit_text}" if estimate else "No estimate recorded"
+    if verdict.get("logged") is not None:
+        sentence += f", against {_shown(verdict['logged'])} for the logged policy"
+    relative = _with_interval(verdict.get("relative"), verdict.get("relative_interval"))
+    if relative:
+        sentence += f"; {relative} times the logged policy's value"
+    difference = _interval(verdict.get("difference_interval"))
+    if difference:
+        sentence += f"; the interval of the difference {difference}"
+    return sentence + "."
+
+
+def _source(verdict: Mapping[str, Any]) -> str:
+    """Which estimator the verdict rests on (the recommended one, or the closest where none
+    passed its checks: ``trusted`` false), on which metric and how many eval episodes."""
+    if "estimator" not in verdict:
+        return ""
+    estimator = verdict["estimator"]
+    if estimator is None:
+        text = "No estimator passed its checks"
+    elif verdict.get("trusted") is False:
+        text = f"No estimator passed its checks; the closest is {_shown(estimator)}"
+    else:
+        text = f"By {_shown(estimator)}, the estimator recommended"
+    if verdict.get("metric") is not None:
+        text += f", on the metric {_shown(verdict['metric'])}"
+    if verdict.get("eval_episodes") is not None:
+        text += f", over {_shown(verdict['eval_episodes'])} eval episodes"
+    return text + "."
+
+
+def _checkpoint(checkpoint: Any) -> str:
+    """The checkpoint the run ships: its epoch, how it was chosen and among what."""
+    if not isinstance(checkpoint, Mapping):
+        return f"Checkpoint: {_shown(checkpoint)}."
+    text = f"Checkpoint shipped: epoch {_shown(checkpoint.get('epoch'))}"
+    if checkpoint.get("chosen_by") is not None:
+        text += f", chosen by {_shown(checkpoint['chosen_by'])}"
+    if checkpoint.get("among") is not None:
+        text += f", among {_shown(checkpoint['among'])}"
+    return text + "."
+
+
+def _failed(failed: Any) -> str:
+    """One estimate's failed checks, their reasons joined; the ones past ``SHOWN_ITEMS``
+    counted."""
+    if failed is None:
+        return ""
+    if not isinstance(failed, list):
+        return _shown(failed)
+    shown = [_shown(reason) for reason in failed[:SHOWN_ITEMS]]
+    if len(failed) > SHOWN_ITEMS:
+        shown.append(f"and {len(failed) - SHOWN_ITEMS:,} more")
+    return "; ".join(shown)
+
+
+def _diagnostics_table(candidates: Sequence[Any]) -> str:
+    """The estimates' diagnostics side by side, one row per estimate, one column per
+    diagnostic (the first ``SHOWN_DIAGNOSTICS`` met, the rest counted); "" where none has any."""
+    entries = [_mapping(entry) for entry in candidates]
+    names: list[str] = []
+    left_out: set[str] = set()
+    for entry in entries:
+        for name in _mapping(entry.get("diagnostics")):
+            if name in names or name in left_out:
+                continue
+            if len(names) < SHOWN_DIAGNOSTICS:
+                names.append(name)
+            else:
+                left_out.add(name)
+    if not names:
+        return ""
+    rows = [
+        (
+            _shown(entry.get("estimator")),
+            *(_cell(_mapping(entry.get("diagnostics")).get(name)) for name in names),
+        )
+        for entry in entries
+    ]
+    table = html_table(("estimate", *(_clipped(name, 60) for name in names)), rows)
+    if left_out:
+        table += html_paragraph(f"{len(left_out):,} more diagnostics are not shown.", "warning")
+    return table
+
+
+def _trusted(trusted: Any) -> str:
+    """Whether an estimate passed its checks, as a mark that reads at a glance."""
+    if trusted is True:
+        return "✓ yes"
+    if trusted is False:
+        return "✗ no"
+    return _shown(trusted)
+
+
+def _with_interval(value: Any, interval: Any) -> str:
+    """``value [low, high]``, or the value alone; "" where there is no value."""
+    if value is None:
+        return ""
+    bounds = _interval(interval)
+    return f"{_shown(value)} {bounds}" if bounds else _shown(value)
+
+
+def _interval(interval: Any) -> str:
+    """``[low, high]`` as written: a list's items (bounded), any other value as text."""
+    if interval is None:
+        return ""
+    return f"[{_shown(interval)}]"
+
+
+def _cell(value: Any) -> object:
+    """A value from the verdict as a table cell: a number as the table formats numbers
+    (right-aligned), anything else as bounded text."""
+    if isinstance(value, float) or (
+        isinstance(value, int) and not isinstance(value, bool) and abs(value) < LONGEST_INT
+    ):
+        return value
+    return _shown(value)
+
+
+def _shown(value: Any, nested: bool = False) -> str:
+    """Any JSON value from the verdict as text, bounded: a number as the tables show it, a
+    string cut at ``SHOWN_TEXT`` characters, a list's first ``SHOWN_ITEMS`` items and an
+    object's first ``SHOWN_ITEMS`` fields (one level deep: deeper ones are counted)."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return _clipped(number(value))
+    if isinstance(value, str):
+        return _clipped(value)
+    if isinstance(value, list):
+        if nested:
+            return f"({len(value):,} values)"
+        items = [_shown(item, nested=True) for item in value[:SHOWN_ITEMS]]
+        more = f" and {len(value) - SHOWN_ITEMS:,} more" if len(value) > SHOWN_ITEMS else ""
+        return _clipped(", ".join(items) + more)
+    if isinstance(value, Mapping):
+        if nested:
+            return f"({len(value):,} fields)"
+        fields = [
+            f"{_clipped(str(name), 60)}: {_shown(item, nested=True)}"
+            for name, item in islice(value.items(), SHOWN_ITEMS)
+        ]
+        more = f" and {len(value) - SHOWN_ITEMS:,} more" if len(value) > SHOWN_ITEMS else ""
+        return _clipped("{" + ", ".join(fields) + more + "}")
+    return _clipped(str(value))
+
+
+def _clipped(text: str, limit: int = SHOWN_TEXT) -> str:
+    """``text`` cut at ``limit`` characters, saying how many were left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit:,} more characters)"
+
+
+def _kind(value: Any) -> str:
+    """What a JSON value is, for a message about a field of the wrong type."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return f"a number ({_shown(value)})"
+    if isinstance(value, str):
+        return f"a string ({_clipped(value, 60)!r})"
+    if isinstance(value, list):
+        return f"a list of {len(value):,} values"
+    return "an object"
 
 
 def actions_section(folder: RunFolder, plugins: PluginHost) -> ReportSection:

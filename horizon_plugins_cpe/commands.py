@@ -21,6 +21,7 @@ from horizon_engine import (
     command,
     estimates_table,
     evaluate_run,
+    verdict_lines,
 )
 
 RECORD_FIELDS = ("run_dir", "data", "entries", "final")
@@ -67,6 +68,8 @@ def evaluate_command(
     click.echo(f"{run_dir}'s latest checkpoint on {record['data']}:")
     click.echo(estimates_table(record))
     click.echo(f"wrote {output}")
+    for line in verdict_lines(record["verdict"]):
+        click.echo(line)
 
 
 def check_output(output: Path) -> None:

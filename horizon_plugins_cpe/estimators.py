@@ -2,7 +2,9 @@
 
 One-step (contextual bandit): ``dm``, ``ips``, ``snips``, ``dr``. Sequential, over whole
 episodes: ``sequential_dr``, ``weighted_dr``, ``magic``, and the direct method ``fqe`` (the Q
-model's value of each episode's first state, no importance weight). Each turns the core's
+model's value of each episode's first state, no importance weight), and ``mis``
+(marginalized importance sampling: each step weighted by the ratio of the policies' state
+distributions there, ``horizon_plugins_cpe.marginalized``). Each turns the core's
 ``EvaluationEpisodes`` into the formulas' ``CpeInputs`` (numpy, in episode and step order):
 the reward and every logged metric, the logged action and its propensity, the evaluated
 policy's probabilities under the entry's exploration, the possible actions and the state
@@ -57,6 +59,7 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
+    from horizon_plugins_cpe.diagnostics import Checked
     from horizon_plugins_cpe.formulas import CpeInputs, CpeOptions, MetricEstimate, ModelValues
 
 CONTINUOUS_REASON = (
@@ -263,6 +266,10 @@ class _Prepared:
     note: str | None
     """What every estimate on these inputs says of them (``cpe_inputs``)."""
     models: dict[tuple[str, CpeOptions], ModelValues] = field(default_factory=dict)
+    coverage: dict[tuple[Any, ...], float] = field(default_factory=dict)
+    """The policy's state coverage (``marginalized.state_coverage``) by the options it
+    depends on (the ratios' features, propensity floor and clip): the Q kinds of one epoch
+    share it, as they share their Q model."""
 
     def matches(self, episodes: EvaluationEpisodes) -> bool:
         return (
@@ -308,9 +315,9 @@ def prepared(episodes: EvaluationEpisodes) -> _Prepared:
     return entry
 
 
-def _estimate(result: MetricEstimate, note: str | None) -> Estimate:
+def _estimate(result: MetricEstimate, note: str | None, checked: Checked) -> Estimate:
     """The formulas' estimate of one metric as the core's ``Estimate``, with the inputs'
-    ``note`` after its own."""
+    ``note`` after its own and what its checks found (``diagnostics.diagnose``)."""
     return Estimate(
         value=result.value,
         low=result.low,
@@ -321,7 +328,33 @@ def _estimate(result: MetricEstimate, note: str | None) -> Estimate:
         relative_high=result.relative_high,
         effective_sample_size=result.effective_sample_size,
         note="; ".join(part for part in (result.note, note) if part) or None,
+        difference_low=result.difference_low,
+        difference_high=result.difference_high,
+        unit=checked.unit,
+        diagnostics=checked.diagnostics,
+        warnings=tuple(checked.warnings),
     )
+
+
+def _checked_estimates(
+    kind: str,
+    inputs: Any,
+    models: ModelValues | None,
+    options: CpeOptions,
+    found: dict[str, MetricEstimate],
+    note: str | None,
+    coverage: float | None = None,
+) -> dict[str, Estimate]:
+    """Every metric's estimate with its checks (``diagnostics.diagnose``; ``coverage`` the
+    policy's state coverage for the kinds that lean on a Q model, None where unmeasured)."""
+    from horizon_plugins_cpe.diagnostics import diagnose
+
+    return {
+        name: _estimate(
+            result, note, diagnose(kind, inputs, models, options, result, metric, coverage)
+        )
+        for metric, (name, result) in enumerate(found.items())
+    }
 
 
 class CpeEstimator(EstimatorBase):
@@ -371,7 +404,7 @@ class CpeEstimator(EstimatorBase):
             if key not in entry.models:
                 entry.models[key] = self._fit(model, entry, options, episodes)
             models = entry.models[key]
-        found = estimate(self.name, entry.inputs, models, options)
+        found = estimate(self.name, self._inputs(entry, episodes), models, options)
         gamma_from = "config" if self.config.gamma is not None else "trainer"
         if self.config.gamma is None and episodes.discount is None:
             gamma_from = "default"
@@ -391,7 +424,19 @@ class CpeEstimator(EstimatorBase):
         }
         if blends:
             self.details["magic_blend"] = blends
-        return {name: _estimate(result, entry.note) for name, result in found.items()}
+        from horizon_plugins_cpe.diagnostics import Q_KINDS
+        from horizon_plugins_cpe.marginalized import state_coverage
+
+        coverage = None
+        if self.name in Q_KINDS:
+            key = (self.config.q_model, options.propensity_floor, options.weight_clip)
+            if key not in entry.coverage:
+                ratio_inputs = self._ratio_inputs(entry, episodes)
+                entry.coverage[key] = state_coverage(ratio_inputs, options)
+            coverage = entry.coverage[key]
+        return _checked_estimates(
+            self.name, entry.inputs, models, options, found, entry.note, coverage
+        )
 
     def _continuous(
         self, episodes: EvaluationEpisodes, options: CpeOptions
@@ -428,7 +473,27 @@ class CpeEstimator(EstimatorBase):
         }
         if models.note:
             self.details["model_note"] = models.note
-        return {name: _estimate(result, models.note) for name, result in found.items()}
+        return _checked_estimates(self.name, inputs, models, options, found, models.note)
+
+    def _inputs(self, entry: _Prepared, episodes: EvaluationEpisodes) -> CpeInputs:
+        """The formulas' inputs of this entry: the prepared ones (``mis`` swaps in its
+        features)."""
+        return entry.inputs
+
+    def _ratio_inputs(self, entry: _Prepared, episodes: EvaluationEpisodes) -> CpeInputs:
+        """The inputs with the features the state-distribution ratios are fitted on: the
+        Q model's (``q_model``), the trainer's hidden layer where it offers ``q_features``
+        and ``q_model`` is "auto" or "network_fqe", else the state features."""
+        import torch
+
+        from horizon_plugins_cpe.marginalized import network_features
+
+        q_features = episodes.models.q_features
+        if self.config.q_model not in ("auto", "network_fqe") or q_features is None:
+            return entry.inputs
+        with torch.no_grad():
+            hidden = q_features(episodes.data.state, episodes.data.state_presence)
+        return replace(entry.inputs, features=network_features(_numpy(hidden)))
 
     def _q_model(self, episodes: EvaluationEpisodes) -> str:
         """This entry's Q (``q_model`` resolved): ``network_fqe``, ``scores`` or ``q`` (FQE on
@@ -525,6 +590,8 @@ class WeightedDoublyRobust(CpeEstimator):
 
     name = "weighted_dr"
     model = "q"
+    default_entries = ({"gamma": 1.0, "every_epoch": False},)
+    verdict_preference = 2
 
 
 class FittedQEvaluation(CpeEstimator):
@@ -535,6 +602,11 @@ class FittedQEvaluation(CpeEstimator):
 
     name = "fqe"
     model = "q"
+    default_entries = (
+        {"gamma": 1.0, "every_epoch": False},
+        {"label": "fqe_discounted", "every_epoch": False},
+    )
+    verdict_preference = 1
 
 
 class Magic(CpeEstimator):
@@ -544,6 +616,33 @@ class Magic(CpeEstimator):
 
     name = "magic"
     model = "q"
+    verdict_preference = 3
+
+
+class MarginalizedImportanceSampling(CpeEstimator):
+    """Marginalized importance sampling (Xie, Ma & Wang 2019): return per episode, each step
+    weighted by the ratio of the policies' state distributions there (fitted step by step by
+    ridge regression), so no weight is a product along the episode.
+
+    Its features are the Q model's (``q_model``): the trainer's hidden layer where it offers
+    ``q_features`` and ``q_model`` is "auto" or "network_fqe", else the state features."""
+
+    name = "mis"
+    default_entries = ({"gamma": 1.0, "every_epoch": False},)
+
+    def _inputs(self, entry: _Prepared, episodes: EvaluationEpisodes) -> CpeInputs:
+        inputs = self._ratio_inputs(entry, episodes)
+        self._features = (
+            "state features"
+            if inputs is entry.inputs
+            else "the trained network's hidden layer (principal components)"
+        )
+        return inputs
+
+    def estimate(self, episodes: EvaluationEpisodes) -> dict[str, Estimate | float]:
+        found = super().estimate(episodes)
+        self.details["features"] = self._features
+        return found
 
 
 ESTIMATORS: tuple[type[CpeEstimator], ...] = (
@@ -555,6 +654,7 @@ ESTIMATORS: tuple[type[CpeEstimator], ...] = (
     WeightedDoublyRobust,
     Magic,
     FittedQEvaluation,
+    MarginalizedImportanceSampling,
 )
 """Every CPE estimator, in the order ``horizon plugins`` lists them."""
 

@@ -38,6 +38,11 @@ Jiang & Li 2016, Thomas & Brunskill 2016):
   ``weighted_dr`` at ``confidence`` (the normal-theory one when ``num_bootstrap`` is 0).
   Horizon's code used ``b * b`` elementwise and an unscaled covariance.
 
+Marginalized importance sampling, no product of weights along an episode (its own module):
+
+- ``mis`` = ``sum_t gamma^t mean_e[w_t(s_t) w r_t]``, ``w_t(s)`` the ratio of the two policies'
+  state distributions at step ``t``, fitted step by step (``horizon_plugins_cpe.marginalized``).
+
 The direct method over episodes, no importance weight (any policy, continuous ones included):
 
 - ``fqe`` = mean over episodes of ``V_hat(s_0)``, the model's value of the first state
@@ -56,7 +61,9 @@ estimation error, and covered the truth far less often than its 95% (measured:
 docs/measurements.md#refit_kinds). ``dm`` values given without a refit (arrays) are held
 fixed, and the estimate's note says so. ``dr`` holds its cross-fitted model fixed on purpose
 (the model's error reaches it only at second order; ``REFIT_KINDS``), as the sequential
-kinds hold their Q models (FQE is not refit per resample).
+kinds hold their Q models. ``fqe`` refits its Q model per resample where the model offers it
+(``ModelValues.start_refit``: the finite-horizon FQE at gamma 1, ``horizon_fqe``, within a
+work budget that its note states); otherwise it holds it fixed, and says so.
 
 Options: ``propensity_floor`` raises logged propensities below it (a zero, negative or NaN
 propensity of a taken action is always an error, named by its row); ``weight_clip`` clips
@@ -82,7 +89,10 @@ ONE_STEP_KINDS = ("dm", "ips", "snips", "dr")
 SEQUENTIAL_KINDS = ("sequential_dr", "weighted_dr", "magic")
 DIRECT_KINDS = ("fqe",)
 """Kinds that use no importance weight: the model's value of each episode's first state."""
-KINDS = ONE_STEP_KINDS + SEQUENTIAL_KINDS + DIRECT_KINDS
+MARGINALIZED_KINDS = ("mis",)
+"""Kinds that weigh each step by the ratio of the policies' state distributions there, no
+product along the episode (``horizon_plugins_cpe.marginalized``); they use no model."""
+KINDS = ONE_STEP_KINDS + SEQUENTIAL_KINDS + DIRECT_KINDS + MARGINALIZED_KINDS
 
 NEAR_ZERO = 1e-6
 """The logged value is "near zero" (no relative value is reported) when its magnitude is at
@@ -184,6 +194,22 @@ class ModelValues:
     """The model refit inside each bootstrap resample (``reward_model_values`` gives one), so
     that ``dm``'s interval includes the model's own estimation error (``REFIT_KINDS``);
     without it (values given as arrays) that interval holds the model fixed, and says so."""
+    start_refit: ResampledStartValues | None = None
+    """``fqe``'s Q model refit inside each bootstrap resample (the finite-horizon FQE of
+    ``horizon_fqe`` gives one), so that its interval includes the model's own estimation
+    error; without it the interval holds the model fixed, and says so."""
+
+
+class ResampledStartValues(Protocol):
+    """A Q model whose first-state values are refit per bootstrap resample
+    (``horizon_fqe.StartValueRefit``)."""
+
+    def plan(self, num_bootstrap: int) -> tuple[int, str]:
+        """How many of the first ``num_bootstrap`` resamples it refits (0: it holds the
+        model fixed) and the note that says so."""
+
+    def totals(self, counts: np.ndarray) -> np.ndarray:
+        """``[B, M]``: ``sum_e c_e V_hat_b(s_0^e)`` for resamples ``counts [B, E]``."""
 
 
 class ResampledModel(Protocol):
@@ -236,6 +262,9 @@ class MetricEstimate:
     """MAGIC only: the ``j`` of each blended return (-1 = the model alone)."""
     magic_weights: tuple[float, ...] | None = None
     """MAGIC only: the blend's weight of each ``j``-step return."""
+    difference_low: float | None = None
+    difference_high: float | None = None
+    """The interval of ``value - logged_value`` from the same resamples (None without one)."""
 
 
 # --- checks and weights ----------------------------------------------------------------------
@@ -415,9 +444,10 @@ def finish(
     """One ``MetricEstimate`` per metric from the point estimates ``[M]``, the bootstrap
     samples ``[B, M]`` (or None) of the estimate and of the logged value, and the rewards'
     scale ``[M]`` that decides what "near zero" means."""
-    low = high = rel_low = rel_high = None
+    low = high = rel_low = rel_high = diff_low = diff_high = None
     if samples is not None and len(samples):
         low, high = percentile_interval(samples, options.confidence)
+        diff_low, diff_high = percentile_interval(samples - logged_samples, options.confidence)
         with np.errstate(divide="ignore", invalid="ignore"):
             rel_low, rel_high = percentile_interval(samples / logged_samples, options.confidence)
     results = {}
@@ -447,6 +477,8 @@ def finish(
             relative_high=relative_high,
             effective_sample_size=ess,
             note="; ".join(metric_notes) or None,
+            difference_low=None if diff_low is None else float(diff_low[m]),
+            difference_high=None if diff_high is None else float(diff_high[m]),
             **(extra[m] if extra else {}),
         )
     return results
@@ -889,6 +921,10 @@ def estimate(
     if kind not in KINDS:
         raise ValueError(f"unknown CPE kind {kind!r}; expected one of {KINDS}")
     check_inputs(inputs)
+    if kind in MARGINALIZED_KINDS:
+        from horizon_plugins_cpe.marginalized import marginalized
+
+        return marginalized(inputs, options)
     if models is None and kind not in ("ips", "snips"):
         from horizon_plugins_cpe import models as fitting
 
@@ -897,7 +933,7 @@ def estimate(
     if kind in ONE_STEP_KINDS:
         results = one_step(kind, inputs, models, options)
     elif kind in DIRECT_KINDS:
-        results = direct_per_episode(inputs, models.expected, options)
+        results = direct_per_episode(inputs, models.expected, options, models.start_refit)
     else:
         results = sequential(kind, inputs, models, options)
     if models is not None and models.note:
@@ -925,14 +961,18 @@ def direct_per_decision(
 
 
 def direct_per_episode(
-    inputs: Any, expected: np.ndarray, options: CpeOptions
+    inputs: Any,
+    expected: np.ndarray,
+    options: CpeOptions,
+    refit: ResampledStartValues | None = None,
 ) -> dict[str, MetricEstimate]:
     """``fqe``: the evaluated policy's discounted return per episode as the Q model says it,
     ``V_hat(s_0) = sum_a pi(a | s_0) Q_hat(s_0, a)`` (or ``Q_hat(s_0, pi(s_0))`` for a
     continuous policy) at each episode's first row, beside the logged discounted return.
     No importance weight enters, so it applies to any policy, deterministic or continuous, and
     is only as good as the model. ``expected [N, M]`` is the model's value of each row's state
-    under the policy."""
+    under the policy; ``refit`` (``ModelValues.start_refit``), where given, refits the model
+    inside the bootstrap's resamples."""
     starts = np.asarray(inputs.episode_starts)
     rewards = np.asarray(inputs.rewards, dtype=np.float64)
     lengths = np.diff(starts)
@@ -941,7 +981,7 @@ def direct_per_episode(
     returns = episode_sums(discount[:, None] * rewards, starts)  # [E, M]
     scale = episode_sums(discount[:, None] * np.abs(rewards), starts).mean(axis=0)
     ones = np.ones(len(lengths))
-    return _direct(inputs, options, expected[starts[:-1]], returns, ones, scale)
+    return _direct(inputs, options, expected[starts[:-1]], returns, ones, scale, refit)
 
 
 def _direct(
@@ -951,21 +991,30 @@ def _direct(
     logged_per_episode: np.ndarray,
     units: np.ndarray,
     scale: np.ndarray,
+    refit: ResampledStartValues | None = None,
 ) -> dict[str, MetricEstimate]:
     """A direct method's estimate: the model's total per episode ``[E, M]`` and the logged
     one, each over the episodes' ``units`` ``[E]`` (rows, or 1 an episode), with a bootstrap
-    over episodes that holds the model's values fixed."""
+    over episodes that refits the model in the resamples ``refit`` plans (its first ones, the
+    logged value from the same), else holds the model's values fixed."""
     value = per_episode.sum(axis=0) / units.sum()
     logged = logged_per_episode.sum(axis=0) / units.sum()
     samples = logged_samples = None
+    notes = []
     if options.num_bootstrap > 0:
+        refits, note = (0, FIXED_MODEL) if refit is None else refit.plan(options.num_bootstrap)
+        notes.append(note)
+        kept = refits or options.num_bootstrap
         pieces, logged_pieces = [], []
         for counts in bootstrap_blocks(len(units), options):
+            counts = counts[: kept - sum(map(len, pieces))]
+            if not len(counts):
+                break
             drawn = (counts @ units)[:, None]
-            pieces.append((counts @ per_episode) / drawn)
+            totals = refit.totals(counts) if refits else counts @ per_episode
+            pieces.append(totals / drawn)
             logged_pieces.append((counts @ logged_per_episode) / drawn)
         samples, logged_samples = np.concatenate(pieces), np.concatenate(logged_pieces)
-    notes = [FIXED_MODEL] if samples is not None else []
     return finish(inputs, options, value, samples, logged, logged_samples, scale, None, notes)
 
 

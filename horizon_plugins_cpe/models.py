@@ -119,10 +119,10 @@ would take seconds."""
 # --- the feature map -------------------------------------------------------------------------
 
 
-def state_basis(inputs: CpeInputs, features: np.ndarray | None = None) -> np.ndarray:
-    """``[N, 1 + F]``: an intercept and the features (``inputs.features`` unless others are
-    given, such as a network's hidden layer on the same rows) standardized over the eval rows
-    (a constant column becomes 0). No reward enters, so cross-fitting is not affected."""
+def checked_features(inputs: CpeInputs, features: np.ndarray | None = None) -> np.ndarray:
+    """``[N, F]`` float64: the features a model is fitted on (``inputs.features`` unless
+    others are given, such as a network's hidden layer on the same rows), one row per eval
+    row and every value finite, else ``CpeInputError`` naming the first bad row."""
     if features is None:
         features = inputs.features
     features = np.asarray(features, dtype=np.float64)
@@ -132,6 +132,14 @@ def state_basis(inputs: CpeInputs, features: np.ndarray | None = None) -> np.nda
     if not finite.all():
         row = int(np.argmin(finite))
         raise CpeInputError(f"{inputs.describe_row(row)}: features hold {features[row]!r}")
+    return features
+
+
+def state_basis(inputs: CpeInputs, features: np.ndarray | None = None) -> np.ndarray:
+    """``[N, 1 + F]``: an intercept and the features (``checked_features``) standardized over
+    the eval rows (a constant column becomes 0). No reward enters, so cross-fitting is not
+    affected."""
+    features = checked_features(inputs, features)
     mean = features.mean(axis=0)
     std = features.std(axis=0)
     std[std == 0] = 1.0
@@ -159,7 +167,7 @@ def design(basis: np.ndarray, action: np.ndarray, num_actions: int) -> np.ndarra
     phi = np.zeros((n, num_actions + 1, d))
     phi[:, 0] = basis
     phi[np.arange(n), 1 + action] = basis
-    return phi.reshape(n, -1)
+    return phi.reshape(n, (num_actions + 1) * d)
 
 
 def expected_design(basis: np.ndarray, probabilities: np.ndarray) -> np.ndarray:
@@ -168,7 +176,7 @@ def expected_design(basis: np.ndarray, probabilities: np.ndarray) -> np.ndarray:
     phi = np.empty((n, probabilities.shape[1] + 1, d))
     phi[:, 0] = probabilities.sum(axis=1)[:, None] * basis
     phi[:, 1:] = probabilities[:, :, None] * basis[:, None, :]
-    return phi.reshape(n, -1)
+    return phi.reshape(n, (probabilities.shape[1] + 1) * d)
 
 
 def all_action_values(basis: np.ndarray, weights: np.ndarray, num_actions: int) -> np.ndarray:
@@ -463,9 +471,17 @@ def q_model_values(
 
     Linear in the state features by default. Given ``features`` ``[N, H]`` (a trained
     network's last hidden layer on the rows' states, ``q_features``), linear in those, with
-    the next states' values bounded to the returns the rewards allow (``fit_bounded_fqe``)."""
+    the next states' values bounded to the returns the rewards allow (``fit_bounded_fqe``).
+
+    Undiscounted (``gamma = 1``) on multi-step episodes, the finite-horizon FQE of
+    ``horizon_fqe`` instead: ``Q`` depends on the steps to go, and its ``start_refit`` gives
+    ``fqe`` an interval with the model refit per resample."""
     rewards = np.asarray(inputs.rewards, dtype=np.float64)
     starts = np.asarray(inputs.episode_starts)
+    if float(options.gamma) == 1.0 and (np.diff(starts) > 1).any():
+        from horizon_plugins_cpe.horizon_fqe import finite_horizon_values
+
+        return finite_horizon_values(inputs, options, features)
     probabilities = np.asarray(inputs.target_probabilities, dtype=np.float64)
     bounded = features is not None
     if bounded:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from browser import BrowserError, find_chromium, render_page
+from browser import VIEWPORT_HEIGHT, BrowserError, find_chromium, render_page
 from PIL import Image
 
 needs_chromium = pytest.mark.skipif(
@@ -132,3 +132,42 @@ def test_a_browser_that_hangs_times_out_and_is_killed(tmp_path, monkeypatch):
 
     assert time.monotonic() - started < 10
     assert not list(tmp_path.glob("horizon-chromium-*"))
+
+
+@needs_chromium
+def test_a_report_page_opens_with_its_verdict_on_the_first_screen(tmp_path):
+    """Issue 34: the report's answer was 2,300 pixels down. The verdict's box, found in the
+    screenshot by its decision's background, must end within the first screen's height, and
+    its heading come first after the page's title. An unclear verdict with every line the
+    box can show (reasons, what would settle it, the checkpoint) is the tallest box."""
+    from test_report import GOOD_VERDICT, verdict_run
+
+    from horizon_engine.plugins import get_plugin_host
+    from horizon_engine.report import write_report
+    from horizon_engine.report_page import VERDICT_COLOURS
+
+    verdict = {
+        **GOOD_VERDICT,
+        "decision": "unclear",
+        "reasons": [f"Reason {index}: the interval straddles parity." for index in range(5)],
+        "settle": "About 200 more eval episodes, or logging with more exploration.",
+    }
+    page = write_report(
+        [verdict_run(tmp_path / "run", verdict)], tmp_path / "report.html", get_plugin_host()
+    )
+
+    rendered = render_page(page, screenshot=tmp_path / "report.png")
+
+    assert rendered.console_errors == []
+    assert rendered.headings[1:3] == ["Verdict", "Estimators behind the verdict"]
+    background = Image.new("RGB", (1, 1), VERDICT_COLOURS["unclear"][0]).getpixel((0, 0))
+    with Image.open(rendered.screenshot) as screenshot:
+        rgb = screenshot.convert("RGB")
+        boxed = [
+            row
+            for row in range(rgb.height)
+            if sum(rgb.getpixel((x, row)) == background for x in range(0, rgb.width, 8)) > 50
+        ]
+    assert boxed, "no verdict box in the screenshot"
+    assert boxed[-1] - boxed[0] > 200  # the box: headline, figures, five reasons and more
+    assert boxed[-1] < VIEWPORT_HEIGHT, (boxed[0], boxed[-1])

@@ -25,8 +25,13 @@ ESTIMATE_FIELDS = {
     "relative_high",
     "effective_sample_size",
     "note",
+    "difference_low",
+    "difference_high",
+    "unit",
+    "diagnostics",
+    "warnings",
 }
-EVERY_KIND = ["dm", "ips", "snips", "dr", "sequential_dr", "weighted_dr", "magic", "fqe"]
+EVERY_KIND = ["dm", "ips", "snips", "dr", "sequential_dr", "weighted_dr", "magic", "fqe", "mis"]
 
 
 def pipeline_toml(tmp_path: Path, name: str, seed: int, evaluation: str, extra: str = "") -> Path:
@@ -119,7 +124,7 @@ def test_cpe_json_holds_every_entry_per_metric_with_intervals_and_each_epoch(fin
     run, _ = finished
     record = json.loads((run / "cpe.json").read_text())
 
-    assert set(record) == {"eval_rows", "episodes", "entries", "final", "epochs"}
+    assert set(record) == {"eval_rows", "episodes", "entries", "final", "verdict", "epochs"}
     assert record["episodes"] >= 10
     assert list(record["entries"]) == ["logged_value", "dr", "weighted_dr", "ips", "magic"]
     for label in ("dr", "weighted_dr", "ips", "magic"):
@@ -189,7 +194,11 @@ def test_horizon_evaluate_runs_the_runs_entries_on_its_eval_split(finished):
     assert list(written["entries"]) == ["logged_value", "dr", "weighted_dr", "ips", "magic"]
     # The same checkpoint, rows and seeds: the same figures as the evaluation stage's.
     for label in ("dr", "weighted_dr", "magic"):
-        assert written["final"][label]["reward"] == pytest.approx(final[label]["reward"])
+        assert figures(written["final"][label]["reward"]) == pytest.approx(
+            figures(final[label]["reward"])
+        )
+        assert written["final"][label]["reward"]["warnings"] == final[label]["reward"]["warnings"]
+    assert written["verdict"] == json.loads(before)["verdict"]
     assert "relative [interval]" in output and f"wrote {run / 'cpe_evaluate.json'}" in output
     assert (run / "cpe.json").read_text() == before
 
@@ -265,8 +274,19 @@ def test_horizon_evaluate_names_features_the_other_data_lacks(finished, tmp_path
     assert "no row has the state feature(s) ['1', '2', '3']" in result.output
 
 
+def figures(estimate: dict) -> dict:
+    """An estimate's numbers (pytest.approx compares no nested dictionaries)."""
+    return {name: value for name, value in estimate.items() if isinstance(value, float)}
+
+
 def test_horizon_evaluate_runs_every_cpe_estimator_for_a_run_without_entries(tmp_path):
+    """A run folder whose config records no [[evaluation]] (one written before pipelines got
+    default estimators): every CPE estimator."""
     horizon("run", pipeline_toml(tmp_path, "plain", 1, ""))
+    manifest_path = tmp_path / "plain" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    del manifest["config"]["evaluation"]
+    manifest_path.write_text(json.dumps(manifest))
 
     output = horizon("evaluate", tmp_path / "plain", "--set", "evaluation.0.num_bootstrap=20")
 

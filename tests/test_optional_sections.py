@@ -25,8 +25,17 @@ REFERENCE = Path(
 CARTPOLE_TIMELINE_ROWS = REFERENCE / "reagent" / "discrete_action" / "cartpole_training.json.bz2"
 
 
-SOURCE_TO_REPORT = ["source", "timeline", "normalization", "train", "export", "report"]
-"""The stages a pipeline of ``[source]`` and ``[trainer]`` alone runs."""
+SOURCE_TO_REPORT = [
+    "source",
+    "timeline",
+    "normalization",
+    "train",
+    "evaluation",
+    "export",
+    "report",
+]
+"""The stages a pipeline of ``[source]`` and ``[trainer]`` alone runs: the evaluation stage
+at its defaults too, for the verdict on the policy."""
 
 
 @pytest.fixture
@@ -79,9 +88,20 @@ def test_source_and_trainer_alone_run_end_to_end_and_export_a_model(engine, tmp_
     manifest = engine.run(source_and_trainer(tmp_path))
     assert manifest["status"] == "succeeded"
     assert manifest["executed"] == SOURCE_TO_REPORT
-    assert manifest["sections_at_defaults"] == ["timeline", "normalization", "export", "report"]
+    assert manifest["sections_at_defaults"] == [
+        "timeline",
+        "normalization",
+        "export",
+        "report",
+        "evaluation",
+    ]
     # Every value that applied is on record, the defaulted sections' as the written ones'.
     assert manifest["config"]["timeline"]["eval_fraction"] == 0.1
+    evaluation = [(entry["kind"], entry.get("gamma")) for entry in manifest["config"]["evaluation"]]
+    assert ("weighted_dr", 1.0) in evaluation and ("fqe", 1.0) in evaluation
+    # The run ends with a verdict on the policy, whatever it decides on these few episodes.
+    assert manifest["verdict"]["decision"] in ("better", "worse", "unclear")
+    assert manifest["verdict"]["reasons"]
     assert manifest["config"]["normalization"]["engine"] == "local"
     assert manifest["config"]["export"]["kind"] == "onnx"
     timeline = manifest["stages"]["timeline"]["details"]
@@ -112,6 +132,31 @@ def test_a_trainer_whose_model_is_no_policy_exports_nothing_unasked(tmp_path):
     spec = build_spec(pipeline, get_plugin_host())
     assert spec.at_defaults == ["timeline", "normalization", "report"]
     assert "export" not in spec.sections
+
+
+def test_a_policy_without_evaluation_entries_is_judged_by_the_default_estimators(tmp_path):
+    """Each estimator's default_entries, by label; none where no episode is held out (the
+    evaluation stage would have nothing to judge on) or no policy is trained."""
+    pipeline = source_and_trainer(tmp_path)
+    result = CliRunner().invoke(main, ["validate", str(pipeline)])
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.stdout.splitlines() if "evaluation" in line)
+    assert line.split() == [
+        "evaluation",
+        "logged_value,",
+        "weighted_dr,",
+        "fqe,",
+        "fqe_discounted,",
+        "mis",
+        "defaults",
+        "(no",
+        "[[evaluation]]",
+        "section)",
+    ]
+    pipeline.write_text(pipeline.read_text() + "\n[timeline]\neval_fraction = 0\n")
+    result = CliRunner().invoke(main, ["validate", str(pipeline)])
+    assert result.exit_code == 0, result.output
+    assert "evaluation" not in result.stdout
 
 
 def test_horizon_validate_lists_each_stage_and_where_its_settings_come_from(tmp_path):

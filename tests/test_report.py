@@ -35,6 +35,8 @@ CORE_HEADINGS = [
     "Export",
 ]
 WORLD_MODEL_HEADING = "Is the problem an MDP? (world model)"
+VERDICT_HEADINGS = ["Verdict", "Estimators behind the verdict"]
+"""The sections a run with a verdict (one that evaluated a trained policy) opens with."""
 
 
 def run(config: dict) -> Path:
@@ -200,14 +202,15 @@ def test_two_runs_side_by_side_evaluate_both_policies_on_the_newer_eval_data(tmp
     assert result.exit_code == 0, result.output
     assert f"wrote {out}" in result.output
     page = out.read_text()
-    # Every section (the core's and the world model's) shows both runs.
-    assert page.count('<div class="run">') == 2 * (len(CORE_HEADINGS) + 1)
+    # Every section (the verdict's, the core's and the world model's) shows both runs.
+    assert page.index("<section") == page.index('<section id="verdict">')
+    assert page.count('<div class="run">') == 2 * (len(VERDICT_HEADINGS + CORE_HEADINGS) + 1)
     same = page[page.index('id="same_data"') :]
     assert same.count("<td>yesterday</td><td>weighted_dr</td>") == 1
     assert same.count("<td>today</td><td>weighted_dr</td>") == 1
     found = rendered(out, tmp_path, "two_runs")
     assert "On the same eval data" in found.headings
-    assert found.headings.count("yesterday") == len(CORE_HEADINGS) + 1
+    assert found.headings.count("yesterday") == len(VERDICT_HEADINGS + CORE_HEADINGS) + 1
 
 
 def test_horizon_report_refuses_a_folder_that_is_not_there(tmp_path):
@@ -352,3 +355,279 @@ def test_horizon_run_prints_where_the_page_is_and_plugins_lists_the_stage(tmp_pa
         "  stage: report [report]  reads every other stage's outputs (it runs last); "
         "writes report.html"
     ) in listed
+
+
+GOOD_VERDICT = {
+    "estimator": "weighted_dr",
+    "metric": "reward",
+    "unit": "return per episode",
+    "estimate": 98.1,
+    "interval": [80.2, 110.3],
+    "logged": 22.7,
+    "relative": 4.32,
+    "relative_interval": [3.5, 4.9],
+    "difference_interval": [57.5, 87.6],
+    "trusted": True,
+    "horizon": 500,
+    "decision": "better",
+    "reasons": [
+        "The interval lies above the logged policy's value.",
+        "weighted_dr passed its checks.",
+    ],
+    "settle": None,
+    "eval_episodes": 280,
+    "candidates": [
+        {
+            "estimator": "weighted_dr",
+            "kind": "weighted_dr",
+            "unit": "return per episode",
+            "estimate": 98.1,
+            "interval": [80.2, 110.3],
+            "logged": 22.7,
+            "relative": 4.3,
+            "trusted": True,
+            "failed": [],
+            "diagnostics": {"effective_sample_size": 51.2, "nonzero_weight_share": 0.4},
+        },
+        {
+            "estimator": "dr",
+            "kind": "dr",
+            "unit": "reward per decision",
+            "estimate": 1.0,
+            "interval": [1.0, 1.0],
+            "logged": 1.0,
+            "relative": 1.0,
+            "trusted": False,
+            "failed": ["a one-step estimator on episodes of 22 steps on average"],
+            "diagnostics": {"effective_sample_size": 280},
+        },
+    ],
+    "checkpoint": {"epoch": 7, "chosen_by": "the best lower bound", "among": [5, 6, 7]},
+}
+"""A verdict as issue 34 specifies it: better, by weighted_dr, one rejected candidate."""
+
+
+def verdict_run(folder: Path, verdict: object = GOOD_VERDICT, **manifest: object) -> Path:
+    """A run folder holding only a manifest with ``verdict`` (a folder copied from elsewhere
+    may hold anything there): every other section is absent, the verdict's are what is
+    checked."""
+    folder.mkdir(parents=True)
+    record = {"config": {"pipeline": {}}, "name": folder.name, "verdict": verdict, **manifest}
+    (folder / RunFolder.MANIFEST).write_text(json.dumps(record))
+    return folder
+
+
+def section_html(page: str, key: str) -> str:
+    """The HTML of the section ``key`` of a one-run page."""
+    start = page.index(f'<section id="{key}">')
+    return page[start : page.index("</section>", start)]
+
+
+def test_the_verdict_opens_the_page_with_its_estimates_below(tmp_path):
+    """Issue 34: the page opened with the run's metadata, the answer 2,300 pixels down."""
+    page = build_report([verdict_run(tmp_path / "run")], get_plugin_host())
+    order = [page.index(f'<section id="{key}">') for key in ("verdict", "estimators", "run")]
+    assert order == sorted(order) and page.index("<section") == order[0]
+    verdict = section_html(page, "verdict")
+    assert '<div class="verdict verdict-better"><p class="headline">Better than the logged' in (
+        verdict
+    )
+    assert (
+        "Estimated 98.1 [80.2, 110.3] return per episode (over at most 500 steps), against 22.7 "
+        "for the logged policy; 4.32 [3.5, 4.9] times the logged policy&#x27;s value; the "
+        "interval of the difference [57.5, 87.6]."
+    ) in verdict
+    assert "By weighted_dr, the estimator recommended, on the metric reward, over 280 eval" in (
+        verdict
+    )
+    assert "<li>weighted_dr passed its checks.</li>" in verdict
+    assert "Checkpoint shipped: epoch 7, chosen by the best lower bound, among 5, 6, 7." in (
+        verdict
+    )
+    assert "What would settle it" not in verdict  # settle is null for a clear decision
+    estimates = section_html(page, "estimators")
+    assert (
+        '<tr class="recommended"><td>weighted_dr (recommended)</td><td>return per episode</td>'
+        '<td class="number">98.1</td><td>[80.2, 110.3]</td><td class="number">22.7</td>'
+        "<td>4.3</td><td>✓ yes</td><td></td>"
+    ) in estimates
+    assert (
+        '<tr class="untrusted"><td>dr</td><td>reward per decision</td><td class="number">1</td>'
+        '<td>[1, 1]</td><td class="number">1</td><td>1</td><td>✗ no</td>'
+        "<td>a one-step estimator on episodes of 22 steps on average</td></tr>"
+    ) in estimates
+    diagnostics = estimates[estimates.index("<details>") :]
+    assert "<th>effective_sample_size</th><th>nonzero_weight_share</th>" in diagnostics
+    assert '<td>dr</td><td class="number">280</td><td>-</td>' in diagnostics
+
+
+@pytest.mark.parametrize(
+    ("decision", "css_class", "headline"),
+    [
+        ("better", "verdict-better", "Better than the logged policy"),
+        ("worse", "verdict-worse", "Worse than the logged policy"),
+        ("unclear", "verdict-unclear", "Unclear whether it is better than the logged policy"),
+        ("<b>ship</b>", "verdict-unknown", "An unknown decision: &lt;b&gt;ship&lt;/b&gt;"),
+        (None, "verdict-unknown", "No decision recorded"),
+        (["better"], "verdict-unknown", "An unknown decision: better"),
+    ],
+)
+def test_each_decision_has_its_box_and_headline(tmp_path, decision, css_class, headline):
+    verdict = {**GOOD_VERDICT, "decision": decision}
+    page = build_report([verdict_run(tmp_path / "run", verdict)], get_plugin_host())
+    assert f'<div class="verdict {css_class}"><p class="headline">{headline}</p>' in page
+
+
+@pytest.mark.parametrize(
+    ("estimator", "source"),
+    [
+        (None, "No estimator passed its checks, on the metric reward"),
+        ("dr", "No estimator passed its checks; the closest is dr, on the metric reward"),
+    ],
+)
+def test_an_unclear_verdict_says_what_would_settle_it(tmp_path, estimator, source):
+    """With no estimate passing its checks the verdict names none, or the closest one
+    (``trusted`` false), which the table does not mark recommended."""
+    candidates = [{**entry, "trusted": False} for entry in GOOD_VERDICT["candidates"][::-1]]
+    verdict = {
+        **GOOD_VERDICT,
+        "estimator": estimator,
+        "trusted": False,
+        "decision": "unclear",
+        "settle": "About 200 more eval episodes, or logging with more exploration.",
+        "checkpoint": None,
+        "candidates": candidates,
+    }
+    page = build_report([verdict_run(tmp_path / "run", verdict)], get_plugin_host())
+    shown = section_html(page, "verdict")
+    assert f"<p>{source}, over 280 eval episodes.</p>" in shown
+    assert "What would settle it: About 200 more eval episodes, or logging with more" in shown
+    assert "Checkpoint" not in shown
+    estimates = section_html(page, "estimators")
+    assert "recommended" not in estimates
+    assert estimates.count('<tr class="untrusted">') == 2
+
+
+@pytest.mark.parametrize("manifest", [{}, {"verdict": None}])
+def test_a_run_without_a_verdict_has_the_page_it_had(tmp_path, manifest):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    record = {"config": {"pipeline": {}}, "name": "run", **manifest}
+    (folder / RunFolder.MANIFEST).write_text(json.dumps(record))
+    page = build_report([folder], get_plugin_host())
+    assert 'class="verdict' not in page and 'id="estimators"' not in page
+    assert page.index("<section") == page.index('<section id="run">')
+
+
+@pytest.mark.parametrize(
+    ("verdict", "key", "why"),
+    [
+        ("yes", "verdict", "the manifest&#x27;s verdict is a string (&#x27;yes&#x27;), not an"),
+        ([1, 2], "verdict", "the manifest&#x27;s verdict is a list of 2 values, not an object"),
+        (7, "verdict", "the manifest&#x27;s verdict is a number (7), not an object"),
+        ({**GOOD_VERDICT, "candidates": {"dr": 1}}, "estimators", "the verdict&#x27;s candidates"),
+        ({**GOOD_VERDICT, "candidates": None}, "estimators", "the verdict lists no candidates"),
+        ({**GOOD_VERDICT, "candidates": []}, "estimators", "the verdict considered no estimate"),
+    ],
+)
+def test_a_verdict_of_the_wrong_shape_says_so(tmp_path, verdict, key, why):
+    page = build_report([verdict_run(tmp_path / "run", verdict)], get_plugin_host())
+    assert f'<p class="absent">Not shown: {why}' in section_html(page, key)
+    assert 'id="run"' in page and 'id="training"' in page
+
+
+def test_a_hostile_verdict_is_shown_escaped_and_bounded(tmp_path):
+    """A copied folder's verdict with HTML in its strings, NaN and infinities, values of the
+    wrong types, and lists far longer than a page shows: every value is escaped, each list cut
+    with a count of what was left out, and a reason of 10 MB does not push the page over its
+    bound (it would have failed the whole page)."""
+    verdict = {
+        "estimator": "<script>alert(1)</script>",
+        "metric": ["<b>reward</b>"],
+        "unit": '<img src="x">',
+        "estimate": float("nan"),
+        "interval": "wide",
+        "logged": {"mean": [1, 2, 3]},
+        "relative": float("inf"),
+        "relative_interval": [float("-inf"), None],
+        "decision": "unclear",
+        "reasons": ["r" * 10_000_000, *(f"reason {index}" for index in range(30))],
+        "eval_episodes": 10**400,
+        "checkpoint": "latest",
+        "candidates": [
+            "junk",
+            *(
+                {
+                    "estimator": f"e{index}",
+                    "trusted": index % 2 == 0,
+                    "failed": ["<i>x</i>"] * 15,
+                    "estimate": True,
+                    "interval": [index, {"a": 1}],
+                    "diagnostics": {f"d{name}": name for name in range(30)},
+                }
+                for index in range(1, 50)
+            ),
+        ],
+    }
+    page = build_report([verdict_run(tmp_path / "run", verdict)], get_plugin_host())
+    assert len(page.encode()) < 100_000
+    assert "<script>" not in page and "<img" not in page and "<i>x" not in page
+    shown = section_html(page, "verdict")
+    assert (
+        "Estimated nan [wide] &lt;img src=&quot;x&quot;&gt;, against {mean: (3 values)} for the "
+        "logged policy; inf [-inf, -] times the logged policy&#x27;s value."
+    ) in shown
+    assert (
+        "By &lt;script&gt;alert(1)&lt;/script&gt;, the estimator recommended, on the metric "
+        "&lt;b&gt;reward&lt;/b&gt;, over 10,000,000,"
+    ) in shown
+    assert f"<li>{'r' * 400}… (9,999,600 more characters)</li>" in shown
+    assert shown.count("<li>") == 11 and "<li>and 21 more reasons, not shown</li>" in shown
+    # 10**400 with its separators is 401 digits and 133 commas: cut at 400 characters.
+    assert "… (134 more characters) eval episodes." in shown
+    assert "Checkpoint: latest." in shown
+    estimates = section_html(page, "estimators")
+    rows = estimates[: estimates.index("<details>")].count("<tr")
+    assert rows == 1 + 20  # the header and the first 20 entries
+    assert "<td>(entry 1 is a string (&#x27;junk&#x27;), not an object)</td>" in estimates
+    assert "30 more estimates were considered; the first 20 are shown." in estimates
+    assert "<td>e1</td><td>-</td><td>true</td><td>[1, (1 fields)]</td><td>-</td>" in estimates
+    assert "; ".join(["&lt;i&gt;x&lt;/i&gt;"] * 10) + "; and 5 more</td>" in estimates
+    assert '<tr class="untrusted"><td>e3</td>' in estimates
+    assert "18 more diagnostics are not shown." in estimates  # 30 met, 12 drawn
+
+
+def test_runs_side_by_side_open_with_their_verdicts_where_one_has_none(tmp_path):
+    """The older run, made before verdicts, comes first: its sections would have set the
+    page's order, and the newer run's verdict would have come last."""
+    older = tmp_path / "older"
+    older.mkdir()
+    (older / RunFolder.MANIFEST).write_text(json.dumps({"config": {"pipeline": {}}}))
+    newer = verdict_run(tmp_path / "newer")
+    page = build_report([older, newer], get_plugin_host())
+    assert page.index("<section") == page.index('<section id="verdict">')
+    verdict = page[page.index('<section id="verdict">') : page.index('<section id="estimators"')]
+    assert "Not shown: the run recorded no verdict" in verdict
+    assert "verdict-better" in verdict
+
+
+def test_a_run_opens_its_page_with_the_verdict_its_evaluation_made(tmp_path):
+    """The evaluation stage's verdict (in the manifest) opens the run's own page and
+    ``horizon report``'s, in its decision's box, with each of its candidates in the table;
+    every other section is shown as before."""
+    output = run({**discrete_config(tmp_path / "run"), "trainer": {"kind": "dqn", "epochs": 1}})
+    verdict = json.loads((output / RunFolder.MANIFEST).read_text())["verdict"]
+    sections = run_sections(RunFolder(output), get_plugin_host())
+    assert [section.key for section in sections][:3] == ["verdict", "estimators", "run"]
+    assert f'<div class="verdict verdict-{verdict["decision"]}">' in shown(sections, "verdict")
+    for candidate in verdict["candidates"]:
+        assert f"<td>{candidate['estimator']}" in shown(sections, "estimators")
+    for key in ("training", "cpe", "actions", "export"):
+        shown(sections, key)
+    out = tmp_path / "page.html"
+    result = CliRunner().invoke(main, ["report", str(output), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    for page in (out, output / RunFolder.REPORT):
+        found = rendered(page, tmp_path, page.stem)
+        assert found.headings[1:3] == VERDICT_HEADINGS
+        assert [name for name in found.headings if name in CORE_HEADINGS] == CORE_HEADINGS

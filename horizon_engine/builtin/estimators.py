@@ -16,6 +16,7 @@ class LoggedValue(EstimatorBase):
     """The logging policy's mean reward (and each metric's mean) per episode of the eval split."""
 
     name = "logged_value"
+    default_entries = ({"every_epoch": False},)
 
     def estimate(self, episodes: EvaluationEpisodes) -> dict[str, float]:
         """``reward_per_episode`` (the mean over episodes of each episode's summed reward),
