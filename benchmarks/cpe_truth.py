@@ -709,7 +709,8 @@ def default_verdict(final: dict[str, Any], episodes: int) -> dict[str, Any]:
 @dataclass(frozen=True)
 class VerdictFigures:
     """The default verdict's figures on one data set, against the played truth over the
-    eval split's horizon (the verdict's unit when it is the return per episode)."""
+    horizon the verdict counts (the longest logged episode's steps; the eval split's where
+    the timeline it read held no longer one)."""
 
     coverage: float
     """Share of the policies whose truth lies in the verdict's interval."""
@@ -737,12 +738,13 @@ def verdict_figures(result: DatasetResult) -> VerdictFigures:
     """The default verdict's coverage, error, ranking, regret and decisions on ``result``."""
     from scipy.stats import spearmanr
 
-    logger = result.logger.eval_cut
     covered, errors, lows, truths = 0, [], [], []
     false_ships, missed, decisions = [], [], {}
     for policy in result.policies:
         verdict = default_verdict(policy.final, result.eval_episodes)
-        truth = policy.truth.eval_cut
+        eval_cut = verdict["horizon"] == result.eval_horizon != result.horizon
+        truth = policy.truth.eval_cut if eval_cut else policy.truth.cut
+        logger = result.logger.eval_cut if eval_cut else result.logger.cut
         low, high = verdict["interval"] or (math.nan, math.nan)
         covered += low <= truth <= high
         estimate = verdict["estimate"] if verdict["estimate"] is not None else math.nan
@@ -773,8 +775,8 @@ def verdict_report(result: DatasetResult) -> str:
     """The default verdict's figures on one data set, for people."""
     figure = verdict_figures(result)
     lines = [
-        f"  verdict at the defaults (truth over the first {result.eval_horizon} steps; "
-        f"logger {result.logger.eval_cut:.1f}): coverage {figure.coverage:.2f}, median "
+        f"  verdict at the defaults (truth over the first {result.horizon} steps; "
+        f"logger {result.logger.cut:.1f}): coverage {figure.coverage:.2f}, median "
         f"relative error {figure.relative_error:.3f}, Spearman {_number(figure.spearman, 2)}, "
         f"regret {figure.regret:.2f}, false ships {figure.false_ships or 'none'}, missed "
         f"ships {figure.missed or 'none'}"
@@ -783,7 +785,7 @@ def verdict_report(result: DatasetResult) -> str:
         verdict = default_verdict(policy.final, result.eval_episodes)
         interval = verdict["interval"] or [math.nan, math.nan]
         lines.append(
-            f"    {policy.name:<11} truth {policy.truth.eval_cut:7.1f}  "
+            f"    {policy.name:<11} truth {policy.truth.cut:7.1f}  "
             f"{figure.decisions[policy.name]:<24} {_number(verdict['estimate'], 1):>7} "
             f"[{_number(interval[0], 1)}, {_number(interval[1], 1)}]"
         )

@@ -153,6 +153,10 @@ class EvaluationEpisodes:
     """The trainer's discount per step (``Discounts``), None when it has none."""
     seed: int | None = None
     """The run's seed, for estimators that draw random numbers (bootstrap intervals)."""
+    horizon: int | None = None
+    """The most rows any logged episode has (train and eval splits): the horizon a return
+    per episode is counted over, which the eval split's own episodes may fall short of;
+    None when unknown (the estimators then take the eval split's longest)."""
 
     @property
     def episode_count(self) -> int:

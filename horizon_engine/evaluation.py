@@ -89,6 +89,27 @@ def read_metrics(split: Path) -> dict[str, torch.Tensor]:
     return {name: torch.from_numpy(values[:, i].copy()) for i, name in enumerate(names)}
 
 
+def logged_horizon(splits: list[Path]) -> int | None:
+    """The most rows any episode has in the timeline ``splits`` (train and eval): the
+    horizon a return per episode is counted over (``EvaluationEpisodes.horizon``); None
+    when they hold no rows. Read from the ``mdp_id`` column alone."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    longest = 0
+    for split in splits:
+        files = sorted(split.glob("*.parquet"))
+        if not files:
+            continue
+        ids = pa.concat_arrays(
+            [pq.read_table(path, columns=["mdp_id"])["mdp_id"].combine_chunks() for path in files]
+        )
+        if len(ids):
+            longest = max(longest, int(pc.max(pc.value_counts(ids).field("counts")).as_py()))
+    return longest or None
+
+
 def results_json(results: Results) -> dict[str, dict[str, Any]]:
     """``results`` as JSON: an ``Estimate`` as its fields, a float as it is (null when it is
     not finite)."""
@@ -165,10 +186,13 @@ class EpisodeEvaluation:
         metrics: dict[str, torch.Tensor],
         seed: int | None = None,
         epochs_file: Path | None = None,
+        horizon: int | None = None,
     ) -> None:
         import torch
 
         self.action_type = action_type
+        self.horizon = horizon
+        """The longest logged episode's rows (``logged_horizon``), None when unknown."""
         self.labels = estimator_labels(choices)
         self.choices = choices
         self.estimators: list[EstimatorBase] = [choice.create() for choice in choices]
@@ -331,6 +355,7 @@ class EpisodeEvaluation:
             models=models,
             discount=discount,
             seed=self.seed,
+            horizon=self.horizon,
         )
 
     def _policy_output(

@@ -13,7 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from horizon_engine.errors import HorizonError
-from horizon_engine.evaluation import EpisodeEvaluation, Results, read_metrics, results_json
+from horizon_engine.evaluation import (
+    EpisodeEvaluation,
+    Results,
+    logged_horizon,
+    read_metrics,
+    results_json,
+)
 from horizon_engine.run_context import StageReport
 from horizon_engine.run_folder import EarlierRun, RunFolder
 
@@ -50,7 +56,12 @@ def _evaluate_split(
             "([timeline] eval_fraction > 0)"
         )
     metrics = {name: values[: len(rows)] for name, values in read_metrics(split).items()}
-    evaluation = EpisodeEvaluation(choices, description.action_type, rows, metrics, run.seed)
+    # a timeline's eval split: its train split's episodes were logged too
+    splits = [split.parent / "train", split] if split.name == "eval" else [split]
+    horizon = logged_horizon(splits)
+    evaluation = EpisodeEvaluation(
+        choices, description.action_type, rows, metrics, run.seed, horizon=horizon
+    )
     return evaluation, evaluation.run(trainer), warnings
 
 

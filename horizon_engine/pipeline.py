@@ -506,7 +506,7 @@ def run_train_stage(run: StageRun, choice: Choice, resume: bool = False) -> Stag
     estimators = None
     every_epoch = any(entry.config.every_epoch for entry in run.spec.evaluation)
     if every_epoch and len(evaluation) and distributed.is_writer():
-        from horizon_engine.evaluation import EpisodeEvaluation, read_metrics
+        from horizon_engine.evaluation import EpisodeEvaluation, logged_horizon, read_metrics
 
         episodes = evaluation
         if isinstance(evaluation, StreamedTimeline):
@@ -520,6 +520,7 @@ def run_train_stage(run: StageRun, choice: Choice, resume: bool = False) -> Stag
             {name: values[: len(episodes)] for name, values in metrics.items()},
             run.seed,
             folder.file(RunFolder.CPE_EPOCHS),
+            logged_horizon([folder.split("train"), folder.split("eval")]),
         )
     resumed_at = 0
     if resume and driver.resume(estimators, driver.planned_epochs(train)) is not None:

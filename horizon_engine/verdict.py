@@ -3,7 +3,7 @@
 Every estimate of the reward (``cpe.json``'s ``final``, made by the ``[[evaluation]]``
 entries) is a candidate. Candidates are compared in one unit, the first of ``UNIT_ORDER``
 that any of them is in: the return per episode as the environment counts it (over at most the
-longest eval episode's steps, ``horizon``: what happens past what was logged is unknown),
+longest logged episode's steps, ``horizon``: what happens past what was logged is unknown),
 else the reward per decision, else a discounted return. A candidate with any failed check
 (``Estimate.warnings``: too few episodes, too few effective ones, a poor model fit, an interval
 that leaves out the model's error, a one-step estimator on episodes) is shown but excluded.

@@ -80,18 +80,17 @@ def unit_of(kind: str, starts: np.ndarray, gamma: float) -> str:
 
 
 def feasible_range(
-    unit: str, rewards: np.ndarray, lengths: np.ndarray, options: CpeOptions
+    unit: str, rewards: np.ndarray, horizon: int, options: CpeOptions
 ) -> tuple[float, float]:
     """The least and the most any policy's value can be in ``unit``, given the logged
-    rewards' range: one reward per decision; over an episode of at most the longest eval
-    episode's steps undiscounted (at least one reward: an episode may end at once), or over
-    any length discounted (``return_bounds``). What the verdict shows as the interval when no
-    estimate passed its checks: the data cannot narrow it."""
+    rewards' range: one reward per decision; over an episode of at most ``horizon`` steps
+    (the longest logged episode's) undiscounted (at least one reward: an episode may end at
+    once), or over any length discounted (``return_bounds``). What the verdict shows as the
+    interval when no estimate passed its checks: the data cannot narrow it."""
     smallest, largest = float(rewards.min()), float(rewards.max())
     if unit == "reward per decision":
         return smallest, largest
     if unit == "return per episode":
-        horizon = float(lengths.max())
         return (
             smallest * horizon if smallest < 0 else smallest,
             largest * horizon if largest > 0 else largest,
@@ -141,10 +140,11 @@ def diagnose(
     figures = checked.diagnostics
     episodes = len(lengths)
     figures["eval_episodes"] = float(episodes)
+    horizon = max(int(lengths.max()), getattr(inputs, "horizon", None) or 0)
     if checked.unit == "return per episode":
-        figures["horizon"] = float(lengths.max())
+        figures["horizon"] = float(horizon)
     figures["feasible_low"], figures["feasible_high"] = feasible_range(
-        checked.unit, np.asarray(inputs.rewards[:, metric], dtype=np.float64), lengths, options
+        checked.unit, np.asarray(inputs.rewards[:, metric], dtype=np.float64), horizon, options
     )
     few = few_episodes_warning(episodes)
     if few:

@@ -245,6 +245,7 @@ def split_inputs(episodes: EvaluationEpisodes) -> _SplitInputs:
         possible=possible,
         features=features,
         row_label=lambda row: f"sequence_number {int(steps[row])}",
+        horizon=episodes.horizon,
     )
     entry = _SplitInputs(weakref.ref(data), id(episodes.metrics), inputs, no_choice, note)
     _SPLITS.append(entry)

@@ -161,6 +161,10 @@ class CpeInputs:
     row_label: Callable[[int], str] | None = None
     """Names row ``i`` in error messages (e.g. its ``mdp_id`` and ``sequence_number``);
     without it, the row is named by its index in the eval split, episode and step."""
+    horizon: int | None = None
+    """The most rows any logged episode has (``EvaluationEpisodes.horizon``): the
+    undiscounted return is counted over that many steps, which the eval split's own longest
+    episode may fall short of; None: the eval split's longest (``return_horizon``)."""
 
     @property
     def num_rows(self) -> int:
@@ -169,6 +173,13 @@ class CpeInputs:
     @property
     def num_episodes(self) -> int:
         return len(self.episode_starts) - 1
+
+    @property
+    def return_horizon(self) -> int:
+        """The steps an undiscounted return is counted over: ``horizon``, and at least the
+        eval split's longest episode."""
+        longest = int(np.diff(np.asarray(self.episode_starts)).max())
+        return max(longest, self.horizon or 0)
 
     def describe_row(self, row: int) -> str:
         starts = np.asarray(self.episode_starts)

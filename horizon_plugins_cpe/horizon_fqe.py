@@ -4,7 +4,9 @@ At ``gamma = 1`` the value a user counts is the return per episode, and a single
 ``Q`` cannot hold it (an undiscounted sum has no fixed point short of a terminal state: the
 discounted models saturate near ``1 / (1 - gamma)`` instead). The evaluated policy's value
 therefore depends on the steps to go: ``Q_h(s, a)`` for ``h = 1 .. H``, ``H`` the longest
-eval episode's row count (nothing past what was logged can be known), by backward recursion
+logged episode's row count (``CpeInputs.return_horizon``: the train split's episodes count,
+as the eval split's few may all end sooner; nothing past what was logged can be known), by
+backward recursion
 
     Q_1(s, a) = r,   Q_h(s, a) = r + V_{h-1}(s'),   V_h(s) = sum_a pi(a|s) Q_h(s, a)
 
@@ -134,7 +136,7 @@ class FiniteHorizonFqe:
         starts = np.asarray(inputs.episode_starts)
         self.starts = starts
         lengths = np.diff(starts)
-        self.horizon = int(lengths.max())
+        self.horizon = inputs.return_horizon
         self.episode = np.repeat(np.arange(inputs.num_episodes), lengths)
         self.step = np.arange(inputs.num_rows) - np.repeat(starts[:-1], lengths)
         self.low, self.high = horizon_bounds(self.rewards, np.arange(self.horizon + 1))
@@ -271,7 +273,7 @@ class FiniteHorizonFqe:
                 expected[at] = self.state_values(self.probabilities[at], values[:, :, None])[:, 0]
         notes.append(
             f"finite-horizon fitted-Q evaluation, undiscounted over H = {self.horizon} steps "
-            "(the longest eval episode): a row at step t is valued over its H - t steps to go"
+            "(the longest logged episode): a row at step t is valued over its H - t steps to go"
         )
         return ModelValues(logged, expected, "; ".join(notes), start_refit=StartValueRefit(self))
 

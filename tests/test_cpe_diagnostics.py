@@ -125,19 +125,31 @@ def test_too_few_episodes_and_no_interval_are_warnings():
 
 def test_the_feasible_range_in_each_unit():
     rewards = np.array([-1.0, 0.0, 2.0])
-    lengths = np.array([4, 10])
     options = CpeOptions(gamma=0.5)
-    assert feasible_range("reward per decision", rewards, lengths, options) == (-1.0, 2.0)
-    assert feasible_range("return per episode", rewards, lengths, options) == (-10.0, 20.0)
-    discounted = feasible_range("return per episode, discounted at 0.5", rewards, lengths, options)
+    assert feasible_range("reward per decision", rewards, 10, options) == (-1.0, 2.0)
+    assert feasible_range("return per episode", rewards, 10, options) == (-10.0, 20.0)
+    discounted = feasible_range("return per episode, discounted at 0.5", rewards, 10, options)
     assert discounted == (-2.0, 4.0)
     # positive rewards only: at least one of them, however soon an episode ends
-    assert feasible_range("return per episode", np.ones(3), lengths, options) == (1.0, 10.0)
+    assert feasible_range("return per episode", np.ones(3), 10, options) == (1.0, 10.0)
 
 
-@pytest.mark.parametrize("kind", ["fqe", "weighted_dr", "magic", "mis"])
-def test_an_eval_split_of_one_episode_is_estimated_and_flagged(kind):
-    """One held-out episode (a small log's eval split): its models are fitted on itself, and
-    the estimate fails the episodes check rather than the run."""
-    found = checked(kind, logged_episodes(episodes=1, length=6))
-    assert few_episodes_warning(1) in found.warnings
+def test_the_return_is_counted_over_the_logged_horizon_not_the_eval_splits():
+    """The eval split's episodes end by step 5; the log's longest has 9 rows: the feasible
+    range, the horizon and finite-horizon FQE's H are 9. Where every eval episode ends (its
+    last row terminal) the steps past it add nothing: with the step as the state (one-hot),
+    FQE is exact and says the same over 9 steps as over 5."""
+    inputs = logged_episodes()
+    steps = np.arange(inputs.num_rows) % 5
+    inputs = CpeInputs(**{**inputs.__dict__, "features": np.eye(5)[steps]})
+    longer = CpeInputs(**{**inputs.__dict__, "horizon": 9})
+    assert (inputs.return_horizon, longer.return_horizon) == (5, 9)
+    found = checked("fqe", longer)
+    assert found.diagnostics["horizon"] == 9.0
+    assert (found.diagnostics["feasible_low"], found.diagnostics["feasible_high"]) == (0.0, 9.0)
+    result = estimate("fqe", longer, None, OPTIONS)["reward"]
+    assert "H = 9 steps (the longest logged episode)" in result.note
+    five = estimate("fqe", inputs, None, OPTIONS)["reward"]
+    assert result.value == pytest.approx(five.value, rel=1e-4)  # the ridge's shrinkage apart
+    # a uniform target earns 1 half the time over 5 steps
+    assert result.value == pytest.approx(2.5, abs=0.3)

@@ -97,12 +97,12 @@ def check_the_default_verdict_ships_no_policy_worse_than_the_logger(
     result: cpe_truth.DatasetResult,
 ):
     """The verdict a pipeline at its defaults reaches, per policy. Measured (seed 7, truth
-    over the first 54 steps, the logger's 22.4): bad worse (9.1 [8.8, 15.1] against 8.7),
-    random and few unclear (their truths 23.6 and 19.5 beside the logger's), mid unclear
-    (fqe 54.0, but mis's lower bound 21.2 keeps the span across parity), many better (53.5
-    [25.6, 53.6] against 54.0); Spearman 0.97. That mid is not shipped and that the
-    intervals cover 3 of 5 truths (the two at the 54-step ceiling just above the spans) are
-    the issue's open bars, not asserted."""
+    over the first 94 steps, the longest logged episode's, the logger's 22.6): bad worse (9.1
+    [8.8, 15.1] against 8.7), random and few unclear (their truths 23.8 and 19.5 beside the
+    logger's), mid unclear (fqe 94.0, but mis's lower bound 21.2 keeps the span across
+    parity), many better (93.1 [25.6, 93.4] against 94.0); Spearman 0.97. That mid is not
+    shipped and that the intervals cover 3 of 5 truths are the issue's open bars, not
+    asserted."""
     figure = cpe_truth.verdict_figures(result)
     assert figure.false_ships == [], figure
     assert figure.decisions["bad"] == "worse (fqe)", figure
