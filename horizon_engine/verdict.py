@@ -18,15 +18,16 @@ so where they disagree the truth may lie anywhere between; a span that holds 0 i
 ``unclear``:
 
 - ``better``: the whole interval is above 0; ``worse``: below;
-- ``unclear``: it straddles 0, or no estimate passed its checks. Each says what data would settle
-  it (``settle``). With no estimate passing, the closest one is shown, but the verdict's
+- ``unclear``: it straddles 0, or no estimate passed its checks. Each says what data would
+  settle it (``settle``). With no estimate passing, the closest one is shown, but the verdict's
   interval is every value the logged rewards allow in the unit (its ``feasible_low`` and
   ``feasible_high`` diagnostics): an interval that looks precise on five episodes would stop a
   user from shipping a good policy (or let a bad one through).
 
-One owner: the evaluation stage writes the verdict into ``cpe.json`` and the manifest,
-``horizon evaluate`` prints it, the report page opens with it (``verdict_lines`` is its
-text).
+One owner: the evaluation stage (``evaluation_stage.verdict_of``) decides the verdict here
+and writes it into ``cpe.json`` and the manifest; ``horizon run`` and ``horizon evaluate``
+print it last (``verdict_lines``); the report page opens with it
+(``report_sections.verdict_section``).
 """
 
 from __future__ import annotations
@@ -43,8 +44,6 @@ METRIC = "reward"
 
 UNIT_ORDER = ("return per episode", "reward per decision")
 """The units the verdict prefers, in order; any other (a discounted return) comes after."""
-
-DECISIONS = ("better", "worse", "unclear")
 
 NO_INTERVAL = "no interval to judge it by"
 """The failed check of an estimate without an interval (an estimator that made none)."""

@@ -2,7 +2,8 @@
 
 An estimate is only as good as what it assumes: importance weights need the logger to have
 taken the actions the policy takes (support) and enough episodes whose weight is not zero
-(effective sample size); a model needs to fit rows it was not fitted on; a bootstrap interval
+(effective sample size); a model needs to fit rows it was not fitted on, and a Q model a
+policy that stays where the logger went (state coverage); a bootstrap interval
 needs enough episodes to resample; a one-step estimator assumes every episode is one
 decision. ``diagnose`` measures each of these for one estimate and turns every failed check
 into a sentence (``Estimate.warnings``): the verdict (``horizon_engine.verdict``) leaves an

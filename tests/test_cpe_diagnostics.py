@@ -153,3 +153,11 @@ def test_the_return_is_counted_over_the_logged_horizon_not_the_eval_splits():
     assert result.value == pytest.approx(five.value, rel=1e-4)  # the ridge's shrinkage apart
     # a uniform target earns 1 half the time over 5 steps
     assert result.value == pytest.approx(2.5, abs=0.3)
+
+
+@pytest.mark.parametrize("kind", ["fqe", "weighted_dr", "magic", "mis"])
+def test_an_eval_split_of_one_episode_is_estimated_and_flagged(kind):
+    """One held-out episode (a small log's eval split): its models are fitted on itself, and
+    the estimate fails the episodes check rather than the run."""
+    found = checked(kind, logged_episodes(episodes=1, length=6))
+    assert few_episodes_warning(1) in found.warnings
