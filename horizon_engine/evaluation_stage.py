@@ -125,10 +125,18 @@ def verdict_of(
 
 
 def _holds_rows(split: Path) -> bool:
-    """Whether the split folder's Parquet files hold any row (their footers say)."""
+    """Whether the split folder's Parquet files hold any row (their footers say); a file
+    that is not Parquet is an error naming it (a run folder may come from elsewhere)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    return any(pq.ParquetFile(path).metadata.num_rows > 0 for path in split.glob("*.parquet"))
+    for path in sorted(split.glob("*.parquet")):
+        try:
+            if pq.ParquetFile(path).metadata.num_rows > 0:
+                return True
+        except (OSError, pa.ArrowException) as exc:
+            raise HorizonError(f"{path}: not a readable timeline split file ({exc})") from None
+    return False
 
 
 def _no_eval_split(folder: RunFolder, split: Path) -> StageReport:

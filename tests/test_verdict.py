@@ -205,3 +205,23 @@ def test_a_pipeline_naming_only_its_trainer_ends_with_the_verdict(tmp_path):
     first = next(i for i, line in enumerate(tail) if line.startswith("verdict: "))
     assert tail[first - 1].startswith("run ") and "succeeded" in tail[first - 1]
     assert tail[first:] == verdict_lines(verdict_found)
+
+
+def test_a_damaged_eval_split_at_defaults_is_named_not_a_traceback(tmp_path):
+    """A run folder copied from elsewhere whose eval split file is not Parquet: the
+    evaluation stage at its defaults names the file."""
+    pipeline = tmp_path / "pipeline.toml"
+    pipeline.write_text(
+        f'[pipeline]\noutput_dir = "{tmp_path / "run"}"\nseed = 0\n\n'
+        '[source]\nkind = "gym"\nepisodes = 30\nds = "2019-01-01"\n\n'
+        "[timeline]\neval_fraction = 0.25\n\n"
+        '[trainer]\nkind = "dqn"\nepochs = 1\n'
+    )
+    assert CliRunner().invoke(main, ["run", str(pipeline)]).exit_code == 0
+    split = tmp_path / "run" / "timeline" / "eval"
+    damaged = sorted(split.glob("*.parquet"))[0]
+    damaged.write_bytes(b"not parquet")
+    result = CliRunner().invoke(main, ["run", str(pipeline), "--stages", "evaluation"])
+    assert result.exit_code == 1
+    assert f"{damaged}: not a readable timeline split file" in result.output
+    assert "Traceback" not in result.output
