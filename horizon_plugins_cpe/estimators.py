@@ -271,6 +271,24 @@ class _Prepared:
     """The policy's state coverage (``marginalized.state_coverage``) by the options it
     depends on (the ratios' features, propensity floor and clip): the Q kinds of one epoch
     share it, as they share their Q model."""
+    hidden: np.ndarray | None = None
+    """The trainer's hidden layer on every row (``q_features``), once computed
+    (``hidden_layer``): the Q model, the state coverage and ``mis`` all read it."""
+    ratio_inputs: CpeInputs | None = None
+    """The inputs with the hidden layer's principal components as features (``mis``'s and
+    the state coverage's), once built."""
+
+    def hidden_layer(self, episodes: EvaluationEpisodes) -> np.ndarray:
+        """The trainer's hidden layer on every row, computed on first use."""
+        import torch
+
+        if self.hidden is None:
+            q_features = episodes.models.q_features
+            assert q_features is not None  # asked for only where the trainer offers it
+            with torch.no_grad():
+                hidden = q_features(episodes.data.state, episodes.data.state_presence)
+            self.hidden = _numpy(hidden)
+        return self.hidden
 
     def matches(self, episodes: EvaluationEpisodes) -> bool:
         return (
@@ -485,16 +503,15 @@ class CpeEstimator(EstimatorBase):
         """The inputs with the features the state-distribution ratios are fitted on: the
         Q model's (``q_model``), the trainer's hidden layer where it offers ``q_features``
         and ``q_model`` is "auto" or "network_fqe", else the state features."""
-        import torch
-
         from horizon_plugins_cpe.marginalized import network_features
 
-        q_features = episodes.models.q_features
-        if self.config.q_model not in ("auto", "network_fqe") or q_features is None:
+        offered = episodes.models.q_features is not None
+        if self.config.q_model not in ("auto", "network_fqe") or not offered:
             return entry.inputs
-        with torch.no_grad():
-            hidden = q_features(episodes.data.state, episodes.data.state_presence)
-        return replace(entry.inputs, features=network_features(_numpy(hidden)))
+        if entry.ratio_inputs is None:
+            features = network_features(entry.hidden_layer(episodes))
+            entry.ratio_inputs = replace(entry.inputs, features=features)
+        return entry.ratio_inputs
 
     def _q_model(self, episodes: EvaluationEpisodes) -> str:
         """This entry's Q (``q_model`` resolved): ``network_fqe``, ``scores`` or ``q`` (FQE on
@@ -520,7 +537,6 @@ class CpeEstimator(EstimatorBase):
         ``network_fqe`` (bounded FQE on the trainer's ``q_features``) or ``scores`` (the
         policy's scores for the reward, FQE for the other metrics)."""
         import numpy as np
-        import torch
 
         from horizon_plugins_cpe.formulas import ModelValues
         from horizon_plugins_cpe.models import q_model_values, reward_model_values
@@ -530,13 +546,8 @@ class CpeEstimator(EstimatorBase):
             return reward_model_values(inputs, options)
         if model == "q":
             return q_model_values(inputs, options)
-        if model == "network_fqe":
-            data = episodes.data
-            q_features = episodes.models.q_features
-            assert q_features is not None  # _q_model chose network_fqe because it is offered
-            with torch.no_grad():
-                features = q_features(data.state, data.state_presence)
-            return q_model_values(inputs, options, _numpy(features))
+        if model == "network_fqe":  # _q_model chose it because the trainer offers q_features
+            return q_model_values(inputs, options, entry.hidden_layer(episodes))
         scores = entry.policy.scores.detach().cpu().double().numpy()
         scores = np.where(inputs.possible, scores, 0.0)
         logged = scores[np.arange(len(scores)), inputs.action]
