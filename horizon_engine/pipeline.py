@@ -40,6 +40,7 @@ from horizon_engine.errors import (
     NothingToResume,
     StageInputError,
 )
+from horizon_engine.estimation import MIN_VERDICT_EPISODES
 from horizon_engine.files import staged_outputs
 from horizon_engine.import_clock import import_clock
 from horizon_engine.plugins import PluginHost, get_plugin_host
@@ -319,12 +320,21 @@ SUGGESTED_EVAL_EPISODES = 5
 fewer than ``MIN_EVAL_EPISODES`` is rare (4% of seeds or fewer: a Poisson tail, e^-5 * 6)."""
 
 
+SUGGESTED_VERDICT_EPISODES = 30
+"""The episodes the verdict's warning's suggested ``eval_fraction`` holds out on average:
+enough that fewer than ``MIN_VERDICT_EPISODES`` is rare (2% of seeds: a Poisson tail)."""
+
+
 def _eval_split_warnings(run: StageRun, result: TimelineResult, fraction: float) -> list[str]:
-    """A warning when the eval split holds fewer than ``MIN_EVAL_EPISODES`` episodes, with
-    the count, what it costs and what to change; none for ``eval_fraction = 0``, which asks
-    for no eval split (the train stage still says what its absence costs)."""
+    """A warning when the eval split holds fewer than ``MIN_EVAL_EPISODES`` episodes, or,
+    where estimators will run on it, fewer than the verdict needs (``MIN_VERDICT_EPISODES``):
+    the count, what it costs and what to change, said here, before training, rather than
+    only in the verdict at the end. None for ``eval_fraction = 0``, which asks for no eval
+    split (the train stage still says what its absence costs)."""
     held_out = result.eval_episodes
-    if held_out >= MIN_EVAL_EPISODES or not fraction:  # 0: the user holds none out
+    estimating = bool(run.spec.evaluation)
+    enough = MIN_VERDICT_EPISODES if estimating else MIN_EVAL_EPISODES
+    if held_out >= enough or not fraction:  # 0: the user holds none out
         return []
     episodes = result.train_episodes + held_out
     split = (
@@ -332,18 +342,24 @@ def _eval_split_warnings(run: StageRun, result: TimelineResult, fraction: float)
         f"[timeline] eval_fraction = {fraction}, the episodes chosen by a hash of mdp_id and "
         "the seed)"
     )
-    if held_out:
+    wanted = SUGGESTED_VERDICT_EPISODES if estimating else SUGGESTED_EVAL_EPISODES
+    if held_out >= MIN_EVAL_EPISODES:
+        cost = (
+            f"the verdict needs at least {MIN_VERDICT_EPISODES}: on fewer it says unclear, "
+            "with every value the rewards allow as its interval"
+        )
+    elif held_out:
         cost = "the evaluation after each epoch and the estimates rest on one episode"
     else:
         cost = (
             "the exported model is checked on training rows, the trainer is not evaluated "
             "after each epoch"
-            + (", and [[evaluation]] has nothing to estimate" if run.spec.evaluation else "")
+            + (", and [[evaluation]] has nothing to estimate" if estimating else "")
         )
-    suggested = math.ceil(100 * SUGGESTED_EVAL_EPISODES / episodes) / 100
+    suggested = math.ceil(100 * wanted / episodes) / 100
     change = (
         f"raise [timeline] eval_fraction (eval_fraction = {suggested} holds out about "
-        f"{SUGGESTED_EVAL_EPISODES} of {episodes} episodes) or log more episodes"
+        f"{wanted} of {episodes} episodes) or log more episodes"
         if suggested <= 0.5
         else "log more episodes"
     )

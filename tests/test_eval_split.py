@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from horizon_engine.errors import ConfigError
+from horizon_engine.estimation import MIN_VERDICT_EPISODES
 from horizon_engine.pipeline import MIN_EVAL_EPISODES, Engine
 from horizon_engine.timeline import eval_split_value
 
@@ -89,6 +90,25 @@ def test_an_eval_split_of_one_episode_warns(tmp_path):
         "the eval split holds 1 of 6 episodes (4 rows; [timeline] eval_fraction = 0.1, the "
         "episodes chosen by a hash of mdp_id and the seed): the evaluation after each epoch "
         "and the estimates rest on one episode; log more episodes"
+    ]
+
+
+def test_an_eval_split_too_small_for_the_verdict_warns_before_training(tmp_path):
+    """Three held-out episodes are enough to evaluate on but not for a verdict: the estimators
+    that will run (here the defaults a dqn pipeline implies) make the timeline say so, with
+    an eval_fraction that holds out about 30 (the suggestion rounds up to the percent)."""
+    assert MIN_VERDICT_EPISODES == 20
+    config = pipeline(
+        tmp_path, episode_names(held_out=3, kept=100), trainer={"kind": "dqn", "epochs": 1}
+    )
+    manifest = Engine(show_progress=False).run(config, stages=["source", "timeline"])
+    assert "evaluation" in manifest["sections_at_defaults"]
+    assert manifest["stages"]["timeline"]["warnings"] == [
+        "the eval split holds 3 of 103 episodes (12 rows; [timeline] eval_fraction = 0.1, the "
+        "episodes chosen by a hash of mdp_id and the seed): the verdict needs at least 20: on "
+        "fewer it says unclear, with every value the rewards allow as its interval; raise "
+        "[timeline] eval_fraction (eval_fraction = 0.3 holds out about 30 of 103 episodes) or "
+        "log more episodes"
     ]
 
 
