@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from horizon_engine import RunFolder, SectionRule, Stage, hookimpl
 from horizon_engine.evaluation_stage import run_evaluation_stage
+from horizon_engine.export_stage import export_problems
 from horizon_engine.pipeline import (
     run_export_stage,
     run_normalization_stage,
@@ -95,6 +96,8 @@ CORE_STAGES: tuple[Stage, ...] = (
         ),
         claims=(RunFolder.MODEL,),
         run=run_export_stage,
+        reads_when_written=(RunFolder.CPE,),
+        check=export_problems,
     ),
     Stage(
         "report",

@@ -322,14 +322,19 @@ def restore_trainer(
     plugins: PluginHost,
     device: torch.device,
     purpose: str,
+    checkpoint: Path | None = None,
 ) -> tuple[TrainerBase, TrainingProblem]:
-    """A run's trainer as its latest checkpoint left it, set up on ``device`` from the run's
-    normalization: for an export or an evaluation (``purpose``, named in errors)."""
-    from horizon_engine.training import restore_latest
+    """A run's trainer as its latest checkpoint (or the epoch ``checkpoint``) left it, set up
+    on ``device`` from the run's normalization: for an export or an evaluation (``purpose``,
+    named in errors)."""
+    from horizon_engine.training import restore_epoch, restore_latest
 
     normalization = RunFolder(run_dir).normalization(plugins)
     trainer, problem = set_up_trainer(choice, description, normalization, plugins, device)
-    restore_latest(trainer, Path(run_dir), purpose)
+    if checkpoint is None:
+        restore_latest(trainer, Path(run_dir), purpose)
+    else:
+        restore_epoch(trainer, Path(run_dir), checkpoint, purpose)
     return trainer, problem
 
 

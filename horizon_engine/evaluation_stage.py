@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 from horizon_engine.errors import HorizonError
 from horizon_engine.evaluation import (
     EpisodeEvaluation,
-    Results,
     logged_horizon,
     read_metrics,
     results_json,
@@ -28,18 +27,20 @@ if TYPE_CHECKING:
     from horizon_engine.driver import ProblemDescription
     from horizon_engine.plugins import PluginHost
     from horizon_engine.run_context import StageRun
+    from horizon_engine.training import TrainerBase
 
 
-def _evaluate_split(
+def _evaluation_of_split(
     run: StageRun,
     choices: list[Choice],
     description: ProblemDescription,
     split: Path,
     purpose: str,
-) -> tuple[EpisodeEvaluation, Results, list[str]]:
-    """The latest checkpoint's policy, evaluated by ``choices`` on the timeline split folder
-    ``split`` (rows with ``description``'s features and actions), or on its first episodes
-    when it does not fit ``[trainer] max_memory_gb`` (the warnings say so)."""
+) -> tuple[EpisodeEvaluation, TrainerBase, list[str]]:
+    """The entries ``choices`` ready to run on the timeline split folder ``split`` (rows with
+    ``description``'s features and actions), or on its first episodes when it does not fit
+    ``[trainer] max_memory_gb`` (the warnings say so), and the trainer as the latest
+    checkpoint left it."""
     from horizon_engine.driver import restore_trainer
     from horizon_engine.streamed import episodes_within
     from horizon_engine.training import resolve_device
@@ -62,7 +63,7 @@ def _evaluate_split(
     evaluation = EpisodeEvaluation(
         choices, description.action_type, rows, metrics, run.seed, horizon=horizon
     )
-    return evaluation, evaluation.run(trainer), warnings
+    return evaluation, trainer, warnings
 
 
 def run_evaluation_stage(run: StageRun, choices: list[Choice]) -> StageReport:
@@ -81,10 +82,15 @@ def run_evaluation_stage(run: StageRun, choices: list[Choice]) -> StageReport:
             f"[[evaluation]] {split} holds no rows: the estimators need an eval split "
             "([timeline] eval_fraction > 0)"
         )
-    evaluation, results, warnings = _evaluate_split(run, choices, description, split, "evaluation")
+    evaluation, trainer, warnings = _evaluation_of_split(
+        run, choices, description, split, "evaluation"
+    )
+    if _ships_best(run):
+        final, verdict = _choose_checkpoint(folder, evaluation, trainer, choices)
+    else:
+        final = results_json(evaluation.run(trainer))
+        verdict = verdict_of(final, choices, evaluation.labels, evaluation.episode_count)
     epochs = folder.cpe_epochs()
-    final = results_json(results)
-    verdict = verdict_of(final, choices, evaluation.labels, evaluation.episode_count)
     record = {
         "eval_rows": len(evaluation.data),
         "episodes": evaluation.episode_count,
@@ -107,6 +113,54 @@ def run_evaluation_stage(run: StageRun, choices: list[Choice]) -> StageReport:
             "verdict": verdict,
         },
     )
+
+
+def _ships_best(run: StageRun) -> bool:
+    """Whether the run exports the checkpoint its verdict chooses (``[export] checkpoint =
+    "best"``) rather than the last."""
+    from horizon_engine.export import ExportConfig
+
+    export = run.spec.sections.get("export")
+    config = export.config if export is not None else None
+    return isinstance(config, ExportConfig) and config.checkpoint == "best"
+
+
+def _choose_checkpoint(
+    folder: RunFolder,
+    evaluation: EpisodeEvaluation,
+    trainer: TrainerBase,
+    choices: list[Choice],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The estimates and verdict of the epoch to ship: each candidate epoch's checkpoint
+    (``verdict.ship_candidates``) restored into ``trainer`` and evaluated, the epoch chosen by
+    ``verdict.ship_choice``, and the choice recorded in its verdict (``"checkpoint"``)."""
+    from horizon_engine.training import read_epoch_checkpoint, restore_trainer_state
+    from horizon_engine.verdict import ship_candidates, ship_choice
+
+    epochs = folder.epoch_checkpoints()
+    if not epochs:
+        raise HorizonError(
+            f'[export] checkpoint = "best": {folder.checkpoints} holds no epoch checkpoint '
+            "(epoch-NNNN.pt) to choose from; run the train stage first"
+        )
+    where = f"evaluation of {folder.path}"
+    found: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+    for epoch in ship_candidates(epochs):
+        path = folder.checkpoint_path(epoch)
+        checkpoint = read_epoch_checkpoint(path, where)
+        if checkpoint["epoch"] != epoch:
+            raise HorizonError(
+                f"{where}: {path}: field 'epoch' is {checkpoint['epoch']}, not its file's {epoch}"
+            )
+        restore_trainer_state(trainer, checkpoint, path, where)
+        final = results_json(evaluation.run(trainer))
+        found[epoch] = (
+            final,
+            verdict_of(final, choices, evaluation.labels, evaluation.episode_count),
+        )
+    choice = ship_choice([(epoch, verdict) for epoch, (_, verdict) in found.items()])
+    final, verdict = found[choice["epoch"]]
+    return final, {**verdict, "checkpoint": choice}
 
 
 def verdict_of(
@@ -200,10 +254,10 @@ def evaluate_run(
             f"{split} holds no eval split to evaluate on: give another timeline with --data"
         )
     run = StageRun.start(spec, plugins, uuid.uuid4().hex[:12], output_dir=run_dir)
-    evaluation, results, warnings = _evaluate_split(
+    evaluation, trainer, warnings = _evaluation_of_split(
         run, spec.evaluation, description, split, "evaluation"
     )
-    final = results_json(results)
+    final = results_json(evaluation.run(trainer))
     return {
         "run_dir": str(run_dir),
         "data": str(split),

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from horizon_engine.components import ComponentConfig, Exporter
 from horizon_engine.policies import ExplorationConfig
@@ -31,7 +31,15 @@ if TYPE_CHECKING:
 
 
 class ExportConfig(ExplorationConfig):
-    """Options every ``[export]`` section accepts: the policy the exported model applies."""
+    """Options every ``[export]`` section accepts: the policy the exported model applies, and
+    which epoch's checkpoint it is."""
+
+    checkpoint: Literal["last", "best"] = "last"
+    """Which epoch's policy to export: "last", the training's last epoch; "best", the one the
+    evaluation stage chose by the verdict: it evaluates up to 10 epochs' checkpoints with the
+    [[evaluation]] entries and ships the epoch whose verdict has the highest lower bound of
+    the difference from the logged policy (``horizon_engine.verdict.ship_choice``). The
+    verdict is then the shipped epoch's, and says what it was chosen among and why."""
 
 
 @dataclass

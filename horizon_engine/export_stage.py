@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from horizon_engine.errors import ConfigError
-from horizon_engine.export import PolicyBundle
+from horizon_engine.errors import ConfigError, HorizonError
+from horizon_engine.export import ExportConfig, PolicyBundle
 from horizon_engine.run_folder import RunFolder
 
 if TYPE_CHECKING:
@@ -20,22 +20,64 @@ if TYPE_CHECKING:
 
     import torch
 
-    from horizon_engine.config import Choice
+    from horizon_engine.config import Choice, PipelineSpec
     from horizon_engine.plugins import PluginHost
     from horizon_engine.run_context import RunContext
 
 
-def trained_policy(run_dir: Path, trainer_choice: Choice, plugins: PluginHost) -> torch.nn.Module:
-    """The policy of a run folder's latest checkpoint, its trainer set up on the CPU from the
-    folder's own ``problem.json`` and ``normalization.json``: no data is read."""
+def trained_policy(
+    run_dir: Path, trainer_choice: Choice, plugins: PluginHost, checkpoint: Path | None = None
+) -> torch.nn.Module:
+    """The policy of a run folder's latest checkpoint (or the epoch ``checkpoint``: the one
+    ``shipped_checkpoint`` names), its trainer set up on the CPU from the folder's own
+    ``problem.json`` and ``normalization.json``: no data is read."""
     import torch
 
     from horizon_engine.driver import restore_trainer
 
     description = RunFolder(run_dir).problem()
     cpu = torch.device("cpu")
-    trainer, _ = restore_trainer(run_dir, trainer_choice, description, plugins, cpu, "export")
+    trainer, _ = restore_trainer(
+        run_dir, trainer_choice, description, plugins, cpu, "export", checkpoint
+    )
     return trainer.policy()
+
+
+def shipped_checkpoint(run_dir: Path, export: Choice | None) -> Path:
+    """The checkpoint whose policy a run ships (``[export]``'s ``checkpoint``): the latest, or
+    for "best" the epoch the evaluation stage chose by the verdict (``cpe.json``'s
+    ``verdict.checkpoint``, checked: ``verdict.shipped_epoch``)."""
+    from horizon_engine.verdict import shipped_epoch
+
+    folder = RunFolder(run_dir)
+    config = export.config if export is not None else None
+    if not (isinstance(config, ExportConfig) and config.checkpoint == "best"):
+        return folder.latest_checkpoint
+    path = folder.file(RunFolder.CPE)
+    if not path.is_file():
+        raise HorizonError(
+            f'[export] checkpoint = "best": {path} does not exist: the evaluation stage '
+            "chooses the checkpoint to ship; run it first (--stages evaluation,export)"
+        )
+    verdict = folder.cpe().get("verdict")
+    epoch = shipped_epoch(
+        verdict if isinstance(verdict, dict) else {}, folder.epoch_checkpoints(), str(path)
+    )
+    return folder.checkpoint_path(epoch)
+
+
+def export_problems(spec: PipelineSpec, section: str) -> list[str]:
+    """The export stage's ``check``: ``checkpoint = "best"`` ships the epoch the verdict
+    chooses, so some estimator must run, or the run would stop at the export."""
+    choice = spec.sections.get(section)
+    config = choice.config if choice is not None else None
+    if not isinstance(config, ExportConfig) or config.checkpoint != "best" or spec.evaluation:
+        return []
+    return [
+        f'{spec.where(section, "checkpoint")}: [{section}] checkpoint = "best" ships the '
+        "epoch the verdict chooses, but no estimator runs to decide it: add [[evaluation]] "
+        "entries, or hold episodes out ([timeline] eval_fraction > 0) for the default ones"
+    ]
 
 
 def policy_bundle(run: RunContext, model: torch.nn.Module) -> PolicyBundle:
@@ -128,7 +170,8 @@ def export_run_folder(
     run = RunContext(
         Path(run_dir), description.seed, str(manifest.get("run_id") or uuid.uuid4().hex[:12])
     )
-    model = trained_policy(Path(run_dir), chosen["trainer"], host)
+    shipped = shipped_checkpoint(Path(run_dir), chosen["export"])
+    model = trained_policy(Path(run_dir), chosen["trainer"], host, shipped)
     with folder.held():  # nothing written through a link swapped into the folder meanwhile
         exported = export_policy(run, chosen["export"], model)
         manifest["export"] = exported

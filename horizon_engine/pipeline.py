@@ -578,12 +578,15 @@ _NO_EVAL_ROWS = (
 
 
 def run_export_stage(run: StageRun, choice: Choice) -> StageReport:
-    """Export the trained policy (the latest checkpoint) with the configured exporter."""
-    from horizon_engine.export_stage import export_policy, trained_policy
+    """Export the trained policy (the checkpoint ``[export] checkpoint`` names: the latest,
+    or the one the verdict chose) with the configured exporter."""
+    from horizon_engine.export_stage import export_policy, shipped_checkpoint, trained_policy
 
-    model = trained_policy(run.output_dir, run.spec.sections["trainer"], run.plugins)
+    shipped = shipped_checkpoint(run.output_dir, choice)
+    model = trained_policy(run.output_dir, run.spec.sections["trainer"], run.plugins, shipped)
     exported = export_policy(run, choice, model)
-    return StageReport("export", outputs=exported["outputs"], details=exported["details"])
+    details = {**exported["details"], "checkpoint": shipped.relative_to(run.output_dir).as_posix()}
+    return StageReport("export", outputs=exported["outputs"], details=details)
 
 
 def select_stages(
@@ -929,8 +932,10 @@ class Engine:
         return manifest
 
     def _check_inputs(self, run: StageRun, stage: Stage, manifest: dict[str, Any]) -> None:
-        """Every file the stage reads exists and is whole: not left by an interrupted stage."""
-        for needed in stage.reads:
+        """Every file the stage reads exists (those it reads only when written, where they
+        do) and is whole: not left by an interrupted stage."""
+        present = [path for path in stage.reads_when_written if (run.output_dir / path).exists()]
+        for needed in (*stage.reads, *present):
             producer = next(s.name for s in self.plugins.stages() if matches(needed, s.claims))
             why = manifest["incomplete_stages"].get(producer)
             if why:

@@ -446,6 +446,7 @@ class PluginHost:
                             "name": stage.name,
                             "section": stage.section,
                             "reads": list(stage.reads),
+                            "reads_when_written": list(stage.reads_when_written),
                             "reads_all": stage.reads_all,
                             "writes": list(stage.claims),
                         }

@@ -59,7 +59,7 @@ def compare_actions(
 
     from horizon_engine.config import build_spec
     from horizon_engine.evaluation_stage import trained_run_config
-    from horizon_engine.export_stage import trained_policy
+    from horizon_engine.export_stage import shipped_checkpoint, trained_policy
     from horizon_engine.policies import ExplorationConfig, policy_output
     from horizon_engine.schema import ActionType
     from horizon_engine.streamed import episodes_within
@@ -80,7 +80,7 @@ def compare_actions(
     exploration = ExplorationConfig.model_validate(
         export.config.model_dump(include={"policy", "epsilon", "temperature"}) if export else {}
     )
-    policy = trained_policy(run_dir, trainer, plugins)
+    policy = trained_policy(run_dir, trainer, plugins, shipped_checkpoint(run_dir, export))
     action_type = description.action_type
     candidates = None
     if action_type is ActionType.PARAMETRIC:

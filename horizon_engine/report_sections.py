@@ -538,7 +538,7 @@ def verdict_section(manifest: Mapping[str, Any]) -> ReportSection:
         body.append(html_paragraph(f"What would settle it: {_shown(verdict['settle'])}"))
     checkpoint = verdict.get("checkpoint")
     if checkpoint is not None:
-        body.append(html_paragraph(_checkpoint(checkpoint)))
+        body.append(_checkpoint(checkpoint))
     known = decision if isinstance(decision, str) else "unknown"
     return ReportSection("verdict", VERDICT_TITLE, html_verdict_box(known, "".join(body)))
 
@@ -664,15 +664,39 @@ def _source(verdict: Mapping[str, Any]) -> str:
 
 
 def _checkpoint(checkpoint: Any) -> str:
-    """The checkpoint the run ships: its epoch, how it was chosen and among what."""
+    """The checkpoint the run ships (``verdict.ship_choice``'s record): its epoch, why, and
+    each epoch evaluated to choose it, in a table."""
     if not isinstance(checkpoint, Mapping):
-        return f"Checkpoint: {_shown(checkpoint)}."
+        return html_paragraph(f"Checkpoint: {_shown(checkpoint)}.")
     text = f"Checkpoint shipped: epoch {_shown(checkpoint.get('epoch'))}"
-    if checkpoint.get("chosen_by") is not None:
-        text += f", chosen by {_shown(checkpoint['chosen_by'])}"
-    if checkpoint.get("among") is not None:
-        text += f", among {_shown(checkpoint['among'])}"
-    return text + "."
+    if checkpoint.get("reason") is not None:
+        text += f": {_shown(checkpoint['reason'])}"
+    parts = [html_paragraph(text + ".")]
+    candidates = checkpoint.get("candidates")
+    if isinstance(candidates, list) and candidates:
+        entries = [_mapping(entry) for entry in candidates[:SHOWN_CANDIDATES]]
+        rows = [
+            (
+                _cell(entry.get("epoch")),
+                _shown(entry.get("decision")),
+                _shown(entry.get("estimator")),
+                f"{_shown(entry.get('estimate'))} {_interval(entry.get('interval'))}",
+                _interval(entry.get("difference_interval")),
+            )
+            for entry in entries
+        ]
+        shipped = [
+            "recommended" if entry.get("epoch") == checkpoint.get("epoch") else None
+            for entry in entries
+        ]
+        parts.append(
+            html_table(
+                ("epoch", "decision", "estimator", "estimate [interval]", "difference"),
+                rows,
+                shipped,
+            )
+        )
+    return "".join(parts)
 
 
 def _failed(failed: Any) -> str:

@@ -250,6 +250,13 @@ class RunFolder:
         found = sorted(self.checkpoints.glob("epoch-[0-9][0-9][0-9][0-9].pt"))
         return found[-1] if found else None
 
+    def epoch_checkpoints(self) -> list[int]:
+        """The epochs whose own checkpoints (``epoch-NNNN.pt``) the folder holds, ascending."""
+        return sorted(
+            int(path.stem.removeprefix("epoch-"))
+            for path in self.checkpoints.glob("epoch-[0-9][0-9][0-9][0-9].pt")
+        )
+
     def online_state_path(self, epoch: int) -> Path:
         """The gym runner's state at evaluation ``epoch`` (one of ``ONLINE_STATES``)."""
         return self.checkpoints / f"online-{epoch:04d}.pt"

@@ -67,6 +67,12 @@ class Stage:
     reads_all: bool = False
     """The stage reads every other stage's outputs (the report): it runs after all of them,
     and a new run of any of them makes it stale. ``reads`` may then stay empty."""
+    reads_when_written: tuple[str, ...] = ()
+    """Run-relative paths the stage reads only where some configured stage writes them (the
+    export's ``cpe.json``, when the evaluation chose the checkpoint to ship): each is some
+    stage's claim; the stage runs after that one, and a new run of it makes this one stale,
+    as for ``reads``; but a run that does not write them (no ``[[evaluation]]``) is no
+    error."""
     check: Callable[[PipelineSpec, str], list[str]] | None = None
     """Problems with the stage's section that its config model cannot see (a trainer chosen
     that cannot do the stage's work), found before any stage runs: called with the validated
@@ -116,7 +122,7 @@ def stage_problem(stage: object) -> str | None:
         return f"stage '{stage.name}': only [[evaluation]] is an array of tables"
     if not stage.claims:
         return f"stage '{stage.name}' claims no path: it would write nothing"
-    for path in (*stage.reads, *stage.claims):
+    for path in (*stage.reads, *stage.reads_when_written, *stage.claims):
         parts = PurePosixPath(path).parts if isinstance(path, str) else ()
         if not parts or PurePosixPath(path).is_absolute() or ".." in parts:
             return (
@@ -176,7 +182,8 @@ def readers_of(stage: Stage, stages: Sequence[Stage]) -> list[str]:
         producer = replaced.pop()
         for reader in stages:
             reads_it = reader.reads_all or any(
-                matches(path, producer.claims) for path in reader.reads
+                matches(path, producer.claims)
+                for path in (*reader.reads, *reader.reads_when_written)
             )
             if reads_it and reader.name not in readers and reader is not stage:
                 readers.append(reader.name)
@@ -190,7 +197,7 @@ def _producers(stage: Stage, stages: Sequence[Stage]) -> set[str]:
     if stage.reads_all:
         return {other.name for other in stages if other is not stage}
     found = set()
-    for needed in stage.reads:
+    for needed in (*stage.reads, *stage.reads_when_written):
         writers = [other.name for other in stages if matches(needed, other.claims)]
         if not writers:
             raise StageOrderError(

@@ -289,6 +289,15 @@ def restore_latest(trainer: TrainerBase, run_folder: Path, purpose: str = "warm 
     restore_trainer_state(trainer, checkpoint, path, _checkpoint_use(run_folder, purpose))
 
 
+def restore_epoch(trainer: TrainerBase, run_folder: Path, path: Path, purpose: str) -> None:
+    """Load the epoch checkpoint ``path`` of a run (one of its ``epoch-NNNN.pt``: the one
+    chosen to ship) into ``trainer``, every error naming the use, the file and the field."""
+    where = _checkpoint_use(run_folder, purpose)
+    if not path.is_file():
+        raise HorizonError(f"{where}: no checkpoint at {path}")
+    restore_trainer_state(trainer, read_epoch_checkpoint(path, where), path, where)
+
+
 def _checkpoint_use(run_folder: Path, purpose: str) -> str:
     """How an error names the use of a run's checkpoint: the warm start's option, or the
     purpose (an export, an evaluation) and the run."""

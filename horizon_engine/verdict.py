@@ -33,10 +33,11 @@ print it last (``verdict_lines``); the report page opens with it
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from horizon_engine.errors import HorizonError
 from horizon_engine.estimation import MIN_VERDICT_EPISODES, few_episodes_warning
 
 METRIC = "reward"
@@ -214,6 +215,17 @@ def _episodes_to_settle(candidate: Candidate, episodes: int) -> int | None:
     return math.ceil(episodes * (half / gap) ** 2)
 
 
+def _side(candidate: Candidate) -> str:
+    """Where the candidate's own interval of the difference lies: above 0, below, or holding
+    it."""
+    low, high = _difference(candidate)
+    if low is not None and low > 0:
+        return "lies above 0"
+    if high is not None and high < 0:
+        return "lies below 0"
+    return "holds 0"
+
+
 def _settle_failures(failed: list[str], episodes: int) -> str:
     """What data would let the failed checks pass."""
     asks = []
@@ -333,19 +345,132 @@ def decide(candidates: list[Candidate], episodes: int) -> dict[str, Any]:
         reasons.append(
             f"{estimate_said}: {difference}, [{_figure(low)}, {_figure(high)}], holds 0 (parity)"
         )
+        own_low, own_high = _difference(chosen)
         needed = _episodes_to_settle(chosen, episodes)
-        verdict["settle"] = (
-            f"about {needed:,} eval episodes (now {episodes}) would settle a difference "
-            "this size, if it is real"
-            if needed is not None
-            else "more eval episodes"
-        )
+        if own_low is not None and own_high is not None and (own_low > 0 or own_high < 0):
+            sides = ", ".join(f"{c.label}'s {_side(c)}" for c in [chosen, *agreeing])
+            verdict["settle"] = (
+                f"the estimates disagree (their intervals of the difference: {sides}); more "
+                "eval episodes narrow each interval, and logs that explore more (a larger "
+                "epsilon) bring the estimators' families together"
+            )
+        else:
+            verdict["settle"] = (
+                f"about {needed:,} eval episodes (now {episodes}) would settle a difference "
+                "this size, if it is real"
+                if needed is not None
+                else "more eval episodes"
+            )
     untrusted = [candidate.label for candidate in ranked if not candidate.trusted]
     if untrusted:
         reasons.append(
             "left out for failing their checks: " + ", ".join(untrusted) + " (see each one's)"
         )
     return verdict
+
+
+MAX_SHIP_CANDIDATES = 10
+"""The most epochs' checkpoints ``[export] checkpoint = "best"`` evaluates: each costs a whole
+evaluation stage (the default estimators' refit intervals)."""
+
+
+def ship_candidates(epochs: Sequence[int]) -> list[int]:
+    """The epochs (of ``epochs``, ascending) whose checkpoints are evaluated to choose the one
+    to ship: every one, or ``MAX_SHIP_CANDIDATES`` spread evenly from the first to the last."""
+    if len(epochs) <= MAX_SHIP_CANDIDATES:
+        return list(epochs)
+    step = (len(epochs) - 1) / (MAX_SHIP_CANDIDATES - 1)
+    return [epochs[round(index * step)] for index in range(MAX_SHIP_CANDIDATES)]
+
+
+def _lower_bound(verdict: Mapping[str, Any]) -> float | None:
+    """The verdict's lower bound of the difference from the logged policy, None where it
+    rests on no trusted estimate or has no interval."""
+    interval = verdict.get("difference_interval")
+    if verdict.get("trusted") is not True or not isinstance(interval, list) or not interval:
+        return None
+    return _number(interval[0])
+
+
+def ship_choice(verdicts: Sequence[tuple[int, Mapping[str, Any]]]) -> dict[str, Any]:
+    """The epoch to ship of the epochs' ``verdicts`` (``(epoch, verdict)``, ascending): of
+    those whose verdict rests on a trusted estimate, in the unit that comes first
+    (``UNIT_ORDER``), the one with the highest lower bound of its difference from the logged
+    policy: the epoch most surely better (or least surely worse), not the one whose estimate
+    is highest on an interval that says little; the later epoch among equals. With no
+    trusted verdict, the last epoch (nothing to choose by). Returns the choice as the verdict
+    records it (``"checkpoint"``): the epoch, the candidates' verdicts in short, the reason."""
+    last = verdicts[-1][0]
+    bounded = [
+        (epoch, verdict, bound)
+        for epoch, verdict in verdicts
+        if (bound := _lower_bound(verdict)) is not None
+    ]
+    unit = min((str(v.get("unit")) for _, v, _ in bounded), key=_unit_rank, default=None)
+    comparable = [(epoch, v, bound) for epoch, v, bound in bounded if v.get("unit") == unit]
+    candidates = [
+        {
+            "epoch": epoch,
+            "decision": verdict.get("decision"),
+            "estimator": verdict.get("estimator"),
+            "estimate": verdict.get("estimate"),
+            "interval": verdict.get("interval"),
+            "difference_interval": verdict.get("difference_interval"),
+            "unit": verdict.get("unit"),
+            "trusted": verdict.get("trusted") is True,
+        }
+        for epoch, verdict in verdicts
+    ]
+    choice: dict[str, Any] = {
+        "rule": "best",
+        "epoch": last,
+        "last_epoch": last,
+        "evaluated": [epoch for epoch, _ in verdicts],
+        "candidates": candidates,
+    }
+    if not comparable:
+        choice["reason"] = (
+            f"no evaluated epoch's verdict rests on an estimate that passed its checks, so "
+            f"nothing can choose between them: the last epoch, {last}, is shipped"
+        )
+        return choice
+    epoch, _, bound = max(comparable, key=lambda found: (found[2], found[0]))
+    last_bound = next((b for e, _, b in comparable if e == last), None)
+    against = (
+        f"the last epoch's is {_figure(last_bound)}"
+        if last_bound is not None
+        else f"the last epoch's verdict, {last}'s, passed no check in that unit"
+    )
+    choice["epoch"] = epoch
+    choice["reason"] = (
+        f"of the {len(verdicts)} epochs evaluated ({_epochs_said(choice['evaluated'])}), "
+        f"epoch {epoch}'s verdict has the highest lower bound of the difference from the "
+        f"logged policy, {_figure(bound)} {unit}; {against}"
+    )
+    return choice
+
+
+def _epochs_said(epochs: list[int]) -> str:
+    return ", ".join(str(epoch) for epoch in epochs)
+
+
+def shipped_epoch(verdict: Mapping[str, Any], epochs: Sequence[int], where: str) -> int:
+    """The epoch a verdict read back from ``cpe.json`` (``where``) chose to ship, checked:
+    one of ``epochs``, those whose checkpoints the run folder holds. A record copied from
+    elsewhere may name anything."""
+    choice = verdict.get("checkpoint") if isinstance(verdict, Mapping) else None
+    epoch = choice.get("epoch") if isinstance(choice, Mapping) else None
+    if choice is None:
+        raise HorizonError(
+            f"{where}: its verdict chose no checkpoint to ship; run the evaluation stage "
+            'with [export] checkpoint = "best" (--stages evaluation,export)'
+        )
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch not in epochs:
+        raise HorizonError(
+            f"{where}: field 'verdict.checkpoint.epoch' is {epoch!r:.40}, not an epoch whose "
+            "checkpoint the run folder holds"
+        )
+    return epoch
 
 
 def verdict_lines(verdict: Mapping[str, Any]) -> list[str]:
@@ -379,4 +504,7 @@ def verdict_lines(verdict: Mapping[str, Any]) -> list[str]:
         lines.append(f"  - {reason}")
     if verdict.get("settle"):
         lines.append(f"  to settle it: {verdict['settle']}")
+    choice = verdict.get("checkpoint")
+    if isinstance(choice, Mapping) and _number(choice.get("epoch")) is not None:
+        lines.append(f"  shipped: epoch {choice['epoch']:.0f}: {choice.get('reason')}")
     return lines

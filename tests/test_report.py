@@ -402,7 +402,31 @@ GOOD_VERDICT = {
             "diagnostics": {"effective_sample_size": 280},
         },
     ],
-    "checkpoint": {"epoch": 7, "chosen_by": "the best lower bound", "among": [5, 6, 7]},
+    "checkpoint": {
+        "rule": "best",
+        "epoch": 7,
+        "last_epoch": 8,
+        "evaluated": [7, 8],
+        "reason": "epoch 7's verdict has the highest lower bound",
+        "candidates": [
+            {
+                "epoch": 7,
+                "decision": "better",
+                "estimator": "weighted_dr",
+                "estimate": 98.1,
+                "interval": [80.2, 110.3],
+                "difference_interval": [57.5, 87.6],
+            },
+            {
+                "epoch": 8,
+                "decision": "unclear",
+                "estimator": "fqe",
+                "estimate": 30.0,
+                "interval": [20.0, 40.0],
+                "difference_interval": [-2.7, 17.3],
+            },
+        ],
+    },
 }
 """A verdict as issue 34 specifies it: better, by weighted_dr, one rejected candidate."""
 
@@ -441,9 +465,14 @@ def test_the_verdict_opens_the_page_with_its_estimates_below(tmp_path):
         verdict
     )
     assert "<li>weighted_dr passed its checks.</li>" in verdict
-    assert "Checkpoint shipped: epoch 7, chosen by the best lower bound, among 5, 6, 7." in (
-        verdict
+    assert (
+        "Checkpoint shipped: epoch 7: epoch 7&#x27;s verdict has the highest lower bound."
+        in verdict
     )
+    assert (
+        '<tr class="recommended"><td class="number">7</td><td>better</td><td>weighted_dr</td>'
+        "<td>98.1 [80.2, 110.3]</td><td>[57.5, 87.6]</td></tr>"
+    ) in verdict
     assert "What would settle it" not in verdict  # settle is null for a clear decision
     estimates = section_html(page, "estimators")
     assert (

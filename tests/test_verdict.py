@@ -131,7 +131,13 @@ def test_the_interval_spans_every_trusted_estimate_and_decides_by_the_span():
     assert found["reasons"][0].startswith("every estimate that passed its checks counts")
     # one of them below parity: the span holds 0
     final["fqe"] = estimate(15.0, 10.0, 19.0)
-    assert verdict(final, {"magic": 3, "fqe": 1})["decision"] == "unclear"
+    disagreeing = verdict(final, {"magic": 3, "fqe": 1})
+    assert disagreeing["decision"] == "unclear"
+    # not "N episodes would settle it": magic's own interval already excludes parity
+    assert disagreeing["settle"].startswith(
+        "the estimates disagree (their intervals of the difference: magic's lies above 0, "
+        "fqe's lies below 0)"
+    )
     # an estimate in another unit or one that failed its checks is not spanned
     final["fqe"] = estimate(15.0, 10.0, 19.0, warnings=["its model did not reach a fixed point"])
     final["fqe_discounted"] = estimate(5.0, 4.0, 6.0, unit="return per episode, discounted at 0.99")

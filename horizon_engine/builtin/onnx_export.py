@@ -47,6 +47,7 @@ import numpy as np
 
 from horizon_engine import (
     ActionBounds,
+    ExplorationConfig,
     ExportConfig,
     ExporterBase,
     HorizonError,
@@ -297,7 +298,7 @@ class OnnxExporter(ExporterBase):
             action_type=bundle.action_type.value,
             action_bounds=bounds,
             normalization=bundle.normalization,
-            policy=self.config.model_dump(),
+            policy=self.config.model_dump(include=set(ExplorationConfig.model_fields)),
             run_id=bundle.run_id,
             horizon_version=__version__,
         )
