@@ -364,6 +364,57 @@ def suite_entries(num_bootstrap: int) -> list[dict[str, Any]]:
     return entries
 
 
+def train_shipping_best(rows: Path, output: Path, seed: int, epochs: int) -> Path:
+    """The ``many`` run as a user who ships by the verdict runs it: the same training (its
+    epochs' checkpoints are ``many``'s), the default estimators (no ``[[evaluation]]``) and
+    ``[export] checkpoint = "best"``; returns its folder."""
+    from horizon_engine import Engine
+
+    shutil.rmtree(output, ignore_errors=True)
+    config = {
+        "pipeline": {"output_dir": str(output), "seed": seed},
+        "source": {"kind": "jsonl", "path": str(rows)},
+        "timeline": {"actions": ACTIONS, "eval_fraction": EVAL_FRACTION},
+        "trainer": {"kind": "dqn", "epochs": epochs, "threads": 1},
+        "export": {"kind": "onnx", "checkpoint": "best"},
+    }
+    Engine(show_progress=False).run(config)
+    return output
+
+
+@dataclass(frozen=True)
+class Shipping:
+    """What ``[export] checkpoint = "best"`` shipped of the ``many`` training, against the
+    last epoch (``many`` itself), each played."""
+
+    epoch: int
+    last_epoch: int
+    evaluated: list[int]
+    best: Truth
+    last: Truth
+    same_training: bool
+    """Whether the run's last checkpoint holds ``many``'s weights (so that ``last`` is its
+    last epoch's truth)."""
+
+
+def same_weights(first: Path, second: Path) -> bool:
+    """Whether two checkpoints hold the same trainer weights."""
+    import torch
+
+    def tensors(path: Path) -> dict[str, Any]:
+        state = torch.load(path, map_location="cpu", weights_only=False)["trainer"]
+        return {
+            f"{module}.{name}": value
+            for module, values in state.items()
+            if isinstance(values, dict)
+            for name, value in values.items()
+            if isinstance(value, torch.Tensor)
+        }
+
+    one, two = tensors(first), tensors(second)
+    return one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
+
+
 def train(
     rows: Path, output: Path, seed: int, epochs: int, num_bootstrap: int, negated: bool = False
 ) -> Path:
@@ -440,6 +491,7 @@ class DatasetResult:
     """The longest logged episode's steps: where the truth of the kinds at gamma 1 is cut."""
     eval_horizon: int = 0
     """The eval split's longest episode's (``<kind>.g1@eval``'s cut)."""
+    shipping: Shipping | None = None
 
 
 def estimates_of(evaluation: dict) -> tuple[dict[str, Estimate], float]:
@@ -510,6 +562,20 @@ def run_dataset(
         model = None if name == "random" else run / "model.onnx"
         truth = play(model, profile.played, gamma, horizon, valued)
         policies.append(PolicyResult(name, truth, estimates, evaluation["final"]))
+    best_run = train_shipping_best(
+        rows, folder / f"{spec.name}-many-best", seed, profile.many_epochs
+    )
+    choice = json.loads((best_run / "manifest.json").read_text())["verdict"]["checkpoint"]
+    shipping = Shipping(
+        choice["epoch"],
+        choice["last_epoch"],
+        choice["evaluated"],
+        play(best_run / "model.onnx", profile.played, gamma, horizon, valued),
+        next(p.truth for p in policies if p.name == "many"),
+        same_weights(
+            runs["many"] / "checkpoints" / "latest.pt", best_run / "checkpoints" / "latest.pt"
+        ),
+    )
     if not borrowed:
         borrowed.update(runs)
     return DatasetResult(
@@ -521,6 +587,7 @@ def run_dataset(
         time.perf_counter() - start,
         horizon,
         valued,
+        shipping,
     )
 
 
@@ -789,6 +856,16 @@ def verdict_report(result: DatasetResult) -> str:
             f"{figure.decisions[policy.name]:<24} {_number(verdict['estimate'], 1):>7} "
             f"[{_number(interval[0], 1)}, {_number(interval[1], 1)}]"
         )
+    shipping = result.shipping
+    if shipping is not None:
+        lines.append(
+            f'  shipping the many run by the verdict ([export] checkpoint = "best", the '
+            f"default estimators): epoch {shipping.epoch} of {shipping.evaluated} plays "
+            f"{shipping.best.undiscounted:.1f} per episode; the last epoch, "
+            f"{shipping.last_epoch}, plays {shipping.last.undiscounted:.1f} (ratio "
+            f"{shipping.best.undiscounted / shipping.last.undiscounted:.3f})"
+            + ("" if shipping.same_training else "; NOTE: its training differs from many's")
+        )
     return "\n".join(lines)
 
 
@@ -828,6 +905,14 @@ def result_lines(result: DatasetResult) -> list[str]:
             f" coverage_2se={_number(figure.near_coverage, 2)}"
             f" spearman={_number(figure.spearman, 2)}"
             f" regret={figure.regret:.3g}"
+        )
+    if result.shipping is not None:
+        lines.append(
+            f"RESULT name=cpe_truth_{result.name}_ship_best"
+            f" ours={result.shipping.best.undiscounted:.4g}"
+            f" baseline={result.shipping.last.undiscounted:.4g}"
+            f" ratio={result.shipping.best.undiscounted / result.shipping.last.undiscounted:.3f}"
+            f" epoch={result.shipping.epoch}"
         )
     verdict = verdict_figures(result)
     lines.append(
