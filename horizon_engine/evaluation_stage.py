@@ -36,11 +36,12 @@ def _evaluation_of_split(
     description: ProblemDescription,
     split: Path,
     purpose: str,
+    checkpoint: Path | None = None,
 ) -> tuple[EpisodeEvaluation, TrainerBase, list[str]]:
     """The entries ``choices`` ready to run on the timeline split folder ``split`` (rows with
     ``description``'s features and actions), or on its first episodes when it does not fit
     ``[trainer] max_memory_gb`` (the warnings say so), and the trainer as the latest
-    checkpoint left it."""
+    checkpoint (or the epoch ``checkpoint``) left it."""
     from horizon_engine.driver import restore_trainer
     from horizon_engine.streamed import episodes_within
     from horizon_engine.training import resolve_device
@@ -48,7 +49,7 @@ def _evaluation_of_split(
     trainer_choice = run.spec.sections["trainer"]
     device = resolve_device(trainer_choice.config.device)
     trainer, _ = restore_trainer(
-        run.output_dir, trainer_choice, description, run.plugins, device, purpose
+        run.output_dir, trainer_choice, description, run.plugins, device, purpose, checkpoint
     )
     rows, warnings = episodes_within(split, description, trainer_choice.config, device)
     if not len(rows):
@@ -221,7 +222,8 @@ def evaluate_run(
     overrides: Iterable[str] = (),
     plugins: PluginHost | None = None,
 ) -> dict[str, Any]:
-    """Evaluate a finished ``horizon run``'s latest checkpoint with its ``[[evaluation]]``
+    """Evaluate a finished ``horizon run``'s shipped checkpoint (the latest, or the one its
+    verdict chose: ``export_stage.shipped_checkpoint``) with its ``[[evaluation]]``
     entries (``default_evaluation``, entries as in pipeline.toml, when it has none) on its own
     eval split, or on ``data``: another run's eval split (a run folder, its ``timeline``
     folder or a split folder of timeline Parquet) with the same actions and state features.
@@ -233,6 +235,7 @@ def evaluate_run(
     import uuid
 
     from horizon_engine.config import build_spec
+    from horizon_engine.export_stage import shipped_checkpoint
     from horizon_engine.plugins import get_plugin_host
     from horizon_engine.run_context import StageRun
 
@@ -254,13 +257,15 @@ def evaluate_run(
             f"{split} holds no eval split to evaluate on: give another timeline with --data"
         )
     run = StageRun.start(spec, plugins, uuid.uuid4().hex[:12], output_dir=run_dir)
+    shipped = shipped_checkpoint(run_dir, spec.sections.get("export"))
     evaluation, trainer, warnings = _evaluation_of_split(
-        run, spec.evaluation, description, split, "evaluation"
+        run, spec.evaluation, description, split, "evaluation", shipped
     )
     final = results_json(evaluation.run(trainer))
     return {
         "run_dir": str(run_dir),
         "data": str(split),
+        "checkpoint": shipped.relative_to(run_dir).as_posix(),
         "eval_rows": len(evaluation.data),
         "episodes": evaluation.episode_count,
         "entries": evaluation.entries(),

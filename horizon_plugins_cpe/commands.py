@@ -65,7 +65,7 @@ def evaluate_command(
     record = evaluate_run(run_dir, data, [{"kind": kind} for kind in KINDS], overrides)
     with atomic_output(output) as temporary:
         temporary.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    click.echo(f"{run_dir}'s latest checkpoint on {record['data']}:")
+    click.echo(f"{run_dir}'s {record['checkpoint']} on {record['data']}:")
     click.echo(estimates_table(record))
     click.echo(f"wrote {output}")
     for line in verdict_lines(record["verdict"]):

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from horizon_engine.cli import main
 from horizon_engine.errors import ConfigError, HorizonError
+from horizon_engine.evaluation_stage import evaluate_run
 from horizon_engine.export_stage import trained_policy
 from horizon_engine.pipeline import Engine
 from horizon_engine.plugins import get_plugin_host
@@ -142,6 +143,9 @@ def test_the_run_ships_the_epoch_its_verdict_chose_and_says_so(tmp_path):
     others = [found for found in expected if not np.allclose(expected[found], expected[epoch])]
     assert others, "the epochs' policies should differ, or the check above proves nothing"
     assert any(line.startswith("  shipped: epoch ") for line in verdict_lines(manifest["verdict"]))
+    # `horizon evaluate` evaluates the checkpoint the run shipped, not the latest
+    evaluated = evaluate_run(run_dir, default_evaluation=[{"kind": "logged_value"}])
+    assert evaluated["checkpoint"] == shipped
 
 
 def test_best_without_any_estimator_is_refused_before_the_run(tmp_path):
