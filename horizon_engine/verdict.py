@@ -345,9 +345,8 @@ def decide(candidates: list[Candidate], episodes: int) -> dict[str, Any]:
         reasons.append(
             f"{estimate_said}: {difference}, [{_figure(low)}, {_figure(high)}], holds 0 (parity)"
         )
-        own_low, own_high = _difference(chosen)
         needed = _episodes_to_settle(chosen, episodes)
-        if own_low is not None and own_high is not None and (own_low > 0 or own_high < 0):
+        if _side(chosen) != "holds 0":  # the span holds 0, the recommended estimate does not
             sides = ", ".join(f"{c.label}'s {_side(c)}" for c in [chosen, *agreeing])
             verdict["settle"] = (
                 f"the estimates disagree (their intervals of the difference: {sides}); more "
