@@ -209,28 +209,26 @@ class Truth:
 
     def in_unit(self, kind: str) -> float:
         """The truth in the unit ``kind`` claims."""
-        if kind in ONE_STEP:
-            return self.per_step
-        if kind == "logged_value":
-            return self.undiscounted
-        if kind.endswith(EVAL_CUT):
-            return self.eval_cut
-        if at_gamma_one(kind):
-            return self.cut
-        return self.discounted
+        return getattr(self, _unit_fields(kind)[0])
 
     def error_in_unit(self, kind: str) -> float:
         """The standard error of ``in_unit(kind)``; 0 for the reward per step, which is 1 on
         every CartPole step whatever the policy."""
-        if kind in ONE_STEP:
-            return 0.0
-        if kind == "logged_value":
-            return self.undiscounted_error
-        if kind.endswith(EVAL_CUT):
-            return self.eval_cut_error
-        if at_gamma_one(kind):
-            return self.cut_error
-        return self.discounted_error
+        error = _unit_fields(kind)[1]
+        return 0.0 if error is None else getattr(self, error)
+
+
+def _unit_fields(kind: str) -> tuple[str, str | None]:
+    """The ``Truth`` fields of the value and of its standard error in ``kind``'s unit."""
+    if kind in ONE_STEP:
+        return "per_step", None
+    if kind == "logged_value":
+        return "undiscounted", "undiscounted_error"
+    if kind.endswith(EVAL_CUT):
+        return "eval_cut", "eval_cut_error"
+    if at_gamma_one(kind):
+        return "cut", "cut_error"
+    return "discounted", "discounted_error"
 
 
 def truth_of_episodes(

@@ -331,7 +331,7 @@ def restore_trainer(
 
     normalization = RunFolder(run_dir).normalization(plugins)
     trainer, problem = set_up_trainer(choice, description, normalization, plugins, device)
-    if checkpoint is None:
+    if checkpoint is None or checkpoint == RunFolder(run_dir).latest_checkpoint:
         restore_latest(trainer, Path(run_dir), purpose)
     else:
         restore_epoch(trainer, Path(run_dir), checkpoint, purpose)

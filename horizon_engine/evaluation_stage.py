@@ -19,6 +19,7 @@ from horizon_engine.evaluation import (
     read_metrics,
     results_json,
 )
+from horizon_engine.export_stage import shipped_checkpoint, ships_best
 from horizon_engine.run_context import StageReport
 from horizon_engine.run_folder import EarlierRun, RunFolder
 
@@ -86,7 +87,7 @@ def run_evaluation_stage(run: StageRun, choices: list[Choice]) -> StageReport:
     evaluation, trainer, warnings = _evaluation_of_split(
         run, choices, description, split, "evaluation"
     )
-    if _ships_best(run):
+    if ships_best(run.spec.sections.get("export")):
         final, verdict = _choose_checkpoint(folder, evaluation, trainer, choices)
     else:
         final = results_json(evaluation.run(trainer))
@@ -116,16 +117,6 @@ def run_evaluation_stage(run: StageRun, choices: list[Choice]) -> StageReport:
     )
 
 
-def _ships_best(run: StageRun) -> bool:
-    """Whether the run exports the checkpoint its verdict chooses (``[export] checkpoint =
-    "best"``) rather than the last."""
-    from horizon_engine.export import ExportConfig
-
-    export = run.spec.sections.get("export")
-    config = export.config if export is not None else None
-    return isinstance(config, ExportConfig) and config.checkpoint == "best"
-
-
 def _choose_checkpoint(
     folder: RunFolder,
     evaluation: EpisodeEvaluation,
@@ -135,7 +126,7 @@ def _choose_checkpoint(
     """The estimates and verdict of the epoch to ship: each candidate epoch's checkpoint
     (``verdict.ship_candidates``) restored into ``trainer`` and evaluated, the epoch chosen by
     ``verdict.ship_choice``, and the choice recorded in its verdict (``"checkpoint"``)."""
-    from horizon_engine.training import read_epoch_checkpoint, restore_trainer_state
+    from horizon_engine.training import restore_epoch
     from horizon_engine.verdict import ship_candidates, ship_choice
 
     epochs = folder.epoch_checkpoints()
@@ -144,16 +135,9 @@ def _choose_checkpoint(
             f'[export] checkpoint = "best": {folder.checkpoints} holds no epoch checkpoint '
             "(epoch-NNNN.pt) to choose from; run the train stage first"
         )
-    where = f"evaluation of {folder.path}"
     found: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
     for epoch in ship_candidates(epochs):
-        path = folder.checkpoint_path(epoch)
-        checkpoint = read_epoch_checkpoint(path, where)
-        if checkpoint["epoch"] != epoch:
-            raise HorizonError(
-                f"{where}: {path}: field 'epoch' is {checkpoint['epoch']}, not its file's {epoch}"
-            )
-        restore_trainer_state(trainer, checkpoint, path, where)
+        restore_epoch(trainer, folder.path, folder.checkpoint_path(epoch), "evaluation")
         final = results_json(evaluation.run(trainer))
         found[epoch] = (
             final,
@@ -235,7 +219,6 @@ def evaluate_run(
     import uuid
 
     from horizon_engine.config import build_spec
-    from horizon_engine.export_stage import shipped_checkpoint
     from horizon_engine.plugins import get_plugin_host
     from horizon_engine.run_context import StageRun
 

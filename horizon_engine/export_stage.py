@@ -43,6 +43,13 @@ def trained_policy(
     return trainer.policy()
 
 
+def ships_best(export: Choice | None) -> bool:
+    """Whether the ``[export]`` choice ships the checkpoint the verdict chooses (``checkpoint
+    = "best"``) rather than the last."""
+    config = export.config if export is not None else None
+    return isinstance(config, ExportConfig) and config.checkpoint == "best"
+
+
 def shipped_checkpoint(run_dir: Path, export: Choice | None) -> Path:
     """The checkpoint whose policy a run ships (``[export]``'s ``checkpoint``): the latest, or
     for "best" the epoch the evaluation stage chose by the verdict (``cpe.json``'s
@@ -50,8 +57,7 @@ def shipped_checkpoint(run_dir: Path, export: Choice | None) -> Path:
     from horizon_engine.verdict import shipped_epoch
 
     folder = RunFolder(run_dir)
-    config = export.config if export is not None else None
-    if not (isinstance(config, ExportConfig) and config.checkpoint == "best"):
+    if not ships_best(export):
         return folder.latest_checkpoint
     path = folder.file(RunFolder.CPE)
     if not path.is_file():
@@ -60,18 +66,14 @@ def shipped_checkpoint(run_dir: Path, export: Choice | None) -> Path:
             "chooses the checkpoint to ship; run it first (--stages evaluation,export)"
         )
     verdict = folder.cpe().get("verdict")
-    epoch = shipped_epoch(
-        verdict if isinstance(verdict, dict) else {}, folder.epoch_checkpoints(), str(path)
-    )
+    epoch = shipped_epoch(verdict, folder.epoch_checkpoints(), str(path))
     return folder.checkpoint_path(epoch)
 
 
 def export_problems(spec: PipelineSpec, section: str) -> list[str]:
     """The export stage's ``check``: ``checkpoint = "best"`` ships the epoch the verdict
     chooses, so some estimator must run, or the run would stop at the export."""
-    choice = spec.sections.get(section)
-    config = choice.config if choice is not None else None
-    if not isinstance(config, ExportConfig) or config.checkpoint != "best" or spec.evaluation:
+    if not ships_best(spec.sections.get(section)) or spec.evaluation:
         return []
     return [
         f'{spec.where(section, "checkpoint")}: [{section}] checkpoint = "best" ships the '

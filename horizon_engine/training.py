@@ -291,11 +291,17 @@ def restore_latest(trainer: TrainerBase, run_folder: Path, purpose: str = "warm 
 
 def restore_epoch(trainer: TrainerBase, run_folder: Path, path: Path, purpose: str) -> None:
     """Load the epoch checkpoint ``path`` of a run (one of its ``epoch-NNNN.pt``: the one
-    chosen to ship) into ``trainer``, every error naming the use, the file and the field."""
+    chosen to ship, or a candidate) into ``trainer``, every error naming the use, the file and
+    the field; its ``epoch`` must be its file name's (a file renamed is another epoch's)."""
     where = _checkpoint_use(run_folder, purpose)
     if not path.is_file():
         raise HorizonError(f"{where}: no checkpoint at {path}")
-    restore_trainer_state(trainer, read_epoch_checkpoint(path, where), path, where)
+    checkpoint = read_epoch_checkpoint(path, where)
+    if path.name != Path(RunFolder.checkpoint_name(checkpoint["epoch"])).name:
+        raise HorizonError(
+            f"{where}: {path}: field 'epoch' is {checkpoint['epoch']}, not its file name's"
+        )
+    restore_trainer_state(trainer, checkpoint, path, where)
 
 
 def _checkpoint_use(run_folder: Path, purpose: str) -> str:

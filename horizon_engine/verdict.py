@@ -442,18 +442,14 @@ def ship_choice(verdicts: Sequence[tuple[int, Mapping[str, Any]]]) -> dict[str, 
     )
     choice["epoch"] = epoch
     choice["reason"] = (
-        f"of the {len(verdicts)} epochs evaluated ({_epochs_said(choice['evaluated'])}), "
+        f"of the {len(verdicts)} epochs evaluated ({', '.join(map(str, choice['evaluated']))}), "
         f"epoch {epoch}'s verdict has the highest lower bound of the difference from the "
         f"logged policy, {_figure(bound)} {unit}; {against}"
     )
     return choice
 
 
-def _epochs_said(epochs: list[int]) -> str:
-    return ", ".join(str(epoch) for epoch in epochs)
-
-
-def shipped_epoch(verdict: Mapping[str, Any], epochs: Sequence[int], where: str) -> int:
+def shipped_epoch(verdict: Any, epochs: Sequence[int], where: str) -> int:
     """The epoch a verdict read back from ``cpe.json`` (``where``) chose to ship, checked:
     one of ``epochs``, those whose checkpoints the run folder holds. A record copied from
     elsewhere may name anything."""
